@@ -1,0 +1,75 @@
+"""Device and dtype selection: CUDA, Ascend NPU or CPU.
+
+Owns: resolving ``auto|cpu|cuda[:N]|npu[:N]`` and ``auto|bfloat16|float16|float32`` to torch
+objects. This is the only module that imports ``torch_npu`` (it registers the ``npu`` device with
+torch as a side effect, so it must be imported before any NPU tensor is made).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class DeviceError(RuntimeError):
+    """The requested device is not available on this machine."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: torch.device
+    dtype: torch.dtype
+
+
+def _npu_available() -> bool:
+    try:
+        importlib.import_module("torch_npu")
+    except ImportError:
+        return False
+    npu = getattr(torch, "npu", None)
+    return bool(npu is not None and npu.is_available())
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto``: CUDA if present, else Ascend if ``torch_npu`` imports and sees a device, else CPU."""
+    base = name.split(":", 1)[0]
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        if _npu_available():
+            return torch.device("npu", 0)
+        return torch.device("cpu")
+    if base == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("device 'cuda' was requested but torch sees no CUDA device")
+    if base == "npu" and not _npu_available():
+        raise DeviceError("device 'npu' was requested but torch_npu is not installed or sees no NPU")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, config_dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+    """``auto``: the checkpoint's dtype; float32 when it names none.
+
+    On CPU a float16 checkpoint runs in bfloat16: CPU float16 matmuls are slow or missing, and
+    bfloat16 keeps the exponent range of the weights.
+    """
+    if name != "auto":
+        return _DTYPES[name]
+    if isinstance(config_dtype, str):
+        config_dtype = _DTYPES.get(config_dtype)
+    dtype = config_dtype if isinstance(config_dtype, torch.dtype) else torch.float32
+    if device.type == "cpu" and dtype == torch.float16:
+        logger.info("float16 checkpoint on CPU: running in bfloat16")
+        return torch.bfloat16
+    return dtype
+
+
+def place(device_name: str, dtype_name: str, config_dtype: torch.dtype | str | None) -> Placement:
+    device = resolve_device(device_name)
+    return Placement(device=device, dtype=resolve_dtype(dtype_name, config_dtype, device))

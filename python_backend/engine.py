@@ -1,0 +1,390 @@
+"""The engine: one step-loop thread that owns torch and the device, with continuous batching.
+
+Owns: admission (FIFO, bounded waiting queue, sequence and KV-budget limits), chunked prefill,
+the batched decode step, cancellation, and delivering ``EngineEvent``s to each request's sink.
+Each iteration of the loop: take new requests, drop cancelled ones, prefill within the token
+budget, then one decode step for every running sequence. Requests join and leave between steps;
+a new request's prefill never recomputes running ones.
+
+Transport-free: the Triton adapter (``triton_model``) and the tests drive it the same way.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import queue
+import secrets
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from python_backend.contract import ContractError, ErrorInfo
+from python_backend.detokenizer import IncrementalDetokenizer
+from python_backend.kv_cache import BatchCache, KVBatch
+from python_backend.limits import Limits
+from python_backend.loader import LoadedModel
+from python_backend.sampler import RowSampling, sample
+from python_backend.sequence import EngineEvent, EngineRequest, Sequence
+from python_backend.settings import EngineSettings
+from python_backend.token_text import TokenTexts
+
+logger = logging.getLogger(__name__)
+
+_IDLE_WAIT_S = 0.05
+_INTERNAL = ErrorInfo(500, "internal error while generating; the request was stopped", "internal_error")
+_SHUTDOWN = ErrorInfo(503, "the model is shutting down", "service_unavailable", code="shutting_down")
+
+
+@dataclass
+class EngineStats:
+    running_sequences: int
+    waiting_requests: int
+    kv_cache_bytes: int
+    kv_reserved_tokens: int
+    kv_budget_tokens: int
+
+
+@dataclass(eq=False)  # identity semantics: groups are compared with `is`, never by value
+class _Group:
+    """A request in the engine: its sequences (n or best_of of them) and its bookkeeping."""
+
+    request: EngineRequest
+    max_new_tokens: int
+    reservation: int
+    sequences: list[Sequence] = field(default_factory=list)
+    finished: int = 0
+    prefill_done: int = 0
+    prefill_cache: BatchCache | None = None
+    prefill_started: float = 0.0
+
+    @property
+    def candidates(self) -> int:
+        return self.request.params.candidates
+
+    @property
+    def buffered(self) -> bool:
+        """best_of > n: all candidates finish before the best n are sent."""
+        return self.candidates > self.request.params.n
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, settings: EngineSettings) -> None:
+        self._loaded = loaded
+        self._settings = settings
+        self.limits = Limits.resolve(settings, loaded)
+        self._texts = TokenTexts(loaded.tokenizer)
+        self._inbox: queue.SimpleQueue[_Group] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._queued = 0  # inbox + waiting, guarded by _lock
+        self._cancel_ids: set[str] = set()  # guarded by _lock
+        self._waiting: deque[_Group] = deque()
+        self._prefilling: _Group | None = None
+        self._running: list[Sequence] = []  # in KV-batch row order
+        self._groups: dict[str, _Group] = {}
+        self._kv = KVBatch()
+        self._reserved = 0
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        # transformers 5 renamed `past_key_values` to `cache`; pass whichever this version takes.
+        forward_args = inspect.signature(loaded.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
+        if settings.torch_threads and loaded.device.type == "cpu":
+            torch.set_num_threads(settings.torch_threads)
+
+    # --- public interface (any thread) ----------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="triton-chat-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def submit(self, request: EngineRequest) -> None:
+        """Queue a request; raise ``ContractError`` at once if it can never run or we are full."""
+        if self._stopping.is_set():
+            raise ContractError(_SHUTDOWN)
+        params = request.params
+        if params.use_beam_search:
+            raise ContractError(
+                ErrorInfo(400, "'use_beam_search' is not supported by this engine yet", param="use_beam_search")
+            )
+        max_new = self.limits.max_new_tokens(len(request.prompt_ids), params)
+        reservation = self.limits.reservation(len(request.prompt_ids), max_new, params.candidates)
+        if params.candidates > self._settings.max_num_seqs:
+            raise ContractError(
+                ErrorInfo(
+                    400,
+                    f"n/best_of is {params.candidates}; the server runs at most {self._settings.max_num_seqs} sequences",
+                    param="best_of" if (params.best_of or 0) > params.n else "n",
+                )
+            )
+        with self._lock:
+            if self._queued >= self._settings.max_waiting_requests:
+                raise ContractError(
+                    ErrorInfo(
+                        429,
+                        f"the server is overloaded ({self._queued} requests waiting); retry later",
+                        "rate_limit_exceeded",
+                        code="overloaded",
+                    )
+                )
+            self._queued += 1
+        self._inbox.put(_Group(request, max_new, reservation))
+        self._wake.set()
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            self._cancel_ids.add(request_id)
+        self._wake.set()
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            waiting = self._queued
+        return EngineStats(len(self._running), waiting, self._kv.bytes_used(), self._reserved, self.limits.kv_budget_tokens)
+
+    # --- the loop (engine thread only) -----------------------------------------------------------
+    def _loop(self) -> None:
+        with torch.inference_mode():
+            while not self._stopping.is_set():
+                self._drain_inbox()
+                self._reap_cancelled()
+                if not (self._waiting or self._prefilling or self._running):
+                    self._wake.wait(_IDLE_WAIT_S)
+                    self._wake.clear()
+                    continue
+                self._prefill_step()
+                self._decode_step()
+        self._fail_all(_SHUTDOWN)
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                group = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            self._groups[group.request.request_id] = group
+            self._waiting.append(group)
+
+    def _reap_cancelled(self) -> None:
+        with self._lock:
+            cancelled = set(self._cancel_ids)
+            self._cancel_ids.clear()
+        for request_id, group in list(self._groups.items()):
+            if request_id in cancelled or self._polled_cancel(group):
+                self._remove(group, EngineEvent(request_id, final=True))
+
+    @staticmethod
+    def _polled_cancel(group: _Group) -> bool:
+        try:
+            return group.request.is_cancelled()
+        except Exception:  # a broken transport cannot deliver anything: treat as cancelled
+            logger.exception("is_cancelled() failed for %s", group.request.request_id)
+            return True
+
+    def _remove(self, group: _Group, last: EngineEvent) -> None:
+        """Take a request out wherever it is, free its rows and reservation, send its last event."""
+        request_id = group.request.request_id
+        if self._groups.pop(request_id, None) is None:
+            return
+        if any(g is group for g in self._waiting):
+            self._waiting.remove(group)
+            with self._lock:
+                self._queued -= 1
+        else:
+            self._reserved -= group.reservation
+        if self._prefilling is group:
+            self._prefilling = None
+        if any(s.request is group.request for s in self._running):
+            keep = [i for i, s in enumerate(self._running) if s.request is not group.request]
+            self._running = [self._running[i] for i in keep]
+            self._kv.keep(keep)
+        self._deliver(group.request, last)
+
+    def _fail_all(self, error: ErrorInfo) -> None:
+        self._drain_inbox()
+        for group in list(self._groups.values()):
+            self._remove(group, EngineEvent(group.request.request_id, error=error, final=True))
+
+    @staticmethod
+    def _deliver(request: EngineRequest, event: EngineEvent) -> None:
+        try:
+            request.sink(event)
+        except Exception:  # one request's broken sink must not stop the batch
+            logger.exception("sink failed for %s", request.request_id)
+
+    # --- prefill ---------------------------------------------------------------------------------
+    def _admit(self) -> _Group | None:
+        if not self._waiting:
+            return None
+        group = self._waiting[0]
+        seats = self._settings.max_num_seqs - len(self._running)
+        if group.candidates > seats or self._reserved + group.reservation > self.limits.kv_budget_tokens:
+            return None  # FIFO: the head waits for room rather than being overtaken
+        self._waiting.popleft()
+        with self._lock:
+            self._queued -= 1
+        self._reserved += group.reservation
+        group.prefill_cache = BatchCache()
+        group.prefill_started = time.perf_counter()
+        return group
+
+    def _prefill_step(self) -> None:
+        budget = self._settings.max_num_batched_tokens
+        while budget > 0:
+            group = self._prefilling or self._admit()
+            if group is None:
+                return
+            self._prefilling = group
+            prompt = group.request.prompt_ids
+            chunk = prompt[group.prefill_done : group.prefill_done + budget]
+            try:
+                logits = self._forward_prefill(chunk, group)
+            except Exception:
+                logger.exception("prefill failed for %s", group.request.request_id)
+                self._remove(group, EngineEvent(group.request.request_id, error=_INTERNAL, final=True))
+                continue
+            group.prefill_done += len(chunk)
+            budget -= len(chunk)
+            if group.prefill_done == len(prompt):
+                self._prefilling = None
+                self._start_sequences(group, logits)
+
+    def _forward_prefill(self, chunk: list[int], group: _Group) -> torch.Tensor:
+        device = self._loaded.device
+        input_ids = torch.tensor([chunk], dtype=torch.long, device=device)
+        start = group.prefill_done
+        positions = torch.arange(start, start + len(chunk), device=device).unsqueeze(0)
+        out = self._loaded.model(
+            input_ids=input_ids,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_arg: group.prefill_cache},
+        )
+        return out.logits[:, -1, :]
+
+    def _row_sampling(self, group: _Group, index: int) -> RowSampling:
+        params = group.request.params
+        defaults = self._loaded.defaults
+        seed = params.seed if params.seed is not None else secrets.randbits(64)
+        generator = torch.Generator(device=self._loaded.device)
+        generator.manual_seed((seed + index) % (1 << 64))  # distinct draws for each of n choices
+        top_k = params.top_k if params.top_k is not None else defaults.top_k
+        return RowSampling(
+            temperature=params.temperature if params.temperature is not None else defaults.temperature,
+            top_p=params.top_p if params.top_p is not None else defaults.top_p,
+            top_k=min(top_k, self._loaded.vocab_size),
+            repetition_penalty=params.repetition_penalty,
+            presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty,
+            generator=generator,
+            top_logprobs=params.top_logprobs if params.logprobs else (0 if group.buffered else None),
+            prompt_ids=torch.tensor(group.request.prompt_ids, dtype=torch.long),
+        )
+
+    def _start_sequences(self, group: _Group, logits: torch.Tensor) -> None:
+        request = group.request
+        group.sequences = [
+            Sequence(
+                index=i,
+                request=request,
+                sampling=self._row_sampling(group, i),
+                detokenizer=IncrementalDetokenizer(
+                    self._loaded.tokenizer, request.prompt_ids, request.params.skip_special_tokens
+                ),
+                max_new_tokens=group.max_new_tokens,
+                eos_ids=self._loaded.eos_token_ids,
+            )
+            for i in range(group.candidates)
+        ]
+        for seq in group.sequences:
+            seq.update_suppression()
+        sampled = sample(logits.expand(group.candidates, -1), [s.sampling for s in group.sequences])
+        ended = time.perf_counter()
+        if group.prefill_cache is None:
+            raise RuntimeError("prefill finished without a cache")
+        self._kv.add(group.prefill_cache, group.candidates)
+        group.prefill_cache = None
+        self._running.extend(group.sequences)
+        for seq, token in zip(group.sequences, sampled, strict=True):
+            seq.accept(token, self._texts)
+            seq.record(group.prefill_started, ended, group.candidates)
+        self._after_tokens(group.sequences)
+
+    # --- decode ----------------------------------------------------------------------------------
+    def _decode_step(self) -> None:
+        if not self._running:
+            return
+        device = self._loaded.device
+        started = time.perf_counter()
+        try:
+            out = self._loaded.model(
+                input_ids=torch.tensor([[s.tokens[-1]] for s in self._running], dtype=torch.long, device=device),
+                attention_mask=self._kv.attention_mask(1, device),
+                position_ids=torch.tensor([[s.position] for s in self._running], dtype=torch.long, device=device),
+                use_cache=True,
+                **{self._cache_arg: self._kv.cache},
+            )
+            for seq in self._running:
+                seq.update_suppression()
+            sampled = sample(out.logits[:, -1, :], [s.sampling for s in self._running])
+        except Exception:
+            logger.exception("decode step failed; stopping the %d running requests", len(self._running))
+            for group in {id(s.request): self._groups[s.request.request_id] for s in self._running}.values():
+                self._remove(group, EngineEvent(group.request.request_id, error=_INTERNAL, final=True))
+            return
+        ended = time.perf_counter()
+        batch = len(self._running)
+        for seq, token in zip(self._running, sampled, strict=True):
+            seq.accept(token, self._texts)
+            seq.record(started, ended, batch)
+        self._after_tokens(list(self._running))
+
+    def _after_tokens(self, sequences: list[Sequence]) -> None:
+        """Send what is ready, then drop finished sequences from the batch at once."""
+        for seq in sequences:
+            group = self._groups.get(seq.request.request_id)
+            if group is None:
+                continue
+            if seq.finish_reason is not None:
+                group.finished += 1
+            done = group.finished == len(group.sequences)
+            if group.buffered:
+                if done:
+                    self._send_best(group)
+                continue
+            if not group.request.stream and seq.finish_reason is None:
+                continue  # non-streaming: one response per choice, at its end
+            delta = seq.take_delta(len(group.request.prompt_ids))
+            if delta is not None or done:
+                self._deliver(group.request, EngineEvent(group.request.request_id, delta=delta, final=done))
+            if done:
+                self._finish_group(group)
+        if any(s.finish_reason is not None for s in self._running):
+            keep = [i for i, s in enumerate(self._running) if s.finish_reason is None]
+            self._running = [self._running[i] for i in keep]
+            self._kv.keep(keep)
+
+    def _send_best(self, group: _Group) -> None:
+        ranked = sorted(group.sequences, key=lambda s: s.cumulative_logprob, reverse=True)
+        chosen = ranked[: group.request.params.n]
+        for index, seq in enumerate(chosen):
+            seq.index = index
+            delta = seq.take_delta(len(group.request.prompt_ids))
+            if delta is not None and not group.request.params.logprobs:
+                delta.logprobs = None
+            final = index == len(chosen) - 1
+            self._deliver(group.request, EngineEvent(group.request.request_id, delta=delta, final=final))
+        self._finish_group(group)
+
+    def _finish_group(self, group: _Group) -> None:
+        self._groups.pop(group.request.request_id, None)
+        self._reserved -= group.reservation

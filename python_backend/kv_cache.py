@@ -1,0 +1,181 @@
+"""The running batch's KV cache: one left-padded tensor per layer, rows joining and leaving.
+
+Owns: ``GrowableLayer`` (a transformers cache layer that appends in place into spare capacity, so
+a decode step copies nothing), ``BatchCache`` (the cache the model sees) and the row operations
+continuous batching needs: add a freshly prefilled request, drop finished rows, trim padding.
+
+Rows are left-padded to a common length; ``pad[i]`` says how many leading positions of row ``i``
+are padding, and ``attention_mask()`` masks them, so every row attends to its own tokens only.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+_GROWTH = 1.5
+_MIN_SPARE = 64
+
+
+class GrowableLayer(DynamicLayer):
+    """A dynamic layer whose keys/values are views into a buffer with spare length."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self._buf_k: torch.Tensor | None = None
+        self._buf_v: torch.Tensor | None = None
+        self._len = 0
+
+    def _reserve(self, like: torch.Tensor, needed: int) -> None:
+        if self._buf_k is not None and needed <= self._buf_k.shape[-2]:
+            return
+        capacity = max(needed + _MIN_SPARE, int(needed * _GROWTH))
+        shape = (like.shape[0], like.shape[1], capacity, like.shape[3])
+        new_k = torch.empty(shape, dtype=like.dtype, device=like.device)
+        new_v = torch.empty(shape, dtype=like.dtype, device=like.device)
+        if self._buf_k is not None and self._buf_v is not None and self._len:
+            new_k[:, :, : self._len] = self._buf_k[:, :, : self._len]
+            new_v[:, :, : self._len] = self._buf_v[:, :, : self._len]
+        self._buf_k, self._buf_v = new_k, new_v
+
+    def set_states(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Replace the whole content (used when rows join or leave)."""
+        self.device = keys.device
+        self.is_initialized = True
+        self._buf_k = self._buf_v = None
+        self._len = 0
+        self._reserve(keys, keys.shape[-2])
+        self._write(keys, values)
+
+    def _write(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        assert self._buf_k is not None and self._buf_v is not None  # invariant after _reserve, not input
+        n = keys.shape[-2]
+        self._buf_k[:, :, self._len : self._len + n] = keys
+        self._buf_v[:, :, self._len : self._len + n] = values
+        self._len += n
+        self.keys = self._buf_k[:, :, : self._len]
+        self.values = self._buf_v[:, :, : self._len]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.device = key_states.device
+            self.is_initialized = True
+        self._reserve(key_states, self._len + key_states.shape[-2])
+        self._write(key_states, value_states)
+        assert self.keys is not None and self.values is not None
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._len
+
+    def reset(self) -> None:
+        self._buf_k = self._buf_v = None
+        self._len = 0
+        super().reset()
+
+
+class BatchCache(Cache):
+    """A cache of ``GrowableLayer``s; one per prefill, and one for the running batch."""
+
+    def __init__(self) -> None:
+        super().__init__(layer_class_to_replicate=GrowableLayer)
+
+    def layer_states(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        out = []
+        for layer in self.layers:
+            if layer.keys is None or layer.values is None:
+                raise RuntimeError("cache layer is empty")
+            out.append((layer.keys, layer.values))
+        return out
+
+    def set_layer_states(self, states: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        while len(self.layers) < len(states):
+            self.layers.append(GrowableLayer())
+        for layer, (keys, values) in zip(self.layers, states, strict=True):
+            if not isinstance(layer, GrowableLayer):
+                raise TypeError(f"unsupported cache layer {type(layer).__name__}")
+            layer.set_states(keys, values)
+
+
+def _left_pad(tensor: torch.Tensor, amount: int) -> torch.Tensor:
+    if amount == 0:
+        return tensor
+    zeros = torch.zeros(
+        (tensor.shape[0], tensor.shape[1], amount, tensor.shape[3]), dtype=tensor.dtype, device=tensor.device
+    )
+    return torch.cat([zeros, tensor], dim=-2)
+
+
+class KVBatch:
+    """The running batch's cache with per-row left padding."""
+
+    def __init__(self) -> None:
+        self.cache = BatchCache()
+        self.pad: list[int] = []
+
+    @property
+    def rows(self) -> int:
+        return len(self.pad)
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length() if self.pad else 0
+
+    def bytes_used(self) -> int:
+        if not self.pad:
+            return 0
+        return sum(k.numel() * k.element_size() * 2 for k, _ in self.cache.layer_states())
+
+    def add(self, prefilled: BatchCache, copies: int) -> None:
+        """Append ``copies`` rows holding one prefilled sequence (n > 1 shares one prefill)."""
+        new_states = prefilled.layer_states()
+        new_len = new_states[0][0].shape[-2]
+        if not self.pad:
+            states = [(k.repeat(copies, 1, 1, 1), v.repeat(copies, 1, 1, 1)) for k, v in new_states]
+            self.cache = BatchCache()
+            self.cache.set_layer_states(states)
+            self.pad = [0] * copies
+            return
+        old_len = self.length
+        total = max(old_len, new_len)
+        merged = []
+        for (old_k, old_v), (k, v) in zip(self.cache.layer_states(), new_states, strict=True):
+            k = _left_pad(k, total - new_len).repeat(copies, 1, 1, 1)
+            v = _left_pad(v, total - new_len).repeat(copies, 1, 1, 1)
+            merged.append(
+                (
+                    torch.cat([_left_pad(old_k, total - old_len), k], dim=0),
+                    torch.cat([_left_pad(old_v, total - old_len), v], dim=0),
+                )
+            )
+        self.pad = [p + total - old_len for p in self.pad] + [total - new_len] * copies
+        self.cache.set_layer_states(merged)
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only ``rows`` (in this order) and drop padding no row needs any more."""
+        if len(rows) == self.rows and rows == list(range(self.rows)):
+            return
+        if not rows:
+            self.cache = BatchCache()
+            self.pad = []
+            return
+        pad = [self.pad[i] for i in rows]
+        trim = min(pad)
+        index = torch.tensor(rows, dtype=torch.long)
+        states = []
+        for k, v in self.cache.layer_states():
+            index = index.to(k.device)
+            states.append((k.index_select(0, index)[:, :, trim:], v.index_select(0, index)[:, :, trim:]))
+        self.pad = [p - trim for p in pad]
+        self.cache.set_layer_states(states)
+
+    def attention_mask(self, extra: int, device: torch.device) -> torch.Tensor:
+        """[rows, length + extra] mask: 0 on each row's padding, 1 elsewhere."""
+        length = self.length + extra
+        mask = torch.ones((self.rows, length), dtype=torch.long)
+        for i, p in enumerate(self.pad):
+            if p:
+                mask[i, :p] = 0
+        return mask.to(device)

@@ -1,0 +1,126 @@
+"""Loading a local Hugging Face causal-LM folder: tokenizer, weights and generation defaults.
+
+Owns: ``load_model`` and ``LoadedModel`` (everything the engine needs to know about the model:
+EOS ids, context length, vocabulary size, sampling defaults from ``generation_config.json``).
+Nothing is ever fetched from a hub: the folder must exist locally.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from python_backend.device import place
+from python_backend.settings import EngineSettings
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TOP_K = 1000  # the reference's ATB rule when neither config names top_k
+
+
+class ModelLoadError(RuntimeError):
+    """The model folder cannot be served; the message says why."""
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """Values used when a request leaves a parameter out (generation_config.json, else reference)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = DEFAULT_TOP_K
+    repetition_penalty: float = 1.0
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    dtype: torch.dtype
+    eos_token_ids: frozenset[int]
+    context_length: int  # max_position_embeddings
+    vocab_size: int
+    defaults: SamplingDefaults
+    name: str
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    with path.open(encoding="utf-8") as handle:
+        data = json.load(handle)
+    return data if isinstance(data, dict) else {}
+
+
+def _as_ids(value: Any) -> set[int]:
+    if value is None:
+        return set()
+    if isinstance(value, int):
+        return {value}
+    return {int(v) for v in value}
+
+
+def _sampling_defaults(gen: dict[str, Any], config: dict[str, Any], vocab_size: int) -> SamplingDefaults:
+    # top_k: generation_config.json first, then config.json, then 1000 (the reference's ATB rule).
+    top_k = gen.get("top_k", config.get("top_k", DEFAULT_TOP_K))
+    top_k = DEFAULT_TOP_K if not isinstance(top_k, int) or top_k < 0 else top_k
+    if top_k == 0 or top_k > vocab_size:
+        top_k = vocab_size
+    do_sample = gen.get("do_sample", True)
+    temperature = float(gen.get("temperature", 1.0)) if do_sample is not False else 1.0
+    return SamplingDefaults(
+        temperature=temperature,
+        top_p=float(gen.get("top_p", 1.0)),
+        top_k=top_k,
+        repetition_penalty=float(gen.get("repetition_penalty", 1.0)),
+    )
+
+
+def load_model(settings: EngineSettings) -> LoadedModel:
+    """Load the folder named by ``settings.model_path`` onto the chosen device and dtype."""
+    folder = Path(settings.model_path).expanduser()
+    if not settings.model_path or not folder.is_dir():
+        raise ModelLoadError(f"model_path '{settings.model_path}' is not a local model folder")
+    config = _read_json(folder / "config.json")
+    if not config:
+        raise ModelLoadError(f"'{folder}' has no config.json")
+    gen = _read_json(folder / "generation_config.json")
+    placement = place(settings.device, settings.dtype, config.get("torch_dtype") or config.get("dtype"))
+    started = time.monotonic()
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelLoadError(
+            "the tokenizer has no chat_template; the reference requires tokenizer_config.json "
+            "(or chat_template.jinja) to define one"
+        )
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=placement.dtype, local_files_only=True)
+    model.to(placement.device)
+    model.eval()
+    text_config = model.config.get_text_config(decoder=True)
+    vocab_size = int(getattr(text_config, "vocab_size", 0) or len(tokenizer))
+    eos = _as_ids(gen.get("eos_token_id")) | _as_ids(config.get("eos_token_id"))
+    if tokenizer.eos_token_id is not None:
+        eos.add(int(tokenizer.eos_token_id))
+    context = int(getattr(text_config, "max_position_embeddings", 0) or 0) or 2048
+    logger.info(
+        "loaded %s (%s, %s) in %.1f s", folder.name, placement.device, placement.dtype, time.monotonic() - started
+    )
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        device=placement.device,
+        dtype=placement.dtype,
+        eos_token_ids=frozenset(eos),
+        context_length=context,
+        vocab_size=vocab_size,
+        defaults=_sampling_defaults(gen, config, vocab_size),
+        name=settings.served_model_name or folder.name,
+    )

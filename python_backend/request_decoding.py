@@ -1,0 +1,60 @@
+"""Turning one Triton request's input tensors into a tokenized ``EngineRequest``'s ingredients.
+
+Owns: ``decode_request`` (contract checks, parameter and message validation, the chat template or
+raw prompt) and ``PreparedRequest``. It sees tensors as numpy arrays by name, so it is tested
+without Triton; the adapter only fetches the arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from python_backend import contract
+from python_backend.chat_template import encode_raw_prompt, render_prompt
+from python_backend.contract import ContractError, ErrorInfo, invalid
+from python_backend.messages import validate_messages
+from python_backend.params import GenerationParams, parse_parameters
+
+TensorGetter = Callable[[str], "np.ndarray | None"]
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    prompt_ids: list[int]
+    params: GenerationParams
+    stream: bool
+    echo_prompt: str  # prepended to non-streaming text (vLLM backend's text_input behaviour)
+
+
+def decode_request(get: TensorGetter, tokenizer: PreTrainedTokenizerBase, adapters: frozenset[str]) -> PreparedRequest:
+    """Validate the tensors of one request; raise ``ContractError`` naming the bad input."""
+    stream = contract.read_bool(get(contract.STREAM), default=False)
+    raw = contract.read_json(get(contract.PARAMETERS), contract.PARAMETERS)
+    alias = contract.read_json(get(contract.SAMPLING_PARAMETERS), contract.SAMPLING_PARAMETERS)
+    if raw is not None and alias is not None:
+        raise invalid("give either 'parameters' or 'sampling_parameters', not both", contract.SAMPLING_PARAMETERS)
+    raw = raw if raw is not None else alias
+    if raw is not None and not isinstance(raw, dict):
+        raise invalid("'parameters' must be a JSON object", contract.PARAMETERS)
+    params = parse_parameters(raw, stream=stream)
+    if params.lora is not None and params.lora not in adapters:
+        raise ContractError(
+            ErrorInfo(404, f"the model '{params.lora}' does not exist", "invalid_request_error", "model", "model_not_found")
+        )
+    messages = contract.read_json(get(contract.MESSAGES), contract.MESSAGES)
+    text = contract.read_string(get(contract.TEXT_INPUT))
+    if (messages is None) == (text is None):
+        raise invalid("give exactly one of the inputs 'messages' and 'text_input'", contract.MESSAGES)
+    echo = ""
+    if messages is not None:
+        prompt_ids = render_prompt(tokenizer, validate_messages(messages, allow_internal_media=True), params)
+    else:
+        prompt_ids = encode_raw_prompt(tokenizer, text or "")
+        exclude = contract.read_bool(get(contract.EXCLUDE_INPUT_IN_OUTPUT), default=False)
+        if not stream and not exclude:
+            echo = text or ""
+    return PreparedRequest(prompt_ids=prompt_ids, params=params, stream=stream, echo_prompt=echo)

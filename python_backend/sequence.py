@@ -1,0 +1,176 @@
+"""One generated sequence (a choice or a best_of candidate) and the request that owns it.
+
+Owns: per-sequence state (tokens, detokenizer, stop matcher, telemetry) and the rules that end a
+sequence (EOS, stop token, stop string, length), plus turning its progress into ``ChoiceDelta``s.
+The engine drives it; nothing here touches the model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from python_backend.contract import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    ChoiceDelta,
+    ChoiceUsage,
+    ErrorInfo,
+    TokenLogprob,
+    TopLogprob,
+)
+from python_backend.detokenizer import IncrementalDetokenizer
+from python_backend.params import GenerationParams
+from python_backend.sampler import RowSampling, SampledToken
+from python_backend.stop_strings import StopStringMatcher
+
+
+@dataclass
+class EngineEvent:
+    """What the engine tells a request's sink: a delta, an error, or just the end."""
+
+    request_id: str
+    delta: ChoiceDelta | None = None
+    error: ErrorInfo | None = None
+    final: bool = False  # the request's last event
+
+
+@dataclass
+class EngineRequest:
+    """A validated, tokenized request handed to the engine."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: GenerationParams
+    sink: Callable[[EngineEvent], None]
+    is_cancelled: Callable[[], bool] = lambda: False
+    stream: bool = True
+    arrival: float = field(default_factory=time.perf_counter)
+
+
+TokenText = Callable[[int], tuple[str, list[int]]]  # token id -> (text, raw bytes)
+
+
+class Sequence:
+    def __init__(
+        self,
+        index: int,
+        request: EngineRequest,
+        sampling: RowSampling,
+        detokenizer: IncrementalDetokenizer,
+        max_new_tokens: int,
+        eos_ids: frozenset[int],
+    ) -> None:
+        self.index = index
+        self.request = request
+        self.sampling = sampling
+        self.detokenizer = detokenizer
+        self.stop = StopStringMatcher(request.params.stop, request.params.include_stop_str_in_output)
+        self.max_new_tokens = max_new_tokens
+        self.eos_ids = frozenset() if request.params.ignore_eos else eos_ids
+        self.stop_ids = frozenset(request.params.stop_token_ids)
+        self.finish_reason: str | None = None
+        self.ready_at = request.arrival
+        self.batch_size: list[int] = []
+        self.queue_wait_us: list[int] = []
+        self.decode_ms: list[float] = []
+        self.prefill_ms = 0.0
+        self.cumulative_logprob = 0.0
+        self.pending_text = ""  # produced but not yet sent
+        self.pending_logprobs: list[TokenLogprob] = []
+        self.sent_tokens = 0
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.sampling.output_ids
+
+    @property
+    def position(self) -> int:
+        """Position of the next token fed to the model (the last sampled one)."""
+        return len(self.request.prompt_ids) + len(self.tokens) - 1
+
+    def update_suppression(self) -> None:
+        """Before ``min_tokens`` is reached, EOS and stop tokens may not be sampled."""
+        if len(self.tokens) < self.request.params.min_tokens:
+            self.sampling.suppress_ids = tuple(self.eos_ids | self.stop_ids)
+        else:
+            self.sampling.suppress_ids = ()
+
+    def record(self, started: float, ended: float, batch: int) -> None:
+        """Telemetry of the step that produced this sequence's newest token."""
+        self.queue_wait_us.append(max(int((started - self.ready_at) * 1e6), 0))
+        self.batch_size.append(batch)
+        if len(self.tokens) == 1:
+            self.prefill_ms = round((ended - self.request.arrival) * 1e3, 2)
+        else:
+            self.decode_ms.append(round((ended - started) * 1e3, 2))
+        self.ready_at = ended
+
+    def accept(self, sampled: SampledToken, token_text: TokenText) -> None:
+        """Add a sampled token and apply every rule that can end the sequence."""
+        token = sampled.token_id
+        self.tokens.append(token)
+        self.cumulative_logprob += sampled.logprob
+        if self.sampling.top_logprobs is not None:
+            self.pending_logprobs.append(_logprob_entry(sampled, token_text))
+        if token in self.eos_ids:
+            self._finish(FINISH_STOP)
+            return
+        if token in self.stop_ids:
+            include = self.request.params.include_stop_str_in_output
+            self._finish(FINISH_STOP, extra=token_text(token)[0] if include else "")
+            return
+        result = self.stop.feed(self.detokenizer.add(token))
+        self.pending_text += result.text
+        if result.stopped:
+            self.finish_reason = FINISH_STOP
+        elif len(self.tokens) >= self.max_new_tokens:
+            self._finish(FINISH_LENGTH)
+
+    def _finish(self, reason: str, extra: str = "") -> None:
+        """End the sequence: release held text (it was not a stop string after all)."""
+        tail = self.stop.feed(self.detokenizer.flush())
+        self.pending_text += tail.text
+        if not tail.stopped:
+            self.pending_text += self.stop.flush() + extra
+        self.finish_reason = reason
+
+    def take_delta(self, prompt_tokens: int) -> ChoiceDelta | None:
+        """The delta to send now, or None when there is nothing new yet."""
+        finished = self.finish_reason is not None
+        if not self.pending_text and not finished:
+            return None
+        delta = ChoiceDelta(
+            index=self.index,
+            text=self.pending_text,
+            finish_reason=self.finish_reason,
+            logprobs=self.pending_logprobs if self.sampling.top_logprobs is not None else None,
+            usage=self.usage(prompt_tokens) if finished else None,
+            num_input_tokens=prompt_tokens,
+            num_output_tokens=len(self.tokens),
+        )
+        self.pending_text = ""
+        self.pending_logprobs = []
+        return delta
+
+    def usage(self, prompt_tokens: int) -> ChoiceUsage:
+        return ChoiceUsage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=len(self.tokens),
+            cached_tokens=0,
+            batch_size=list(self.batch_size),
+            queue_wait_time=list(self.queue_wait_us),
+            prefill_time=self.prefill_ms,
+            decode_time_arr=list(self.decode_ms),
+            cumulative_logprob=self.cumulative_logprob,
+        )
+
+
+def _logprob_entry(sampled: SampledToken, token_text: TokenText) -> TokenLogprob:
+    text, raw = token_text(sampled.token_id)
+    top = []
+    for token_id, logprob in sampled.top:
+        top_text, top_raw = token_text(token_id)
+        top.append(TopLogprob(top_text, logprob, top_raw))
+    return TokenLogprob(text, sampled.logprob, raw, top)

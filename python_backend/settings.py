@@ -1,0 +1,69 @@
+"""Engine settings: what the model reads from its ``config.pbtxt`` parameters.
+
+Owns: ``EngineSettings`` (typed, validated, with documented defaults) and its conversion from and
+to Triton's string-valued config parameters, so the launcher writes exactly what the model reads.
+No torch here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+class SettingsError(ValueError):
+    """A bad engine setting; the message names the key."""
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Engine configuration. Every field is a ``config.pbtxt`` parameter of the same name."""
+
+    model_path: str = ""  # local Hugging Face folder; required
+    served_model_name: str = ""  # name clients use; default: the folder's name
+    dtype: str = "auto"  # auto | bfloat16 | float16 | float32 (auto: the folder's torch_dtype)
+    device: str = "auto"  # auto | cpu | cuda[:N] | npu[:N]
+    max_num_seqs: int = 32  # sequences in the running batch at most
+    max_num_batched_tokens: int = 512  # prompt tokens prefilled per step (chunked prefill)
+    max_waiting_requests: int = 256  # queued requests beyond which new ones get "overloaded"
+    kv_cache_memory_mb: int = 0  # KV-cache budget; 0 = automatic (a share of free memory)
+    max_seq_len: int = 0  # maxSeqLen: prompt + output tokens; 0 = the model's context length
+    max_input_token_len: int = 0  # maxInputTokenLen; 0 = max_seq_len - 1
+    max_iter_times: int = 512  # maxIterTimes: default and cap of max_tokens
+    torch_threads: int = 0  # intra-op threads on CPU; 0 = torch's default
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise SettingsError(f"dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
+        device = self.device
+        base = device.split(":", 1)[0]
+        if base not in ("auto", "cpu", "cuda", "npu") or (":" in device and not device.split(":", 1)[1].isdigit()):
+            raise SettingsError(f"device must be auto, cpu, cuda[:N] or npu[:N], got '{device}'")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_iter_times"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_waiting_requests", "kv_cache_memory_mb", "max_seq_len", "max_input_token_len", "torch_threads"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    @staticmethod
+    def from_parameters(params: dict[str, str]) -> EngineSettings:
+        """Build from Triton's ``{"key": "value"}`` parameters; unknown keys are an error."""
+        known = {f.name: f for f in fields(EngineSettings)}
+        values: dict[str, Any] = {}
+        for key, text in params.items():
+            if key not in known:
+                raise SettingsError(f"unknown model parameter '{key}'")
+            if known[key].type in ("int", int):
+                try:
+                    values[key] = int(text)
+                except ValueError as exc:
+                    raise SettingsError(f"model parameter '{key}' must be an integer, got '{text}'") from exc
+            else:
+                values[key] = text
+        return EngineSettings(**values)
+
+    def to_parameters(self) -> dict[str, str]:
+        return {f.name: str(getattr(self, f.name)) for f in fields(self)}

@@ -1,0 +1,140 @@
+"""The Triton Python-backend adapter: the only importer of ``triton_python_backend_utils``.
+
+Owns: ``TritonPythonModel`` (decoupled): ``initialize`` loads the model and starts the engine;
+``execute`` decodes and submits each request and returns at once; a sender thread turns engine
+events into responses, so a slow client never stalls the step loop; ``finalize`` stops both.
+Every request ends with exactly one ``COMPLETE_FINAL``: on success, on error and on cancel.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import triton_python_backend_utils as pb_utils
+
+from python_backend import contract
+from python_backend.contract import ContractError, ErrorInfo
+from python_backend.engine import Engine
+from python_backend.loader import load_model
+from python_backend.request_decoding import decode_request
+from python_backend.sequence import EngineEvent, EngineRequest
+from python_backend.settings import EngineSettings
+
+logger = logging.getLogger("triton_chat")
+
+_INTERNAL = ErrorInfo(500, "internal error while reading the request", "internal_error")
+
+
+@dataclass
+class _Outgoing:
+    sender: Any  # pb_utils.InferenceResponseSender
+    event: EngineEvent
+    echo_prompt: str
+
+
+class _ResponseSender:
+    """One thread that sends every response; the engine only enqueues."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[_Outgoing | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="triton-chat-sender", daemon=True)
+        self._thread.start()
+
+    def put(self, item: _Outgoing) -> None:
+        self._queue.put(item)
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                _send(item)
+            except Exception:  # the client may be gone; the other requests go on
+                logger.exception("sending a response for %s failed", item.event.request_id)
+
+
+def _send(item: _Outgoing) -> None:
+    event = item.event
+    flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if event.final else 0
+    if event.error is not None:
+        response = pb_utils.InferenceResponse(error=pb_utils.TritonError(event.error.to_wire()))
+        item.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return
+    if event.delta is None:
+        item.sender.send(flags=flags)
+        return
+    delta = event.delta
+    if item.echo_prompt:
+        delta.text = item.echo_prompt + delta.text
+    tensors = [pb_utils.Tensor(name, array) for name, array in contract.encode_delta(delta).items()]
+    item.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=flags)
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        model_config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
+            raise pb_utils.TritonModelException("triton-chat needs model_transaction_policy { decoupled: true }")
+        raw = {key: value.get("string_value", "") for key, value in model_config.get("parameters", {}).items()}
+        settings = EngineSettings.from_parameters(raw)
+        loaded = load_model(settings)
+        self._tokenizer = loaded.tokenizer
+        self._adapters: frozenset[str] = frozenset()
+        self._engine = Engine(loaded, settings)
+        self._sender = _ResponseSender()
+        self._engine.start()
+        logger.info("triton-chat model '%s' ready", loaded.name)
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            request_id = request.request_id() or uuid.uuid4().hex
+            try:
+                self._submit(request, sender, request_id)
+            except ContractError as exc:
+                self._fail(sender, request_id, exc.info)
+            except Exception:
+                logger.exception("request %s could not be read", request_id)
+                self._fail(sender, request_id, _INTERNAL)
+        return None
+
+    def _submit(self, request: Any, sender: Any, request_id: str) -> None:
+        def get(name: str) -> Any:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            return None if tensor is None else tensor.as_numpy()
+
+        prepared = decode_request(get, self._tokenizer, self._adapters)
+        echo = prepared.echo_prompt
+
+        def sink(event: EngineEvent) -> None:
+            self._sender.put(_Outgoing(sender, event, echo))
+
+        self._engine.submit(
+            EngineRequest(
+                request_id=request_id,
+                prompt_ids=prepared.prompt_ids,
+                params=prepared.params,
+                sink=sink,
+                is_cancelled=sender.is_cancelled,
+                stream=prepared.stream,
+            )
+        )
+
+    def _fail(self, sender: Any, request_id: str, info: ErrorInfo) -> None:
+        self._sender.put(_Outgoing(sender, EngineEvent(request_id, error=info, final=True), ""))
+
+    def finalize(self) -> None:
+        self._engine.stop()
+        self._sender.stop()
