@@ -12,12 +12,12 @@ name                       dtype   shape  meaning
 =========================  ======  =====  ===========================================================
 ``messages``               BYTES   [1]    JSON list of OpenAI chat messages; the model applies its
                                           chat template (with ``tools`` / ``chat_template_kwargs``
-                                          from ``parameters``).
+                                          from ``generation_parameters``).
 ``text_input``             BYTES   [1]    a raw prompt, used as is (no chat template); the name of
                                           Triton's vLLM backend, so its clients work unchanged.
-``parameters``             BYTES   [1]    JSON object of generation parameters; keys and rules in
+``generation_parameters``  BYTES   [1]    JSON object of generation parameters; keys and rules in
                                           ``python_backend.params`` (unknown keys are an error).
-``sampling_parameters``    BYTES   [1]    vLLM-backend alias of ``parameters`` (same keys); giving
+``sampling_parameters``    BYTES   [1]    vLLM-backend alias of ``generation_parameters``; giving
                                           both is an error.
 ``stream``                 BOOL    [1]    true: one response per text delta; false (default): one
                                           response per choice carrying its whole text.
@@ -50,6 +50,9 @@ name                   dtype   shape  meaning
 ``num_output_tokens``  UINT32  [1]    tokens generated for this choice so far
 =====================  ======  =====  ===============================================================
 
+The parameters tensor is not called ``parameters``: Triton's HTTP generate endpoint reserves that
+JSON key for request parameters and refuses an input tensor of the same name.
+
 Errors travel as a Triton error whose message is ``ErrorInfo.to_wire()`` (a JSON object), so that
 plain tritonclient callers read a clear message and the frontend recovers the HTTP status, the
 OpenAI error type and the offending field. Every request ends with exactly one final response.
@@ -66,7 +69,7 @@ import numpy as np
 # --- input tensor names -------------------------------------------------------------------------
 MESSAGES = "messages"
 TEXT_INPUT = "text_input"
-PARAMETERS = "parameters"
+PARAMETERS = "generation_parameters"
 SAMPLING_PARAMETERS = "sampling_parameters"
 STREAM = "stream"
 EXCLUDE_INPUT_IN_OUTPUT = "exclude_input_in_output"

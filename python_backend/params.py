@@ -60,6 +60,12 @@ class GenerationParams:
         return max(self.n, self.best_of or 0)
 
 
+def _range_message(key: str, lo: float, hi: float, lo_open: bool, value: object) -> str:
+    if math.isinf(hi):
+        return f"'{key}' must be {'>' if lo_open else '>='} {lo}, got {value}"
+    return f"'{key}' must be in {'(' if lo_open else '['}{lo}, {hi}], got {value}"
+
+
 def _number(raw: dict[str, Any], key: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
     value = raw.get(key)
     if value is None:
@@ -70,8 +76,7 @@ def _number(raw: dict[str, Any], key: str, lo: float, hi: float, lo_open: bool =
         raise invalid(f"'{key}' must be a finite number", key)
     too_low = value <= lo if lo_open else value < lo
     if too_low or value > hi:
-        bracket = "(" if lo_open else "["
-        raise invalid(f"'{key}' must be in {bracket}{lo}, {hi}], got {value}", key)
+        raise invalid(_range_message(key, lo, hi, lo_open, value), key)
     return float(value)
 
 

@@ -73,10 +73,15 @@ def _sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[int]:
         before = torch.cumsum(probs, dim=1) - probs
         probs = probs.masked_fill(before >= top_ps, 0.0)
         probs = probs / probs.sum(dim=1, keepdim=True)
+    # Draw in vocabulary order, not in sorted order: near-tied logits sort differently in
+    # different batches, and a draw tied to rank would then pick another token for the same seed.
+    full = torch.zeros_like(scaled).scatter_(1, indices, probs)
     chosen = []
     for i, row in enumerate(rows):
-        pick = torch.multinomial(probs[i], 1, generator=row.generator)
-        chosen.append(int(indices[i, pick]))
+        # The exponential race (argmax p/q, q ~ Exp(1)) samples exactly from p with one draw
+        # per vocabulary entry from the row's own generator.
+        noise = torch.empty(vocab, device=full.device).exponential_(generator=row.generator)
+        chosen.append(int(torch.argmax(full[i] / noise)))
     return chosen
 
 

@@ -1,0 +1,93 @@
+"""Drives the real engine without Triton: submit chat requests, collect their events."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from python_backend.chat_template import render_prompt
+from python_backend.contract import ChoiceDelta, ErrorInfo
+from python_backend.engine import Engine
+from python_backend.loader import LoadedModel
+from python_backend.params import parse_parameters
+from python_backend.sequence import EngineEvent, EngineRequest
+from python_backend.settings import EngineSettings
+
+DEADLINE_S = 60.0
+
+
+@dataclass
+class Collected:
+    """Everything one request received, in order."""
+
+    events: list[EngineEvent] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def sink(self, event: EngineEvent) -> None:
+        self.events.append(event)
+        if event.final:
+            self.done.set()
+
+    def wait(self, timeout: float = DEADLINE_S) -> Collected:
+        if not self.done.wait(timeout):
+            raise TimeoutError("the engine did not finish the request in time")
+        return self
+
+    @property
+    def deltas(self) -> list[ChoiceDelta]:
+        return [e.delta for e in self.events if e.delta is not None]
+
+    @property
+    def error(self) -> ErrorInfo | None:
+        return next((e.error for e in self.events if e.error is not None), None)
+
+    def text(self, index: int = 0) -> str:
+        return "".join(d.text for d in self.deltas if d.index == index)
+
+    def last(self, index: int = 0) -> ChoiceDelta:
+        return [d for d in self.deltas if d.index == index][-1]
+
+
+class Driver:
+    """Submits chat requests to an engine and collects their events."""
+
+    def __init__(self, engine: Engine, loaded: LoadedModel) -> None:
+        self.engine = engine
+        self.loaded = loaded
+        self._ids = itertools.count()
+
+    def prompt_ids(self, content: str, **params: Any) -> list[int]:
+        return render_prompt(self.loaded.tokenizer, [{"role": "user", "content": content}], parse_parameters(params))
+
+    def submit(self, content: str, stream: bool = True, cancelled: Any = None, **params: Any) -> Collected:
+        out = Collected()
+        parsed = parse_parameters(params, stream=stream)
+        request = EngineRequest(
+            request_id=f"req-{next(self._ids)}",
+            prompt_ids=render_prompt(self.loaded.tokenizer, [{"role": "user", "content": content}], parsed),
+            params=parsed,
+            sink=out.sink,
+            stream=stream,
+            **({"is_cancelled": cancelled} if cancelled is not None else {}),
+        )
+        self.engine.submit(request)
+        return out
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            stats = self.engine.stats()
+            if stats.running_sequences == 0 and stats.waiting_requests == 0 and stats.kv_reserved_tokens == 0:
+                return
+            time.sleep(0.01)
+        raise TimeoutError(f"engine not idle: {self.engine.stats()}")
+
+
+def make_engine(loaded: LoadedModel, **overrides: Any) -> Engine:
+    settings = EngineSettings(model_path="unused", dtype="float32", device="cpu", max_iter_times=64, **overrides)
+    engine = Engine(loaded, settings)
+    engine.start()
+    return engine

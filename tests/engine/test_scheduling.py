@@ -1,0 +1,116 @@
+"""Admission, back-pressure and cancellation in the engine's step loop."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from engine_driver import Driver, make_engine
+
+from python_backend.contract import ContractError
+
+
+def test_cancel_frees_the_slot_and_ends_with_one_final_event(driver: Driver) -> None:
+    flag = threading.Event()
+    got = driver.submit("cancel me", temperature=0, max_tokens=60, ignore_eos=True, cancelled=flag.is_set)
+    deadline = time.monotonic() + 10
+    while len(got.deltas) < 3 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert driver.engine.stats().running_sequences == 1
+    flag.set()
+    got.wait()
+    assert sum(1 for e in got.events if e.final) == 1
+    assert got.events[-1].delta is None  # the client is gone: no more text
+    driver.wait_idle()
+    assert driver.engine.stats().kv_cache_bytes == 0
+
+
+def test_cancel_by_id_while_waiting(tiny_loaded) -> None:
+    engine = make_engine(tiny_loaded, max_num_seqs=1)
+    try:
+        driver = Driver(engine, tiny_loaded)
+        first = driver.submit("long", temperature=0, max_tokens=60, ignore_eos=True)
+        second = driver.submit("queued", temperature=0, max_tokens=5)
+        engine.cancel("req-1")
+        second.wait()
+        assert second.deltas == [] and second.events[-1].final
+        assert first.wait().last().usage.completion_tokens == 60
+    finally:
+        engine.stop()
+
+
+def test_mixed_cancellations_leave_nothing_behind(driver: Driver) -> None:
+    flags = [threading.Event() for _ in range(6)]
+    runs = [
+        driver.submit(f"stream {i}", temperature=0.8, max_tokens=40, ignore_eos=True, cancelled=flags[i].is_set)
+        for i in range(6)
+    ]
+    time.sleep(0.05)
+    for flag in flags[::2]:
+        flag.set()
+    for i, run in enumerate(runs):
+        run.wait()
+        if i % 2:
+            assert run.last().usage.completion_tokens == 40
+    driver.wait_idle()
+
+
+def test_overload_is_refused_at_once_with_429(tiny_loaded) -> None:
+    engine = make_engine(tiny_loaded, max_num_seqs=1, max_waiting_requests=2)
+    try:
+        driver = Driver(engine, tiny_loaded)
+        accepted = [driver.submit("busy", temperature=0, max_tokens=30, ignore_eos=True) for _ in range(2)]
+        refused = 0
+        for _ in range(3):
+            try:
+                accepted.append(driver.submit("busy", temperature=0, max_tokens=30, ignore_eos=True))
+            except ContractError as exc:
+                assert exc.info.status == 429 and exc.info.code == "overloaded"
+                refused += 1
+        assert refused >= 1
+        for run in accepted:
+            assert run.wait().last().finish_reason == "length"
+    finally:
+        engine.stop()
+
+
+def test_long_prompt_is_prefilled_in_chunks_without_stalling_streams(tiny_loaded) -> None:
+    engine = make_engine(tiny_loaded, max_num_batched_tokens=16)
+    try:
+        driver = Driver(engine, tiny_loaded)
+        short = driver.submit("short", temperature=0, max_tokens=40, ignore_eos=True)
+        time.sleep(0.05)
+        long = driver.submit("long prompt " * 60, temperature=0, max_tokens=4, ignore_eos=True)
+        short.wait()
+        long.wait()
+        assert long.last().finish_reason == "length"
+        # The short stream kept decoding while the long prompt was prefilled chunk by chunk.
+        assert max(short.last().usage.batch_size) >= 1
+        assert len(short.text()) > 0
+    finally:
+        engine.stop()
+
+
+def test_kv_budget_refuses_a_request_that_can_never_fit(tiny_loaded) -> None:
+    engine = make_engine(tiny_loaded, kv_cache_memory_mb=1)
+    try:
+        driver = Driver(engine, tiny_loaded)
+        # 1 MiB holds 2048 tokens of this model (512 bytes each); 32 choices of 64 + prompt cannot fit.
+        assert engine.limits.kv_budget_tokens == 2048
+        with pytest.raises(ContractError) as caught:
+            driver.submit("x", n=32, temperature=1.0, max_tokens=64)
+        assert caught.value.info.status == 400 and caught.value.info.code == "kv_cache_exceeded"
+    finally:
+        engine.stop()
+
+
+def test_stop_fails_pending_requests_with_503(tiny_loaded) -> None:
+    engine = make_engine(tiny_loaded, max_num_seqs=1)
+    driver = Driver(engine, tiny_loaded)
+    runs = [driver.submit("x", temperature=0, max_tokens=60, ignore_eos=True) for _ in range(3)]
+    engine.stop()
+    for run in runs:
+        run.wait(5)
+        assert run.events[-1].final
+    assert any(r.error is not None and r.error.status == 503 for r in runs)
