@@ -1,0 +1,109 @@
+"""Generation-parameter validation: ranges, types, defaults and cross-field rules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from python_backend.contract import ContractError
+from python_backend.params import parse_parameters
+
+
+def error_of(raw: dict, stream: bool = False):
+    with pytest.raises(ContractError) as caught:
+        parse_parameters(raw, stream=stream)
+    return caught.value.info
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"temperature": math.nan}, "temperature"),
+        ({"temperature": math.inf}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1e-6}, "top_p"),
+        ({"top_p": 1.01}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"top_k": 2**31}, "top_k"),
+        ({"top_k": 1.5}, "top_k"),
+        ({"top_k": True}, "top_k"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"repetition_penalty": 2.01}, "repetition_penalty"),
+        ({"presence_penalty": -2.01}, "presence_penalty"),
+        ({"frequency_penalty": 2.5}, "frequency_penalty"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**64}, "seed"),
+        ({"stop": ""}, "stop.0"),
+        ({"stop": ["a", ""]}, "stop.1"),
+        ({"stop": "x" * 32769}, "stop"),
+        ({"stop": 5}, "stop"),
+        ({"stop_token_ids": [1, None]}, "stop_token_ids.1"),
+        ({"stop_token_ids": "1"}, "stop_token_ids"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 2**31}, "max_tokens"),
+        ({"n": 0}, "n"),
+        ({"n": 129}, "n"),
+        ({"best_of": 129}, "best_of"),
+        ({"top_logprobs": 21}, "top_logprobs"),
+        ({"logprobs": "yes"}, "logprobs"),
+        ({"ignore_eos": 1}, "ignore_eos"),
+        ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs.tokenize"),
+        ({"chat_template_kwargs": {"enable_thinking": "no"}}, "chat_template_kwargs.enable_thinking"),
+        ({"unknown_knob": 1}, "unknown_knob"),
+        ({"n": 2, "temperature": 0}, "temperature"),
+        ({"n": 2, "best_of": 1}, "best_of"),
+        ({"use_beam_search": True, "stop": "x"}, "stop"),
+        ({"use_beam_search": True, "stop_token_ids": [3]}, "stop_token_ids"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}], "stop": "x"}, "stop"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}], "logprobs": True}, "logprobs"),
+        ({"tools": [{"type": "code", "function": {"name": "f"}}]}, "tools.0.type"),
+        ({"tools": [{"type": "function", "function": {}}]}, "tools.0.function.name"),
+        ({"tool_choice": "sometimes"}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "g"}}, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+        ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
+        ({"response_format": {"type": "yaml"}}, "response_format"),
+    ],
+)
+def test_bad_values_are_400_naming_the_field(raw: dict, param: str) -> None:
+    info = error_of(raw)
+    assert info.status == 400
+    assert info.param == param
+    assert info.type == "invalid_request_error"
+    assert param.split(".")[0] in info.message
+
+
+def test_streaming_rules_for_best_of() -> None:
+    assert error_of({"best_of": 2, "temperature": 1}, stream=True).param == "best_of"
+    assert error_of({"best_of": 3, "n": 2, "temperature": 1}, stream=True).param == "best_of"
+    assert parse_parameters({"best_of": 2, "n": 2, "temperature": 1}, stream=True).candidates == 2
+    assert parse_parameters({"best_of": 3, "n": 2, "temperature": 1}).candidates == 3
+
+
+def test_defaults_and_normalisation() -> None:
+    p = parse_parameters({})
+    assert p.temperature is None and p.top_p is None and p.top_k is None  # model defaults apply
+    assert p.n == 1 and p.max_tokens is None and p.skip_special_tokens is True
+    assert parse_parameters({"top_k": -1}).top_k == 0
+    assert parse_parameters({"top_k": 0}).top_k == 0
+    assert parse_parameters({"stop": []}).stop == ()
+    assert parse_parameters({"stop": "end"}).stop == ("end",)
+    assert parse_parameters({"seed": 2**64 - 1}).seed == 2**64 - 1
+    assert parse_parameters({"max_completion_tokens": 7}).max_tokens == 7
+
+
+def test_top_logprobs_turns_logprobs_on() -> None:
+    p = parse_parameters({"top_logprobs": 2})
+    assert p.logprobs is True and p.top_logprobs == 2
+    assert parse_parameters({"top_logprobs": 2, "logprobs": False}).logprobs is False
+
+
+def test_out_of_int32_stop_token_ids_are_ignored() -> None:
+    assert parse_parameters({"stop_token_ids": [2, 2**40, 13]}).stop_token_ids == (2, 13)
+
+
+def test_nulls_mean_not_given() -> None:
+    p = parse_parameters({k: None for k in ("temperature", "top_p", "seed", "stop", "n", "best_of", "max_tokens")})
+    assert p.n == 1 and p.stop == () and p.seed is None

@@ -1,0 +1,63 @@
+"""Per-row sampling rules in a batch."""
+
+from __future__ import annotations
+
+import torch
+
+from python_backend.sampler import RowSampling, sample
+
+
+def row(seed: int = 0, **overrides) -> RowSampling:
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    values = dict(
+        temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0, presence_penalty=0.0,
+        frequency_penalty=0.0, generator=generator, top_logprobs=None, prompt_ids=torch.tensor([1, 2]),
+    )
+    values.update(overrides)
+    return RowSampling(**values)
+
+
+def test_greedy_top_k_1_and_tiny_top_p_all_pick_the_argmax() -> None:
+    logits = torch.randn(3, 100)
+    picks = sample(logits, [row(temperature=0.0), row(top_k=1), row(top_p=1e-5)])
+    best = logits.argmax(dim=1).tolist()
+    assert [p.token_id for p in picks] == best
+
+
+def test_top_k_limits_the_candidates() -> None:
+    logits = torch.arange(50, dtype=torch.float32).unsqueeze(0)
+    picks = {sample(logits, [row(seed=s, top_k=3, temperature=5.0)])[0].token_id for s in range(200)}
+    assert picks <= {47, 48, 49} and len(picks) == 3
+
+
+def test_seeded_rows_do_not_depend_on_their_neighbours() -> None:
+    logits = torch.randn(1, 500)
+    alone = [sample(logits, [row(seed=11)])[0].token_id]
+    batch = torch.cat([torch.randn(2, 500), logits, torch.randn(1, 500)])
+    together = sample(batch, [row(seed=1), row(seed=2), row(seed=11), row(seed=3, temperature=0.0)])
+    assert together[2].token_id == alone[0]
+
+
+def test_penalties_and_suppression() -> None:
+    logits = torch.zeros(1, 10)
+    logits[0, 4] = 5.0
+    # Token 4 was generated three times: frequency penalty pushes it below its neighbours.
+    picks = sample(logits, [row(temperature=0.0, frequency_penalty=2.0, output_ids=[4, 4, 4])])
+    assert picks[0].token_id != 4
+    picks = sample(logits, [row(temperature=0.0, suppress_ids=(4,))])
+    assert picks[0].token_id != 4
+    logits[0, 1] = 4.0  # in the prompt: the repetition penalty halves its logit, below token 5's
+    logits[0, 5] = 3.0
+    assert sample(logits, [row(temperature=0.0, suppress_ids=(4,))])[0].token_id == 1
+    picks = sample(logits, [row(temperature=0.0, repetition_penalty=2.0, suppress_ids=(4,))])
+    assert picks[0].token_id == 5
+
+
+def test_logprobs_and_top_logprobs() -> None:
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
+    pick = sample(logits, [row(temperature=0.0, top_logprobs=2)])[0]
+    expected = torch.log_softmax(logits, dim=1)[0]
+    assert pick.token_id == 3
+    assert abs(pick.logprob - float(expected[3])) < 1e-6
+    assert [t for t, _ in pick.top] == [3, 2]
