@@ -8,6 +8,7 @@ Owns: ``render_prompt``: text-part joining, assistant tool-call arguments decode
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from jinja2 import TemplateError
@@ -55,7 +56,9 @@ def render_prompt(
 ) -> list[int]:
     """Apply the chat template (generation prompt added) and tokenize without extra specials."""
     kwargs: dict[str, Any] = dict(params.chat_template_kwargs)
-    tools = list(params.tools) if params.tools and params.tool_choice != "none" else None
+    tools: list[dict[Any, Any] | Callable[..., Any]] | None = (
+        list(params.tools) if params.tools and params.tool_choice != "none" else None
+    )
     try:
         text = tokenizer.apply_chat_template(
             _for_template(messages), tools=tools, add_generation_prompt=True, tokenize=False, **kwargs

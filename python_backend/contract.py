@@ -286,7 +286,7 @@ def read_json(array: np.ndarray | None, name: str) -> Any:
         return None
     try:
         return json.loads(text)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise invalid(f"tensor '{name}' is not valid JSON: {exc.msg}", name) from exc
 
 

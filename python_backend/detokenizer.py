@@ -25,7 +25,7 @@ class IncrementalDetokenizer:
         self._read = len(self._ids)
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=self._skip, clean_up_tokenization_spaces=False)
+        return str(self._tokenizer.decode(ids, skip_special_tokens=self._skip, clean_up_tokenization_spaces=False))
 
     def add(self, token_id: int) -> str:
         """Add one token; return the text that is now certain (may be empty)."""

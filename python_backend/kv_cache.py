@@ -85,8 +85,8 @@ class BatchCache(Cache):
     def layer_states(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         out = []
         for layer in self.layers:
-            if layer.keys is None or layer.values is None:
-                raise RuntimeError("cache layer is empty")
+            if not isinstance(layer, GrowableLayer) or layer.keys is None or layer.values is None:
+                raise RuntimeError("cache layer is empty or of an unsupported kind")
             out.append((layer.keys, layer.values))
         return out
 

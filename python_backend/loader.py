@@ -102,7 +102,7 @@ def load_model(settings: EngineSettings) -> LoadedModel:
             "(or chat_template.jinja) to define one"
         )
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=placement.dtype, local_files_only=True)
-    model.to(placement.device)
+    model.to(placement.device)  # type: ignore[arg-type]  # transformers' typed wrapper of nn.Module.to
     model.eval()
     text_config = model.config.get_text_config(decoder=True)
     vocab_size = int(getattr(text_config, "vocab_size", 0) or len(tokenizer))

@@ -48,7 +48,7 @@ class TokenTexts:
         return hit
 
     def _compute(self, token_id: int) -> tuple[str, list[int]]:
-        text = self._tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        text = str(self._tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False))
         piece = self._tokenizer.convert_ids_to_tokens(token_id)
         if not isinstance(piece, str):
             return text, list(text.encode("utf-8"))

@@ -1,0 +1,59 @@
+"""The FastAPI application factory.
+
+Owns: ``create_app``: routes, error handlers, middlewares (API key outermost, then the body size
+limit), and the backend's lifetime. A backend passed in (tests, embedding) belongs to the caller;
+without one, a ``TritonBackend`` is created in the lifespan (inside the event loop, where grpc.aio
+needs it) and closed on shutdown. Only ``/openapi.json`` is served as documentation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from openai_frontend.auth import ApiKeyMiddleware
+from openai_frontend.backend import ChatBackend
+from openai_frontend.errors import install_error_handlers
+from openai_frontend.limits import BodySizeLimitMiddleware
+from openai_frontend.routes import chat, health, models
+from openai_frontend.settings import FrontendSettings
+from openai_frontend.state import FrontendState
+from openai_frontend.triton_client import TritonBackend
+
+
+def create_app(settings: FrontendSettings, backend: ChatBackend | None = None) -> FastAPI:
+    """An app serving ``settings``; with ``backend`` None it talks to Triton over gRPC."""
+    state = FrontendState(settings=settings, backend=backend)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        created = TritonBackend.from_settings(settings) if state.backend is None else None
+        if created is not None:
+            state.backend = created
+        try:
+            yield
+        finally:
+            if created is not None:
+                state.backend = None
+                await created.close()
+
+    app = FastAPI(
+        title="triton-chat",
+        description="OpenAI/MindIE-compatible chat completions on Triton Inference Server",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+        lifespan=lifespan,
+    )
+    app.state.frontend = state
+    install_error_handlers(app)
+    app.include_router(chat.router)
+    app.include_router(models.router)
+    app.include_router(health.router)
+    # add_middleware wraps: the last added runs first, so the key check precedes any body read.
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    if settings.api_keys:
+        app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys)
+    return app

@@ -1,0 +1,69 @@
+"""``POST /v1/chat/completions``.
+
+Owns: the endpoint's wiring only: read and validate the body, pick JSON / SSE / the beam-search
+pseudo-stream, race the work against client disconnect, and add ``x-ignored-params``. Formats
+live in ``responses``/``sse``, the backend dialogue in ``serving``.
+"""
+
+from __future__ import annotations
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
+
+from openai_frontend.cancellation import ClientDisconnected, ClientGoneResponse, SSEResponse, run_until_disconnect
+from openai_frontend.schemas import ChatCompletionRequest, documented_errors
+from openai_frontend.serving import ChatCall, complete, events, start_stream
+from openai_frontend.state import frontend_state, require_backend
+from openai_frontend.validation import validate_chat_request
+
+router = APIRouter(tags=["chat"])
+
+IGNORED_PARAMS_HEADER = "x-ignored-params"
+# Bodies above this are parsed and validated in a worker thread: a multi-megabyte JSON body would
+# otherwise hold the event loop (and every other request, /health included) for tens of ms.
+OFFLOAD_BODY_BYTES = 256 * 1024
+
+# The body is parsed by validate_chat_request (so errors follow the contract's order), so the
+# schema is declared here for OpenAPI instead of through a body parameter.
+_OPENAPI_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": ChatCompletionRequest.model_json_schema()}},
+    }
+}
+
+
+@router.post(
+    "/v1/chat/completions",
+    openapi_extra=_OPENAPI_BODY,
+    responses={
+        200: {
+            "description": "chat.completion JSON, or text/event-stream chunks when stream is true",
+            "content": {"application/json": {}, "text/event-stream": {}},
+        },
+        **documented_errors(400, 401, 404, 413, 429, 500, 503, 504),
+    },
+)
+async def create_chat_completion(request: Request) -> Response:
+    state = frontend_state(request)
+    try:
+        body = await request.body()
+    except ClientDisconnect:
+        return ClientGoneResponse()
+    if len(body) > OFFLOAD_BODY_BYTES:
+        chat = await anyio.to_thread.run_sync(validate_chat_request, body, state.settings)
+    else:
+        chat = validate_chat_request(body, state.settings)
+    backend = require_backend(request)
+    call = ChatCall(chat, state.settings)
+    headers = {IGNORED_PARAMS_HEADER: ",".join(chat.ignored)} if chat.ignored else {}
+    try:
+        if chat.stream and not call.pseudo_stream:
+            started = await run_until_disconnect(request, start_stream(backend, call))
+            return SSEResponse(events(started), headers=headers)
+        result = await run_until_disconnect(request, complete(backend, call))
+    except ClientDisconnected:
+        return ClientGoneResponse()
+    return JSONResponse(result, headers=headers)

@@ -1,0 +1,142 @@
+"""Runs one validated chat request against the backend and shapes the answer.
+
+Owns: the request id and timestamp, the ``BackendRequest``, non-streaming aggregation
+(``complete``), and the streaming path: ``start_stream`` pulls deltas until the first SSE event
+exists (so an error before any byte is still an HTTP error with the envelope), then ``events``
+yields the rest and turns a later error into the stream's error ending. Every path closes the
+backend stream (``close_stream``), which cancels the request in Triton when it ends early.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any
+
+from openai_frontend.accumulate import ChoiceAccumulator
+from openai_frontend.backend import BackendError, BackendRequest, ChatBackend, close_stream
+from openai_frontend.responses import completion_body
+from openai_frontend.settings import FrontendSettings
+from openai_frontend.sse import EARLY_END_MESSAGE, StreamFormatter, StreamOptions
+from openai_frontend.validation import ValidatedChat
+from python_backend.contract import ChoiceDelta, ErrorInfo
+
+logger = logging.getLogger(__name__)
+
+INTERNAL_ERROR = ErrorInfo(500, "internal server error", "server_error", None, "internal_error")
+EARLY_END = ErrorInfo(500, EARLY_END_MESSAGE, "server_error", None, "backend_incomplete")
+
+
+def new_request_id() -> str:
+    """``chatcmpl-<uuid4 hex>``: OpenAI's id shape (MindIE's ``endpoint_common_<N>`` is a counter,
+    which would need shared state across frontend replicas)."""
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True)
+class ChatCall:
+    """One request on its way to the backend."""
+
+    chat: ValidatedChat
+    settings: FrontendSettings
+    request_id: str = field(default_factory=new_request_id)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def backend_request(self) -> BackendRequest:
+        return BackendRequest(self.request_id, self.chat.messages, dict(self.chat.parameters), stream=True)
+
+    @property
+    def pseudo_stream(self) -> bool:
+        """Decision 3: a streaming beam search answers one whole ``chat.completion`` (MindIE mode)."""
+        return self.chat.stream and self.chat.params.use_beam_search and self.settings.mindie_mode
+
+
+async def complete(backend: ChatBackend, call: ChatCall) -> dict[str, Any]:
+    """The whole ``chat.completion`` body, aggregated from the backend's deltas."""
+    choices: dict[int, ChoiceAccumulator] = {}
+    stream = backend.generate(call.backend_request())
+    try:
+        async for delta in stream:
+            choices.setdefault(delta.index, ChoiceAccumulator(delta.index)).add(delta)
+    finally:
+        await close_stream(stream)
+    expected = set(range(call.chat.params.n))
+    if not expected <= set(choices) or not all(c.finished for c in choices.values()):
+        raise BackendError(EARLY_END)
+    return completion_body(
+        request_id=call.request_id,
+        created=call.created,
+        model=call.chat.request.model,
+        choices=list(choices.values()),
+        logprobs=call.chat.params.logprobs,
+        mindie=call.settings.mindie_mode,
+    )
+
+
+@dataclass
+class StartedStream:
+    """A backend stream whose first SSE events are ready: nothing has been sent yet."""
+
+    first_events: list[bytes]
+    backend_stream: AsyncGenerator[ChoiceDelta, None]
+    formatter: StreamFormatter
+
+
+def _formatter(call: ChatCall) -> StreamFormatter:
+    params = call.chat.params
+    return StreamFormatter(
+        StreamOptions(
+            request_id=call.request_id,
+            created=call.created,
+            model=call.chat.request.model,
+            n=params.n,
+            logprobs=params.logprobs,
+            mindie=call.settings.mindie_mode,
+            full_text=call.settings.full_text_enabled,
+            include_usage=call.chat.include_usage,
+        )
+    )
+
+
+async def start_stream(backend: ChatBackend, call: ChatCall) -> StartedStream:
+    """Wait for the first deltas that produce an event; backend errors here propagate (HTTP error)."""
+    formatter = _formatter(call)
+    stream = backend.generate(call.backend_request())
+    try:
+        async for delta in stream:
+            events = formatter.on_delta(delta)
+            if events:
+                return StartedStream(events, stream, formatter)
+    except BaseException:
+        await close_stream(stream)
+        raise
+    await close_stream(stream)
+    # Every choice's last delta makes an event, so a stream that ended without one ended early.
+    raise BackendError(EARLY_END)
+
+
+async def events(started: StartedStream) -> AsyncGenerator[bytes, None]:
+    """All SSE events of a started stream; errors from here on end the stream, not the response."""
+    formatter = started.formatter
+    try:
+        for event in started.first_events:
+            yield event
+        try:
+            async for delta in started.backend_stream:
+                for event in formatter.on_delta(delta):
+                    yield event
+            tail = formatter.on_end()
+        except BackendError as exc:
+            logger.info("stream ended by backend error: %s", exc.info.message)
+            tail = formatter.on_error(exc.info)
+        except Exception:
+            # Headers are sent; the error can only travel in the stream. Logged with its traceback.
+            logger.exception("stream failed")
+            tail = formatter.on_error(INTERNAL_ERROR)
+        for event in tail:
+            yield event
+    finally:
+        await close_stream(started.backend_stream)

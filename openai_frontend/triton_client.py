@@ -1,0 +1,126 @@
+"""``ChatBackend`` over Triton's gRPC streaming API: the only module that imports tritonclient.
+
+Owns: turning a ``BackendRequest`` into the contract's input tensors (``build_infer_inputs``),
+one ``ModelStreamInfer`` call per request, decoding each response into a ``ChoiceDelta``, mapping
+Triton and gRPC failures to ``BackendError``, and cancelling the gRPC call when the consumer stops
+early (client disconnect), so that Triton marks the request cancelled and the engine frees the slot.
+
+How the end of a request is detected: the request iterator yields one request and returns, which
+half-closes the stream; Triton finishes the stream once that request's final flag is sent, so the
+response iterator ends. A response flagged ``triton_final_response`` also ends it. The aio client
+rejects ``triton_``-prefixed request parameters, so ``enable_empty_final_response`` (a sync-client
+argument) is not available here; the stream end covers the final flag sent without a response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+import grpc
+import numpy as np
+from tritonclient.grpc import InferInput
+from tritonclient.grpc.aio import InferenceServerClient
+from tritonclient.utils import InferenceServerException
+
+from openai_frontend.backend import BackendError, BackendRequest, backend_unavailable
+from openai_frontend.settings import FrontendSettings
+from python_backend import contract
+
+logger = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 2.0  # a readiness probe must answer well inside a Kubernetes probe period
+
+
+def _input(name: str, array: np.ndarray) -> InferInput:
+    datatype = next(spec.datatype for spec in contract.INPUT_SPECS if spec.name == name)
+    tensor = InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def build_infer_inputs(req: BackendRequest) -> list[InferInput]:
+    """The contract's input tensors for one request (names and datatypes from ``contract``)."""
+    inputs = [
+        _input(contract.MESSAGES, contract.json_tensor(req.messages)),
+        _input(contract.PARAMETERS, contract.json_tensor(req.parameters)),
+        _input(contract.STREAM, contract.bool_tensor(req.stream)),
+    ]
+    if req.media:
+        inputs.append(_input(contract.MEDIA, np.array([data for data, _ in req.media], dtype=np.object_)))
+        types = [mime.encode("utf-8") for _, mime in req.media]
+        inputs.append(_input(contract.MEDIA_TYPES, np.array(types, dtype=np.object_)))
+    return inputs
+
+
+def _rpc_error(exc: grpc.RpcError) -> BackendError:
+    code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return BackendError(contract.ErrorInfo(504, "request timed out", "timeout", None, "timeout"))
+    # Details (addresses, Triton internals) go to the log only.
+    logger.warning("Triton call failed: %s", exc)
+    return backend_unavailable()
+
+
+def _is_final(result: Any) -> bool:
+    params = result.get_response().parameters
+    return "triton_final_response" in params and bool(params["triton_final_response"].bool_param)
+
+
+class TritonBackend:
+    """A ``ChatBackend`` that calls one decoupled Triton model over gRPC."""
+
+    def __init__(self, client: Any, model_name: str, request_timeout_s: float) -> None:
+        self._client = client  # tritonclient.grpc.aio.InferenceServerClient (or a stand-in in tests)
+        self._model_name = model_name
+        self._timeout_s = request_timeout_s
+
+    @classmethod
+    def from_settings(cls, settings: FrontendSettings) -> TritonBackend:
+        """Create the gRPC client; call from inside the event loop (grpc.aio channels bind to it)."""
+        client = InferenceServerClient(url=settings.triton_grpc_url)
+        return cls(client, settings.triton_model_name, settings.request_timeout_s)
+
+    def generate(self, req: BackendRequest) -> AsyncGenerator[contract.ChoiceDelta, None]:
+        return self._generate(req)
+
+    async def _requests(self, req: BackendRequest) -> AsyncIterator[dict[str, Any]]:
+        # Built here, inside the stream's own task, so a bad input surfaces as a stream error.
+        yield {"model_name": self._model_name, "inputs": build_infer_inputs(req), "request_id": req.request_id}
+
+    async def _generate(self, req: BackendRequest) -> AsyncGenerator[contract.ChoiceDelta, None]:
+        try:
+            responses = self._client.stream_infer(self._requests(req), stream_timeout=self._timeout_s)
+        except InferenceServerException as exc:
+            logger.warning("Triton stream could not start: %s", exc)
+            raise backend_unavailable() from exc
+        try:
+            async for result, error in responses:
+                if error is not None:
+                    raise BackendError(contract.ErrorInfo.from_wire(str(error)))
+                if len(result.get_response().outputs) > 0:
+                    yield contract.decode_delta({name: result.as_numpy(name) for name in contract.OUTPUT_NAMES})
+                if _is_final(result):
+                    break
+        except grpc.RpcError as exc:
+            raise _rpc_error(exc) from exc
+        finally:
+            # No-op when the call already finished; otherwise (consumer left, error) tells Triton
+            # to cancel the request.
+            responses.cancel()
+
+    async def is_ready(self) -> bool:
+        try:
+            ready = await asyncio.wait_for(
+                self._client.is_model_ready(self._model_name, client_timeout=READY_TIMEOUT_S),
+                READY_TIMEOUT_S + 0.5,
+            )
+        except (InferenceServerException, grpc.RpcError, OSError, asyncio.TimeoutError) as exc:
+            logger.info("Triton readiness probe failed: %s", exc)
+            return False
+        return bool(ready)
+
+    async def close(self) -> None:
+        await self._client.close()

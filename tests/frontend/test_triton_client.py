@@ -1,0 +1,231 @@
+"""``TritonBackend`` without a server: the input tensors it builds and how it reads a response stream.
+
+The aio client is replaced by a stand-in with the same ``stream_infer`` shape (an async iterator of
+``(result, error)`` tuples with a ``cancel()`` method), fed with responses encoded by the contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor
+
+from openai_frontend.backend import BackendError, BackendRequest
+from openai_frontend.triton_client import TritonBackend, build_infer_inputs
+from python_backend import contract
+from python_backend.contract import ChoiceDelta, ChoiceUsage, ErrorInfo
+
+REQUEST = BackendRequest(
+    request_id="chatcmpl-abc",
+    messages=[{"role": "user", "content": "Grüß dich"}],
+    parameters={"temperature": 0.5, "n": 2},
+)
+
+
+def _values(tensor: Any) -> np.ndarray:
+    raw = tensor._get_content()  # the serialized bytes that go on the wire
+    if tensor.datatype() == "BYTES":
+        return deserialize_bytes_tensor(raw)
+    return np.frombuffer(raw, dtype=np.bool_)
+
+
+def test_build_infer_inputs_names_types_values() -> None:
+    inputs = {t.name(): t for t in build_infer_inputs(REQUEST)}
+    assert list(inputs) == [contract.MESSAGES, contract.PARAMETERS, contract.STREAM]
+    assert {name: (t.datatype(), t.shape()) for name, t in inputs.items()} == {
+        contract.MESSAGES: ("BYTES", [1]),
+        contract.PARAMETERS: ("BYTES", [1]),
+        contract.STREAM: ("BOOL", [1]),
+    }
+    assert json.loads(_values(inputs[contract.MESSAGES])[0]) == REQUEST.messages
+    assert json.loads(_values(inputs[contract.PARAMETERS])[0]) == REQUEST.parameters
+    assert _values(inputs[contract.STREAM]).tolist() == [True]
+
+
+def test_build_infer_inputs_with_media() -> None:
+    req = BackendRequest("r", REQUEST.messages, {}, media=[(b"\x89PNG", "image/png"), (b"ID3", "audio/mpeg")])
+    inputs = {t.name(): t for t in build_infer_inputs(req)}
+    assert inputs[contract.MEDIA].datatype() == "BYTES" and inputs[contract.MEDIA].shape() == [2]
+    assert _values(inputs[contract.MEDIA]).tolist() == [b"\x89PNG", b"ID3"]
+    assert _values(inputs[contract.MEDIA_TYPES]).tolist() == [b"image/png", b"audio/mpeg"]
+
+
+@dataclass
+class _Param:
+    bool_param: bool
+
+
+@dataclass
+class _Response:
+    outputs: list[str]
+    parameters: dict[str, _Param]
+
+
+class _Result:
+    """Quacks like tritonclient.grpc.InferResult for one response."""
+
+    def __init__(self, delta: ChoiceDelta | None, final: bool) -> None:
+        self._arrays = contract.encode_delta(delta) if delta is not None else {}
+        self._response = _Response(list(self._arrays), {"triton_final_response": _Param(final)})
+
+    def get_response(self) -> _Response:
+        return self._response
+
+    def as_numpy(self, name: str) -> np.ndarray | None:
+        return self._arrays.get(name)
+
+
+@dataclass
+class _Stream:
+    items: list[Any]
+    delay_s: float = 0.0
+    cancelled: bool = False
+
+    def __aiter__(self) -> _Stream:
+        return self
+
+    async def __anext__(self) -> tuple[Any, Any]:
+        if not self.items:
+            raise StopAsyncIteration
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        item = self.items.pop(0)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+@dataclass
+class _Client:
+    items: list[Any]
+    delay_s: float = 0.0
+    sent: list[dict[str, Any]] = field(default_factory=list)
+    streams: list[_Stream] = field(default_factory=list)
+    ready: Any = True
+    drains: list[asyncio.Future[None]] = field(default_factory=list)
+    closed: bool = False
+
+    def stream_infer(
+        self, inputs_iterator: AsyncIterator[dict[str, Any]], stream_timeout: float | None = None
+    ) -> _Stream:
+        async def drain() -> None:
+            async for request in inputs_iterator:
+                self.sent.append({**request, "stream_timeout": stream_timeout})
+
+        # grpc.aio consumes the request iterator in the background; so does this stand-in.
+        self.drains.append(asyncio.ensure_future(drain()))
+        stream = _Stream(list(self.items), self.delay_s)
+        self.streams.append(stream)
+        return stream
+
+    async def is_model_ready(self, model_name: str, client_timeout: float | None = None) -> bool:
+        if isinstance(self.ready, BaseException):
+            raise self.ready
+        return bool(self.ready)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def _deltas() -> list[ChoiceDelta]:
+    usage = ChoiceUsage(
+        prompt_tokens=3, completion_tokens=2, batch_size=[1, 1], queue_wait_time=[9, 8], decode_time_arr=[5.0]
+    )
+    return [
+        ChoiceDelta(0, text="He", num_output_tokens=1),
+        ChoiceDelta(0, text="llo", finish_reason="stop", usage=usage),
+    ]
+
+
+async def _collect(backend: TritonBackend) -> list[ChoiceDelta]:
+    return [delta async for delta in backend.generate(REQUEST)]
+
+
+async def test_stream_decodes_deltas_and_skips_empty_final() -> None:
+    first, second = _deltas()
+    client = _Client([(_Result(first, False), None), (_Result(second, False), None), (_Result(None, True), None)])
+    backend = TritonBackend(client, "triton_chat", request_timeout_s=30)
+    got = await _collect(backend)
+    assert [d.text for d in got] == ["He", "llo"]
+    assert got[1].finish_reason == "stop" and got[1].usage is not None and got[1].usage.queue_wait_time == [9, 8]
+    await asyncio.sleep(0)
+    assert client.sent[0]["model_name"] == "triton_chat"
+    assert client.sent[0]["request_id"] == REQUEST.request_id
+    assert client.sent[0]["stream_timeout"] == 30
+    assert [t.name() for t in client.sent[0]["inputs"]] == [contract.MESSAGES, contract.PARAMETERS, contract.STREAM]
+
+
+async def test_final_flag_on_a_data_response_ends_the_stream() -> None:
+    first, second = _deltas()
+    never = (_Result(ChoiceDelta(0, text="never"), False), None)
+    client = _Client([(_Result(first, False), None), (_Result(second, True), None), never])
+    got = await _collect(TritonBackend(client, "m", 30))
+    assert [d.text for d in got] == ["He", "llo"]
+
+
+async def test_model_error_becomes_backend_error_with_its_status() -> None:
+    info = ErrorInfo(400, "'top_k' must be ...", "invalid_request_error", "top_k")
+    client = _Client([(None, InferenceServerException(msg=info.to_wire()))])
+    with pytest.raises(BackendError) as caught:
+        await _collect(TritonBackend(client, "m", 30))
+    assert caught.value.info == info
+
+
+async def test_triton_internal_error_is_a_generic_503() -> None:
+    client = _Client([(None, InferenceServerException(msg="Stub process 'triton_chat_0' is not healthy."))])
+    with pytest.raises(BackendError) as caught:
+        await _collect(TritonBackend(client, "m", 30))
+    assert caught.value.info.status == 503
+    assert caught.value.info.message == "model backend unavailable"
+
+
+@pytest.mark.parametrize(
+    ("code", "status"), [(grpc.StatusCode.UNAVAILABLE, 503), (grpc.StatusCode.DEADLINE_EXCEEDED, 504)]
+)
+async def test_grpc_failures_are_mapped_without_details(code: grpc.StatusCode, status: int) -> None:
+    error = grpc.aio.AioRpcError(
+        code, grpc.aio.Metadata(), grpc.aio.Metadata(), details="connect to 10.1.2.3:8001 failed"
+    )
+    client = _Client([error])
+    with pytest.raises(BackendError) as caught:
+        await _collect(TritonBackend(client, "m", 30))
+    assert caught.value.info.status == status
+    assert "10.1.2.3" not in caught.value.info.message
+
+
+async def test_consumer_leaving_cancels_the_grpc_call() -> None:
+    deltas = [(_Result(ChoiceDelta(0, text=str(i)), False), None) for i in range(10)]
+    client = _Client(deltas, delay_s=0.01)
+    stream = TritonBackend(client, "m", 30).generate(REQUEST)
+    assert (await anext(stream)).text == "0"
+    await stream.aclose()
+    assert client.streams[0].cancelled
+
+
+async def test_task_cancellation_cancels_the_grpc_call() -> None:
+    deltas = [(_Result(ChoiceDelta(0, text=str(i)), False), None) for i in range(10)]
+    client = _Client(deltas, delay_s=0.2)
+    task = asyncio.create_task(_collect(TritonBackend(client, "m", 30)))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert client.streams[0].cancelled
+
+
+async def test_is_ready() -> None:
+    assert await TritonBackend(_Client([], ready=True), "m", 30).is_ready()
+    assert not await TritonBackend(_Client([], ready=False), "m", 30).is_ready()
+    failing = _Client([], ready=InferenceServerException(msg="connection refused"))
+    assert not await TritonBackend(failing, "m", 30).is_ready()
