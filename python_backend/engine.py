@@ -221,14 +221,33 @@ class Engine:
             logger.exception("sink failed for %s", request.request_id)
 
     # --- prefill ---------------------------------------------------------------------------------
-    def _admit(self) -> _Group | None:
-        if not self._waiting:
-            return None
-        group = self._waiting[0]
-        seats = self._settings.max_num_seqs - len(self._running)
-        if group.candidates > seats or self._reserved + group.reservation > self.limits.kv_budget_tokens:
-            return None  # FIFO: the head waits for room rather than being overtaken
-        self._waiting.popleft()
+    def _prefill_step(self) -> None:
+        """Prefill within the token budget: a long prompt in chunks, short ones batched together."""
+        budget = self._settings.max_num_batched_tokens
+        if self._prefilling is not None:
+            budget -= self._prefill_chunk(self._prefilling, budget)
+            if self._prefilling is not None or budget <= 0:
+                return
+        batch: list[_Group] = []
+        while budget > 0 and self._waiting and self._can_admit(self._waiting[0], sum(g.candidates for g in batch)):
+            size = len(self._waiting[0].request.prompt_ids)
+            if size > budget:
+                if not batch:  # too long for one step: prefill it in chunks from now on
+                    self._prefilling = self._admit()
+                    self._prefill_chunk(self._prefilling, budget)
+                break
+            batch.append(self._admit())
+            budget -= size
+        if batch:
+            self._prefill_batch(batch)
+
+    def _can_admit(self, group: _Group, pending_rows: int) -> bool:
+        """Room for the head of the queue: sequence seats and KV budget (FIFO, no overtaking)."""
+        seats = self._settings.max_num_seqs - len(self._running) - self._admitted_rows - pending_rows
+        return group.candidates <= seats and self._reserved + group.reservation <= self.limits.kv_budget_tokens
+
+    def _admit(self) -> _Group:
+        group = self._waiting.popleft()
         with self._lock:
             self._queued -= 1
         self._reserved += group.reservation
@@ -236,40 +255,68 @@ class Engine:
         group.prefill_started = time.perf_counter()
         return group
 
-    def _prefill_step(self) -> None:
-        budget = self._settings.max_num_batched_tokens
-        while budget > 0:
-            group = self._prefilling or self._admit()
-            if group is None:
-                return
-            self._prefilling = group
-            prompt = group.request.prompt_ids
-            chunk = prompt[group.prefill_done : group.prefill_done + budget]
-            try:
-                logits = self._forward_prefill(chunk, group)
-            except Exception:
-                logger.exception("prefill failed for %s", group.request.request_id)
-                self._remove(group, EngineEvent(group.request.request_id, error=_INTERNAL, final=True))
-                continue
-            group.prefill_done += len(chunk)
-            budget -= len(chunk)
-            if group.prefill_done == len(prompt):
-                self._prefilling = None
-                self._start_sequences(group, logits)
+    @property
+    def _admitted_rows(self) -> int:
+        """Rows promised to a request whose chunked prefill is still running."""
+        return self._prefilling.candidates if self._prefilling is not None else 0
 
-    def _forward_prefill(self, chunk: list[int], group: _Group) -> torch.Tensor:
+    def _prefill_chunk(self, group: _Group, budget: int) -> int:
+        """One chunk of a long prompt; returns the tokens it used."""
+        prompt = group.request.prompt_ids
+        chunk = prompt[group.prefill_done : group.prefill_done + budget]
         device = self._loaded.device
-        input_ids = torch.tensor([chunk], dtype=torch.long, device=device)
         start = group.prefill_done
-        positions = torch.arange(start, start + len(chunk), device=device).unsqueeze(0)
-        out = self._loaded.model(
-            input_ids=input_ids,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self._cache_arg: group.prefill_cache},
-        )
-        return out.logits[:, -1, :]
+        try:
+            out = self._loaded.model(
+                input_ids=torch.tensor([chunk], dtype=torch.long, device=device),
+                position_ids=torch.arange(start, start + len(chunk), device=device).unsqueeze(0),
+                use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_arg: group.prefill_cache},
+            )
+        except Exception:
+            logger.exception("prefill failed for %s", group.request.request_id)
+            self._prefilling = None
+            self._remove(group, EngineEvent(group.request.request_id, error=_INTERNAL, final=True))
+            return len(chunk)
+        group.prefill_done += len(chunk)
+        if group.prefill_done == len(prompt):
+            self._prefilling = None
+            cache = group.prefill_cache
+            group.prefill_cache = None
+            if cache is None:
+                raise RuntimeError("prefill finished without a cache")
+            self._start_sequences(group, out.logits[0, -1:, :], cache, row=0, pad=0)
+        return len(chunk)
+
+    def _prefill_batch(self, groups: list[_Group]) -> None:
+        """Prefill several short prompts in one forward pass, left-padded to a common length."""
+        device = self._loaded.device
+        prompts = [g.request.prompt_ids for g in groups]
+        width = max(len(p) for p in prompts)
+        pads = [width - len(p) for p in prompts]
+        input_ids = torch.tensor([[0] * pad + p for pad, p in zip(pads, prompts, strict=True)], dtype=torch.long)
+        mask = torch.tensor([[0] * pad + [1] * len(p) for pad, p in zip(pads, prompts, strict=True)], dtype=torch.long)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        cache = BatchCache()
+        try:
+            out = self._loaded.model(
+                input_ids=input_ids.to(device),
+                attention_mask=mask.to(device),
+                position_ids=positions.to(device),
+                use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_arg: cache},
+            )
+        except Exception:
+            logger.exception("batched prefill of %d requests failed", len(groups))
+            for group in groups:
+                self._remove(group, EngineEvent(group.request.request_id, error=_INTERNAL, final=True))
+            return
+        for row, group in enumerate(groups):
+            group.prefill_done = len(group.request.prompt_ids)
+            group.prefill_cache = None
+            self._start_sequences(group, out.logits[row, -1:, :], cache, row=row, pad=pads[row])
 
     def _row_sampling(self, group: _Group, index: int) -> RowSampling:
         params = group.request.params
@@ -290,7 +337,7 @@ class Engine:
             prompt_ids=torch.tensor(group.request.prompt_ids, dtype=torch.long),
         )
 
-    def _start_sequences(self, group: _Group, logits: torch.Tensor) -> None:
+    def _start_sequences(self, group: _Group, logits: torch.Tensor, cache: BatchCache, row: int, pad: int) -> None:
         request = group.request
         group.sequences = [
             Sequence(
@@ -309,10 +356,7 @@ class Engine:
             seq.update_suppression()
         sampled = sample(logits.expand(group.candidates, -1), [s.sampling for s in group.sequences])
         ended = time.perf_counter()
-        if group.prefill_cache is None:
-            raise RuntimeError("prefill finished without a cache")
-        self._kv.add(group.prefill_cache, group.candidates)
-        group.prefill_cache = None
+        self._kv.add(cache, group.candidates, row=row, pad=pad)
         self._running.extend(group.sequences)
         for seq, token in zip(group.sequences, sampled, strict=True):
             seq.accept(token, self._texts)

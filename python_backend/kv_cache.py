@@ -128,9 +128,13 @@ class KVBatch:
             return 0
         return sum(k.numel() * k.element_size() * 2 for k, _ in self.cache.layer_states())
 
-    def add(self, prefilled: BatchCache, copies: int) -> None:
-        """Append ``copies`` rows holding one prefilled sequence (n > 1 shares one prefill)."""
-        new_states = prefilled.layer_states()
+    def add(self, prefilled: BatchCache, copies: int, row: int = 0, pad: int = 0) -> None:
+        """Append ``copies`` rows holding row ``row`` of a prefill (n > 1 shares one prefill).
+
+        ``pad`` leading positions of that row are padding from a batched prefill; they are
+        dropped here, and the row is re-padded to the running batch's length.
+        """
+        new_states = [(k[row : row + 1, :, pad:], v[row : row + 1, :, pad:]) for k, v in prefilled.layer_states()]
         new_len = new_states[0][0].shape[-2]
         if not self.pad:
             states = [(k.repeat(copies, 1, 1, 1), v.repeat(copies, 1, 1, 1)) for k, v in new_states]

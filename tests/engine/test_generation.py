@@ -8,6 +8,9 @@ import pytest
 import torch
 from engine_driver import Driver, make_engine
 
+from python_backend.engine import Engine
+from python_backend.settings import EngineSettings
+
 
 def generate_greedy(driver: Driver, content: str, max_new_tokens: int) -> list[int]:
     ids = driver.prompt_ids(content)
@@ -149,3 +152,21 @@ def test_min_tokens_suppresses_eos(driver: Driver) -> None:
     eos = sorted(driver.loaded.eos_token_ids)
     got = driver.submit("min", temperature=0, max_tokens=10, min_tokens=10, stop_token_ids=eos).wait()
     assert got.last().usage.completion_tokens == 10
+
+
+def test_batched_prefill_of_different_lengths_matches_generate(tiny_loaded) -> None:
+    settings = EngineSettings(model_path="unused", dtype="float32", device="cpu", max_num_batched_tokens=2048)
+    engine = Engine(tiny_loaded, settings)
+    try:
+        driver = Driver(engine, tiny_loaded)
+        prompts = ["a", "a bit longer prompt", "the longest prompt of them all, " * 4, "mid length one"]
+        expected = [decode(driver, generate_greedy(driver, p, 12)) for p in prompts]
+        # Queued before the loop starts, so the first step prefills all four in one forward pass.
+        runs = [driver.submit(p, temperature=0, max_tokens=12, ignore_eos=True) for p in prompts]
+        engine.start()
+        assert [r.wait().text() for r in runs] == expected
+        first_token_at = [r.last().usage.prefill_time for r in runs]
+        assert max(first_token_at) - min(first_token_at) < 1.0  # ms: the same forward pass
+        assert all(max(r.last().usage.batch_size) == 4 for r in runs)
+    finally:
+        engine.stop()
