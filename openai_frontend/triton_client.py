@@ -96,20 +96,30 @@ class TritonBackend:
         except InferenceServerException as exc:
             logger.warning("Triton stream could not start: %s", exc)
             raise backend_unavailable() from exc
+        finished = False
         try:
             async for result, error in responses:
+                if finished:
+                    continue  # drain: nothing after the final response belongs to this request
                 if error is not None:
+                    finished = True  # an error response is the request's last
                     raise BackendError(contract.ErrorInfo.from_wire(str(error)))
+                final = _is_final(result)
                 if len(result.get_response().outputs) > 0:
-                    yield contract.decode_delta({name: result.as_numpy(name) for name in contract.OUTPUT_NAMES})
-                if _is_final(result):
-                    break
+                    delta = contract.decode_delta({name: result.as_numpy(name) for name in contract.OUTPUT_NAMES})
+                    finished = final
+                    yield delta
+                finished = finished or final
+                # After the final flag the stream ends by itself (our request iterator is done);
+                # reading on to that end, rather than cancelling, matters: a cancel that reaches
+                # Triton after the final response leaves the model unable to unload at shutdown.
         except grpc.RpcError as exc:
             raise _rpc_error(exc) from exc
         finally:
-            # No-op when the call already finished; otherwise (consumer left, error) tells Triton
-            # to cancel the request.
-            responses.cancel()
+            if not finished:
+                # The consumer left early (client disconnect) or the call failed: tell Triton to
+                # cancel the request, so the engine frees the sequence at its next step.
+                responses.cancel()
 
     async def is_ready(self) -> bool:
         try:

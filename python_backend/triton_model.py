@@ -81,6 +81,51 @@ def _send(item: _Outgoing) -> None:
     item.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=flags)
 
 
+_GAUGES = (
+    ("triton_chat_num_sequences_running", "Sequences in the engine's running batch", "running_sequences"),
+    ("triton_chat_num_requests_waiting", "Requests queued for admission", "waiting_requests"),
+    ("triton_chat_kv_cache_bytes", "Bytes held by the running batch's KV cache", "kv_cache_bytes"),
+    ("triton_chat_kv_cache_reserved_tokens", "KV-cache token slots reserved by admitted requests", "kv_reserved_tokens"),
+)
+_METRICS_PERIOD_S = 0.2
+
+
+class _MetricsReporter:
+    """Engine gauges on Triton's own ``/metrics``, refreshed by a thread of their own.
+
+    Reading stats is cheap, but each gauge update is IPC to the server, so it runs on a timer
+    rather than in the step loop.
+    """
+
+    def __init__(self, engine: Engine, model: str) -> None:
+        self._engine = engine
+        self._families = []
+        self._gauges = []
+        for name, description, field in _GAUGES:
+            family = pb_utils.MetricFamily(name=name, description=description, kind=pb_utils.MetricFamily.GAUGE)
+            self._families.append(family)
+            self._gauges.append((family.Metric(labels={"model": model}), field))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="triton-chat-metrics", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(_METRICS_PERIOD_S):
+            stats = self._engine.stats()
+            try:
+                for gauge, field in self._gauges:
+                    gauge.set(float(getattr(stats, field)))
+            except Exception:  # metrics are best effort; serving goes on
+                logger.exception("updating metrics failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        # Triton requires metrics to go before their families.
+        self._gauges.clear()
+        self._families.clear()
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -95,6 +140,7 @@ class TritonPythonModel:
         self._engine = Engine(loaded, settings)
         self._sender = _ResponseSender()
         self._engine.start()
+        self._metrics = _MetricsReporter(self._engine, loaded.name)
         logger.info("triton-chat model '%s' ready", loaded.name)
 
     def execute(self, requests: list[Any]) -> None:
@@ -136,5 +182,6 @@ class TritonPythonModel:
         self._sender.put(_Outgoing(sender, EngineEvent(request_id, error=info, final=True), ""))
 
     def finalize(self) -> None:
+        self._metrics.stop()
         self._engine.stop()
         self._sender.stop()

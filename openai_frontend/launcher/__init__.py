@@ -1,0 +1,9 @@
+"""The ``triton-chat`` launcher: starts a real ``tritonserver`` with the chat model, then the frontend.
+
+Modules: ``cli`` (argument parsing, the console script), ``serve`` (the start/stop sequence),
+``triton_install`` (finding or preparing the ``tritonserver`` binary), ``tritonserver`` (one
+server process: ports, readiness, shutdown), ``model_repo`` (the generated model repository),
+``demo_model`` (the default SmolLM2 model), ``network`` (hosts and ports), ``cache`` (where the
+launcher keeps what it prepares once). Nothing here imports torch; the demo conversion runs in
+a child process.
+"""

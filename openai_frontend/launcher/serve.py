@@ -1,0 +1,207 @@
+"""``triton-chat serve``: start tritonserver with the model, wait for it, run the frontend, stop both.
+
+Owns the start/stop sequence and signal handling. Order on the way up: bind the frontend port
+(fail fast), resolve the model (converting the demo once), prepare tritonserver, write a
+temporary model repository, start the server in its own process group and wait until the model
+is ready, then run uvicorn in this process. On the way down (Ctrl-C, SIGTERM, or tritonserver
+dying): stop uvicorn, stop tritonserver by its PID (SIGTERM, then SIGKILL after 30 s), and
+remove the temporary repository. Every step registers its undo before it can fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import signal
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from openai_frontend.launcher.cache import cache_root
+from openai_frontend.launcher.cli import ServeOptions, engine_settings
+from openai_frontend.launcher.demo_model import DEMO_SERVED_NAME, DemoModelError, ensure_demo_model
+from openai_frontend.launcher.model_repo import (
+    MODEL_NAME,
+    ModelRepositoryError,
+    backend_python_path,
+    write_model_repository,
+)
+from openai_frontend.launcher.network import bind_listening_socket, is_loopback
+from openai_frontend.launcher.triton_install import TritonInstallError, locate_tritonserver
+from openai_frontend.launcher.tritonserver import TritonServerError, TritonServerProcess
+from python_backend.settings import SettingsError
+
+logger = logging.getLogger(__name__)
+
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+
+# Startup failures the user can act on: reported as one message, without a traceback.
+class LaunchError(RuntimeError):
+    """A startup failure of the launcher's own (e.g. the frontend port is taken)."""
+
+
+LAUNCH_ERRORS = (
+    LaunchError,
+    DemoModelError,
+    TritonInstallError,
+    TritonServerError,
+    ModelRepositoryError,
+    SettingsError,
+)
+
+
+class ShutdownRequested(BaseException):
+    """A signal arrived while starting. A BaseException, like KeyboardInterrupt, so that no
+    ``except Exception`` on the way up can mistake it for an ordinary failure."""
+
+
+@dataclass
+class _Shutdown:
+    """What the signal handlers and the tritonserver watcher share with the main thread."""
+
+    signals: list[int] = field(default_factory=list)
+    server: Any = None  # the uvicorn.Server once it exists
+    triton_died: bool = False
+    raise_on_signal: bool = True
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        self.signals.append(signum)
+        if self.server is not None:
+            self.server.should_exit = True
+        if self.raise_on_signal:
+            raise ShutdownRequested(signum)
+
+
+def run_serve(options: ServeOptions) -> int:
+    """Run until a signal or a tritonserver failure; the exit status for the console script."""
+    state = _Shutdown()
+    previous = {sig: signal.signal(sig, state.handle) for sig in HANDLED_SIGNALS}
+    try:
+        with contextlib.ExitStack() as undo:
+            try:
+                return _serve(options, state, undo)
+            except ShutdownRequested:
+                logger.info("interrupted while starting; stopping")
+                return EXIT_OK
+            except LAUNCH_ERRORS as exc:
+                logger.error("%s", exc)
+                return EXIT_FAILED
+            finally:
+                # Clean-up must not be cut short by a second Ctrl-C: from here signals only count.
+                state.raise_on_signal = False
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) -> int:
+    try:
+        listener = bind_listening_socket(options.host, options.port)
+    except OSError as exc:
+        raise LaunchError(f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}") from exc
+    undo.callback(listener.close)
+    if not is_loopback(options.host) and not options.api_keys:
+        logger.warning("listening on %s without --api-key: anyone who can reach it can use the model", options.host)
+
+    cache = cache_root()
+    if options.model is not None:
+        model_dir = options.model.expanduser().resolve()
+        if not model_dir.is_dir():
+            raise LaunchError(f"--model {options.model} is not a folder")
+        served_name = options.served_model_name or model_dir.name
+    else:
+        model_dir = ensure_demo_model(cache, logger.info)
+        served_name = options.served_model_name or DEMO_SERVED_NAME
+    settings = engine_settings(options, model_dir, served_name)
+
+    install = locate_tritonserver(cache)
+    run_dir = Path(tempfile.mkdtemp(prefix="triton-chat-"))
+    undo.callback(shutil.rmtree, run_dir, ignore_errors=True)
+    repo = write_model_repository(run_dir / "models", settings)
+
+    log_path = (options.triton_log or cache / "logs" / f"tritonserver-{options.port}.log").expanduser()
+    triton = TritonServerProcess(install, log_path)
+    undo.callback(_stop_triton, triton)
+    env = backend_python_path()
+    env["HF_HUB_OFFLINE"] = "1"  # models are local folders; never download at run time
+    endpoints = triton.start(repo, env)
+    logger.info(
+        "started tritonserver (pid %s), loading '%s' from %s; log: %s", triton.pid, served_name, model_dir, log_path
+    )
+    triton.wait_ready(options.ready_timeout_s, MODEL_NAME)
+
+    server = _make_uvicorn(options, endpoints.grpc_url, served_name)
+    stop_watch = threading.Event()
+    watcher = threading.Thread(target=_watch_triton, args=(triton, state, stop_watch), name="triton-watch", daemon=True)
+    # uvicorn installs its own SIGINT/SIGTERM handlers while it runs and afterwards restores
+    # ours and re-raises what it caught: ours must then only record it.
+    state.raise_on_signal = False
+    state.server = server
+    if state.signals:
+        return EXIT_OK
+    watcher.start()
+    undo.callback(_join, watcher, stop_watch)
+    shown_host = f"[{options.host}]" if ":" in options.host else options.host
+    logger.info(
+        "serving '%s' at http://%s:%d/v1 (Triton gRPC at %s)", served_name, shown_host, options.port, endpoints.grpc_url
+    )
+    server.run(sockets=[listener])
+    return EXIT_FAILED if state.triton_died else EXIT_OK
+
+
+def _make_uvicorn(options: ServeOptions, grpc_url: str, served_name: str) -> Any:
+    # Imported late: uvicorn and the app are not needed until the model is ready.
+    import uvicorn
+
+    from openai_frontend.app import create_app
+    from openai_frontend.settings import FrontendSettings
+
+    # model_validate: the frontend's pydantic checks apply, and its defaults fill the rest.
+    settings = FrontendSettings.model_validate(
+        {
+            "triton_grpc_url": grpc_url,
+            "triton_model_name": MODEL_NAME,
+            "served_model_name": served_name,
+            "openai_mode": options.openai_mode,
+            "full_text_enabled": options.full_text,
+            "strict_params": options.strict_params,
+            "api_keys": list(options.api_keys),
+        }
+    )
+    config = uvicorn.Config(create_app(settings), host=options.host, port=options.port, log_level="info")
+    return uvicorn.Server(config)
+
+
+def _watch_triton(triton: TritonServerProcess, state: _Shutdown, stop: threading.Event) -> None:
+    """Stop the frontend if tritonserver exits on its own: a frontend without a model is no use."""
+    while not stop.is_set():
+        code = triton.wait_exit(timeout=1.0)
+        if code is not None:
+            if not stop.is_set():
+                logger.error(
+                    "tritonserver exited with status %d; stopping. End of its log:\n%s", code, triton.log_tail()
+                )
+                state.triton_died = True
+                if state.server is not None:
+                    state.server.should_exit = True
+            return
+
+
+def _join(thread: threading.Thread, stop: threading.Event) -> None:
+    stop.set()
+    thread.join(5.0)
+
+
+def _stop_triton(triton: TritonServerProcess) -> None:
+    if triton.pid is None:
+        return
+    logger.info("stopping tritonserver (pid %d)", triton.pid)
+    code = triton.stop()
+    logger.info("tritonserver stopped (status %s)", code)

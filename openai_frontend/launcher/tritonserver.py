@@ -1,0 +1,260 @@
+"""One ``tritonserver`` process: start on free loopback ports, wait until ready, stop without leftovers.
+
+Owns ``TritonServerProcess`` (used by the launcher and by the end-to-end tests) and
+``TritonEndpoints``. The server runs in its own session and process group so that a terminal's
+Ctrl-C reaches only the launcher, which then stops the server in order; the group id also lets
+``stop()`` find and kill a Python-backend stub that outlives its server. Shared-memory regions
+are attributed to this server by the stub command lines (never by timing, because other servers
+may run on the same machine) and removed only if the server could not remove them itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+from openai_frontend.launcher.network import free_port
+from openai_frontend.launcher.triton_install import TritonInstall
+
+logger = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "triton_python_backend_shm_region_"
+STOP_TIMEOUT_S = 30.0
+POLL_INTERVAL_S = 0.25
+
+
+class TritonServerError(RuntimeError):
+    """tritonserver did not start or become ready; the message carries the end of its log."""
+
+
+@dataclass(frozen=True)
+class TritonEndpoints:
+    """Where a started server listens (always loopback)."""
+
+    host: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+
+    @property
+    def grpc_url(self) -> str:
+        """``host:port``, the form tritonclient.grpc takes."""
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+
+class TritonServerProcess:
+    """Start, watch and stop one tritonserver serving one model repository."""
+
+    def __init__(self, install: TritonInstall, log_path: Path, extra_args: tuple[str, ...] = ()) -> None:
+        self._install = install
+        self._log_path = log_path
+        self._extra_args = extra_args
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._endpoints: TritonEndpoints | None = None
+        self._shm_regions: set[str] = set()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def endpoints(self) -> TritonEndpoints:
+        if self._endpoints is None:
+            raise TritonServerError("tritonserver has not been started")
+        return self._endpoints
+
+    @property
+    def log_path(self) -> Path:
+        return self._log_path
+
+    def command(self, repo: Path, endpoints: TritonEndpoints) -> list[str]:
+        """The full command line; every listener is bound to loopback only."""
+        cmd = [str(self._install.server), "--model-repository", str(repo)]
+        if self._install.backend_dir is not None:
+            cmd += ["--backend-directory", str(self._install.backend_dir)]
+        cmd += [
+            "--http-address", endpoints.host,
+            "--http-port", str(endpoints.http_port),
+            "--grpc-address", endpoints.host,
+            "--grpc-port", str(endpoints.grpc_port),
+            "--metrics-address", endpoints.host,
+            "--metrics-port", str(endpoints.metrics_port),
+            "--log-verbose", "0",
+            *self._extra_args,
+        ]  # fmt: skip
+        return cmd
+
+    def start(self, repo: Path, env: dict[str, str] | None = None) -> TritonEndpoints:
+        """Launch the server on free loopback ports; ``env`` adds to the install's environment."""
+        if self._proc is not None:
+            raise TritonServerError("tritonserver is already started")
+        endpoints = TritonEndpoints(LOOPBACK, free_port(LOOPBACK), free_port(LOOPBACK), free_port(LOOPBACK))
+        environment = self._install.environment()
+        environment.update(env or {})
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = self.command(repo, endpoints)
+        logger.debug("starting %s", " ".join(cmd))
+        with open(self._log_path, "wb") as log:
+            self._proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=environment,
+                start_new_session=True,
+            )
+        self._endpoints = endpoints
+        return endpoints
+
+    def exit_code(self) -> int | None:
+        """None while the server runs (or was never started), else its exit status."""
+        return self._proc.poll() if self._proc is not None else None
+
+    def wait_ready(self, timeout: float, model: str | None = None) -> None:
+        """Block until ``model`` (default: every model, via server readiness) is ready.
+
+        Raises ``TritonServerError`` with the end of the log if the server exits first or
+        ``timeout`` seconds pass.
+        """
+        endpoints = self.endpoints
+        path = f"/v2/models/{quote(model, safe='')}/ready" if model else "/v2/health/ready"
+        deadline = time.monotonic() + timeout
+        while True:
+            # Stubs start while models load; seeing them early covers a server that dies loading.
+            self._remember_shm_regions()
+            code = self.exit_code()
+            if code is not None:
+                raise TritonServerError(f"tritonserver exited with status {code} while starting:\n{self.log_tail()}")
+            if _http_ok(endpoints.http_url + path):
+                self._remember_shm_regions()
+                return
+            if time.monotonic() >= deadline:
+                raise TritonServerError(f"tritonserver was not ready after {timeout:.0f} s:\n{self.log_tail()}")
+            time.sleep(POLL_INTERVAL_S)
+
+    def wait_exit(self, timeout: float | None) -> int | None:
+        """Wait up to ``timeout`` seconds for the server to exit; its status, or None if it runs on."""
+        if self._proc is None:
+            return None
+        try:
+            return self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> int | None:
+        """SIGTERM, wait up to ``timeout`` s, then SIGKILL the whole group; clean up its shm regions.
+
+        Safe to call twice, and after the server died on its own. Returns the exit status.
+        """
+        proc = self._proc
+        if proc is None:
+            return None
+        self._remember_shm_regions()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                logger.warning("tritonserver (pid %d) did not stop in %.0f s; killing it", proc.pid, timeout)
+                _kill_group(proc.pid)
+                proc.wait()
+        # A stub whose server was killed lingers for a while; the group still names it.
+        if _group_alive(proc.pid):
+            _kill_group(proc.pid)
+            _wait_group_gone(proc.pid, timeout=5.0)
+        self._remove_own_shm_regions()
+        return proc.returncode
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            with open(self._log_path, encoding="utf-8", errors="replace") as log:
+                return "".join(deque(log, maxlen=lines))
+        except FileNotFoundError:
+            return "(no tritonserver log)"
+
+    def _remember_shm_regions(self) -> None:
+        """Record the shm regions named on the command lines of this server's stubs."""
+        if self._proc is None:
+            return
+        for pid in _group_members(self._proc.pid):
+            for arg in _cmdline(pid):
+                if arg.startswith(SHM_PREFIX) and "/" not in arg:
+                    self._shm_regions.add(arg)
+
+    def _remove_own_shm_regions(self) -> None:
+        for name in sorted(self._shm_regions):
+            path = SHM_DIR / name
+            if path.exists():
+                logger.info("removing shared memory left by tritonserver: %s", path)
+                path.unlink(missing_ok=True)
+        self._shm_regions.clear()
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2.0) as response:  # noqa: S310 - loopback URL we built
+            return bool(response.status == 200)
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        # Not listening yet, or listening but not ready (400/503): keep polling.
+        return False
+
+
+def _group_members(pgid: int, include_zombies: bool = True) -> list[int]:
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # the process ended while we looked
+        # After the command name (field 2, may hold spaces): state, ppid, process group.
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and (include_zombies or fields[0] != "Z"):
+            members.append(int(entry.name))
+    return members
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode("utf-8", "replace") for part in raw.split(b"\0") if part]
+
+
+def _group_alive(pgid: int) -> bool:
+    # Zombies do not count: in a container whose init does not reap, they never disappear.
+    return bool(_group_members(pgid, include_zombies=False))
+
+
+def _kill_group(pgid: int) -> None:
+    # Already gone is the goal, not an error.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _wait_group_gone(pgid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -1,0 +1,40 @@
+"""Session-wide fixtures: tiny random-weight chat models built offline once per test session.
+
+Also makes ``slow`` tests opt-in: they run only when ``-m`` names them (``pytest -m slow``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.tiny_models import build_tiny_chat_model, train_tiny_tokenizer
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    opt_in = pytest.mark.skip(reason="slow: opt-in, run with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(opt_in)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer() -> Any:
+    """The trained tiny tokenizer (one training per session, shared by both model folders)."""
+    return train_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Any) -> Path:
+    """A tiny random Qwen2 chat model folder (ChatML with tools and <think>)."""
+    return build_tiny_chat_model(tmp_path_factory.mktemp("tiny-qwen2-chat"), "qwen2", tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Any) -> Path:
+    """The same tokenizer and template on a tiny random Llama model."""
+    return build_tiny_chat_model(tmp_path_factory.mktemp("tiny-llama-chat"), "llama", tiny_tokenizer)

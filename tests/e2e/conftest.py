@@ -1,0 +1,150 @@
+"""End-to-end fixtures: the real tritonserver with the tiny model, and the frontend in a thread.
+
+``triton_server`` starts one tritonserver per session through the launcher's own
+``TritonServerProcess`` (same binary preparation, same generated model repository, loopback
+ports) and stops it by PID at the end. ``frontend_factory`` starts uvicorn frontends against it
+in background threads, each on a free 127.0.0.1 port; ``frontend_url`` is the default one.
+Every test in this folder is marked ``e2e``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from openai_frontend.launcher.cache import cache_root
+from openai_frontend.launcher.model_repo import MODEL_NAME, backend_python_path, write_model_repository
+from openai_frontend.launcher.network import bind_listening_socket
+from openai_frontend.launcher.triton_install import locate_tritonserver
+from openai_frontend.launcher.tritonserver import TritonServerProcess
+from python_backend.settings import EngineSettings
+
+SERVED_MODEL_NAME = "tiny-qwen2-chat"
+READY_TIMEOUT_S = 180.0
+FRONTEND_START_TIMEOUT_S = 30.0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@dataclass(frozen=True)
+class TritonHandle:
+    """A running tritonserver serving the tiny model as ``model_name``."""
+
+    grpc_url: str  # "127.0.0.1:PORT", for tritonclient.grpc and FrontendSettings.triton_grpc_url
+    http_url: str  # "http://127.0.0.1:PORT"
+    model_name: str  # the Triton model name ("triton_chat")
+    served_model_name: str  # the name clients send as `model`
+    settings: EngineSettings
+    process: TritonServerProcess
+
+
+def start_triton(repo_parent: Path, settings: EngineSettings, log_path: Path) -> TritonServerProcess:
+    """Start a tritonserver for ``settings`` and wait until the model is ready (stopped on failure)."""
+    install = locate_tritonserver(cache_root())
+    repo = write_model_repository(repo_parent, settings)
+    process = TritonServerProcess(install, log_path)
+    env = backend_python_path()
+    env["HF_HUB_OFFLINE"] = "1"
+    process.start(repo, env)
+    # Also on an interrupted session: never leave a server behind (stop() is idempotent).
+    atexit.register(process.stop)
+    try:
+        process.wait_ready(READY_TIMEOUT_S, MODEL_NAME)
+    except BaseException:
+        process.stop()
+        raise
+    return process
+
+
+@pytest.fixture(scope="session")
+def triton_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonHandle]:
+    if importlib.util.find_spec("python_backend.triton_model") is None:
+        pytest.skip("python_backend.triton_model does not exist yet")
+    settings = EngineSettings(
+        model_path=str(tiny_model_dir),
+        served_model_name=SERVED_MODEL_NAME,
+        dtype="float32",
+        device="cpu",
+        # Long enough that a cancelled stream is visibly cut short (test_chat_e2e).
+        max_iter_times=2000,
+        max_num_seqs=8,
+        max_seq_len=2048,
+    )
+    work = tmp_path_factory.mktemp("triton")
+    process = start_triton(work / "models", settings, work / "tritonserver.log")
+    endpoints = process.endpoints
+    try:
+        yield TritonHandle(endpoints.grpc_url, endpoints.http_url, MODEL_NAME, SERVED_MODEL_NAME, settings, process)
+    finally:
+        process.stop()
+
+
+@dataclass
+class _Frontend:
+    server: Any  # uvicorn.Server
+    thread: threading.Thread
+    url: str
+
+
+@pytest.fixture(scope="session")
+def frontend_factory(triton_server: TritonHandle) -> Iterator[Callable[..., str]]:
+    """``start(**settings_overrides) -> base URL``: a frontend on its own free port, for the session."""
+    if importlib.util.find_spec("openai_frontend.app") is None:
+        pytest.skip("openai_frontend.app does not exist yet")
+    import uvicorn
+
+    from openai_frontend.app import create_app
+    from openai_frontend.settings import FrontendSettings
+
+    started: list[_Frontend] = []
+
+    def start(**overrides: Any) -> str:
+        values: dict[str, Any] = {
+            "triton_grpc_url": triton_server.grpc_url,
+            "triton_model_name": triton_server.model_name,
+            "served_model_name": triton_server.served_model_name,
+            **overrides,
+        }
+        app = create_app(FrontendSettings.model_validate(values))
+        sock = bind_listening_socket("127.0.0.1", 0)
+        port = sock.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        # Outside the main thread uvicorn installs no signal handlers, which is what a test wants.
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"frontend-{port}", daemon=True)
+        thread.start()
+        frontend = _Frontend(server, thread, f"http://127.0.0.1:{port}")
+        started.append(frontend)
+        deadline = time.monotonic() + FRONTEND_START_TIMEOUT_S
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the frontend on port {port} did not start")
+            time.sleep(0.05)
+        # The socket now belongs to uvicorn's event loop, which closes it at shutdown.
+        return frontend.url
+
+    try:
+        yield start
+    finally:
+        for frontend in started:
+            frontend.server.should_exit = True
+        for frontend in started:
+            frontend.thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def frontend_url(frontend_factory: Callable[..., str]) -> str:
+    """Base URL (no ``/v1``) of a frontend with default settings in front of ``triton_server``."""
+    return frontend_factory()

@@ -1,0 +1,178 @@
+"""The served path end to end: real tritonserver + frontend, driven by the clients users run.
+
+The tiny model's text is random, so these tests assert what a user can check on any model:
+formats, finish reasons, usage invariants, errors, cancellation and agreement between paths.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import TritonHandle
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def client_for(frontend_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{frontend_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def check_usage_invariants(usage: dict, choices: int = 1) -> None:
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
+    if choices == 1:
+        assert len(usage["batch_size"]) == len(usage["queue_wait_time"]) == usage["completion_tokens"]
+    assert all(b >= 1 for b in usage["batch_size"])
+    assert all(isinstance(q, int) and q >= 0 for q in usage["queue_wait_time"])
+
+
+def test_openai_client_non_streaming(triton_server: TritonHandle, frontend_url: str) -> None:
+    reply = client_for(frontend_url).chat.completions.create(
+        model=triton_server.served_model_name, messages=QUESTION, max_tokens=12, temperature=0
+    )
+    assert reply.object == "chat.completion"
+    assert reply.model == triton_server.served_model_name
+    choice = reply.choices[0]
+    assert choice.index == 0 and choice.message.role == "assistant"
+    assert isinstance(choice.message.content, str)
+    assert choice.finish_reason in ("stop", "length")
+    raw = reply.model_dump()
+    check_usage_invariants(raw["usage"])
+    assert len(raw["decode_time_arr"]) == raw["usage"]["completion_tokens"] - 1
+    assert raw["prefill_time"] > 0
+
+
+def test_openai_client_streaming_matches_non_streaming(triton_server: TritonHandle, frontend_url: str) -> None:
+    client = client_for(frontend_url)
+    args = {"model": triton_server.served_model_name, "messages": QUESTION, "max_tokens": 16, "temperature": 0}
+    whole = client.chat.completions.create(**args).choices[0].message.content
+    chunks = list(client.chat.completions.create(stream=True, **args))
+    assert chunks, "no chunks"
+    assert all(len(c.choices) == 1 and c.object == "chat.completion.chunk" for c in chunks)
+    assert all(c.choices[0].delta.role == "assistant" for c in chunks)  # MindIE: role on every delta
+    assert [c.choices[0].finish_reason is None for c in chunks] == [True] * (len(chunks) - 1) + [False]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole
+    last = chunks[-1].model_dump()
+    check_usage_invariants(last["usage"])
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_raw_sse_framing(triton_server: TritonHandle, frontend_url: str) -> None:
+    body = {"model": triton_server.served_model_name, "messages": QUESTION, "max_tokens": 6, "stream": True}
+    with httpx.Client(timeout=60) as http:
+        reply = http.post(f"{frontend_url}/v1/chat/completions", json=body)
+    assert reply.status_code == 200
+    assert reply.headers["content-type"].startswith("text/event-stream")
+    events = reply.text.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    for event in events[:-2]:
+        assert event.startswith("data: {") and "\n" not in event
+        chunk = json.loads(event[len("data: ") :])
+        assert chunk["id"].startswith("chatcmpl-")
+        assert isinstance(chunk["created"], int)
+
+
+def test_tritonclient_example_script_talks_to_the_model_directly(triton_server: TritonHandle) -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "examples" / "tritonclient_chat.py"), "--url", triton_server.grpc_url,
+         "--max-tokens", "5", "Hello there"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    tail = result.stdout.splitlines()[-1]
+    assert tail.startswith("[finish_reason=")
+    usage = json.loads(tail.split("usage: ", 1)[1])
+    assert usage["completion_tokens"] <= 5 and len(usage["batch_size"]) == usage["completion_tokens"]
+
+
+def running_sequences(triton_server: TritonHandle) -> float:
+    """The engine's running-batch gauge, as Triton's /metrics publishes it."""
+    metrics_url = triton_server.process.endpoints.metrics_url
+    text = httpx.get(metrics_url, timeout=10).text
+    for line in text.splitlines():
+        if line.startswith("triton_chat_num_sequences_running{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("triton_chat_num_sequences_running is not published")
+
+
+def wait_for_gauge(triton_server: TritonHandle, predicate, timeout: float) -> float:
+    deadline = time.monotonic() + timeout
+    value = running_sequences(triton_server)
+    while not predicate(value) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        value = running_sequences(triton_server)
+    return value
+
+
+def test_disconnect_mid_stream_frees_the_engine_slot(triton_server: TritonHandle, frontend_url: str) -> None:
+    body = {
+        "model": triton_server.served_model_name, "messages": QUESTION, "stream": True,
+        "max_tokens": 1900, "ignore_eos": True,
+    }  # fmt: skip
+    with httpx.Client(timeout=60) as http, http.stream("POST", f"{frontend_url}/v1/chat/completions", json=body) as reply:
+        assert reply.status_code == 200
+        seen = 0
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                seen += 1
+            if seen == 3:
+                break
+        assert wait_for_gauge(triton_server, lambda v: v >= 1, 5) >= 1
+        closed_at = time.monotonic()
+    # Closing the response closed the connection: the frontend cancels the gRPC stream, the
+    # model sees is_cancelled() and drops the sequence long before its 1900 tokens are done.
+    assert wait_for_gauge(triton_server, lambda v: v == 0, 5) == 0
+    assert time.monotonic() - closed_at < 3.0
+
+
+def test_bad_request_gets_a_400_envelope_naming_the_field(triton_server: TritonHandle, frontend_url: str) -> None:
+    client = client_for(frontend_url)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=triton_server.served_model_name, messages=QUESTION, temperature=-1)
+    error = caught.value.body
+    assert error["param"] == "temperature" and error["type"] == "invalid_request_error"
+    # A rule only the model can check (it owns the tokenizer): the prompt's token count.
+    too_long = [{"role": "user", "content": "word " * 3000}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=triton_server.served_model_name, messages=too_long, max_tokens=4)
+    assert caught.value.body["code"] == "context_length_exceeded"
+    assert caught.value.body["param"] == "messages"
+
+
+def test_bad_request_leaves_the_server_serving(triton_server: TritonHandle, frontend_url: str) -> None:
+    with httpx.Client(timeout=60) as http:
+        broken = http.post(f"{frontend_url}/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+        assert broken.status_code == 400 and "error" in broken.json()
+        ok = http.post(
+            f"{frontend_url}/v1/chat/completions",
+            json={"model": triton_server.served_model_name, "messages": QUESTION, "max_tokens": 3},
+        )
+        assert ok.status_code == 200
+        assert http.get(f"{frontend_url}/health/ready").status_code == 200
+
+
+def test_concurrent_requests_share_decode_steps(triton_server: TritonHandle, frontend_url: str) -> None:
+    import concurrent.futures
+
+    client = client_for(frontend_url)
+
+    def ask(i: int) -> dict:
+        reply = client.chat.completions.create(
+            model=triton_server.served_model_name, messages=[{"role": "user", "content": f"question {i}"}],
+            max_tokens=40, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        return reply.model_dump()["usage"]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        usages = list(pool.map(ask, range(4)))
+    assert all(u["completion_tokens"] == 40 for u in usages)
+    assert max(max(u["batch_size"]) for u in usages) > 1
