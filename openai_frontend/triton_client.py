@@ -7,9 +7,9 @@ early (client disconnect), so that Triton marks the request cancelled and the en
 
 How the end of a request is detected: the request iterator yields one request and returns, which
 half-closes the stream; Triton finishes the stream once that request's final flag is sent, so the
-response iterator ends. A response flagged ``triton_final_response`` also ends it. The aio client
-rejects ``triton_``-prefixed request parameters, so ``enable_empty_final_response`` (a sync-client
-argument) is not available here; the stream end covers the final flag sent without a response.
+response iterator ends. A response flagged ``triton_final_response`` also ends it. The aio client rejects
+``triton_``-prefixed request parameters, so ``enable_empty_final_response`` (a sync-client
+argument) is not available here; the stream end covers a final flag sent without a response.
 """
 
 from __future__ import annotations

@@ -179,6 +179,8 @@ class Engine:
             self._cancel_ids.clear()
         for request_id, group in list(self._groups.items()):
             if request_id in cancelled or self._polled_cancel(group):
+                tokens = sum(len(s.tokens) for s in group.sequences)
+                logger.info("request %s cancelled after %d generated tokens", request_id, tokens)
                 self._remove(group, EngineEvent(request_id, final=True))
 
     @staticmethod

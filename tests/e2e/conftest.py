@@ -78,10 +78,13 @@ def triton_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
         served_model_name=SERVED_MODEL_NAME,
         dtype="float32",
         device="cpu",
-        # Long enough that a cancelled stream is visibly cut short (test_chat_e2e).
-        max_iter_times=2000,
+        # Long enough that a cancelled stream is visibly cut short: the tiny model writes
+        # thousands of tokens a second, so only a very long request is still running when the
+        # test looks (test_chat_e2e.test_disconnect_mid_stream_frees_the_engine_slot).
+        max_iter_times=30000,
         max_num_seqs=8,
-        max_seq_len=2048,
+        max_seq_len=32768,
+        max_input_token_len=1024,
     )
     work = tmp_path_factory.mktemp("triton")
     process = start_triton(work / "models", settings, work / "tritonserver.log")
