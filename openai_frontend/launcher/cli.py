@@ -136,7 +136,41 @@ def build_parser() -> argparse.ArgumentParser:
         "--torch-threads", type=_non_negative_int, metavar="N", help="CPU intra-op threads; 0 = torch's default"
     )
 
-    http = serve.add_argument_group("HTTP frontend")
+    _add_http_flags(serve.add_argument_group("HTTP frontend"))
+
+    triton = serve.add_argument_group("tritonserver")
+    triton.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=DEFAULT_READY_TIMEOUT_S,
+        metavar="SECONDS",
+        help="how long to wait for the model to load (default: 600)",
+    )
+    triton.add_argument(
+        "--triton-log",
+        type=Path,
+        metavar="FILE",
+        help="tritonserver's log file (default: <cache>/logs/tritonserver-<port>.log)",
+    )
+
+    frontend = commands.add_parser(
+        "frontend",
+        help="only the HTTP frontend, in front of a tritonserver that already serves the model",
+        description="Start only the OpenAI-compatible frontend against a running tritonserver "
+        "(e.g. `tritonserver --model-repository model_repository`). It keeps no state, so several "
+        "can serve one Triton, or one per Triton behind a load balancer.",
+    )
+    target = frontend.add_argument_group("Triton")
+    target.add_argument("--triton-url", required=True, metavar="HOST:PORT", help="Triton's gRPC address")
+    target.add_argument(
+        "--triton-model", default="triton_chat", metavar="NAME", help="the Triton model name (default: triton_chat)"
+    )
+    target.add_argument("--served-model-name", required=True, metavar="NAME", help="the `model` name clients send")
+    _add_http_flags(frontend.add_argument_group("HTTP frontend"))
+    return parser
+
+
+def _add_http_flags(http: Any) -> None:
     http.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     http.add_argument("--port", type=_port, default=8000, help="port to listen on (default: 8000)")
     http.add_argument(
@@ -159,38 +193,61 @@ def build_parser() -> argparse.ArgumentParser:
     )
     http.add_argument("--strict-params", action="store_true", help="reject unknown request fields with 400")
 
-    triton = serve.add_argument_group("tritonserver")
-    triton.add_argument(
-        "--ready-timeout",
-        type=float,
-        default=DEFAULT_READY_TIMEOUT_S,
-        metavar="SECONDS",
-        help="how long to wait for the model to load (default: 600)",
+
+@dataclass(frozen=True)
+class FrontendOptions:
+    """Everything ``triton-chat frontend`` was asked to do."""
+
+    triton_url: str
+    triton_model: str
+    served_model_name: str
+    host: str
+    port: int
+    openai_mode: str
+    full_text: bool
+    api_keys: tuple[str, ...]
+    strict_params: bool
+
+
+def _check_http_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if not is_loopback(args.host) and not args.allow_external:
+        parser.error(
+            f"--host {args.host} would let other machines reach the server; "
+            "add --allow-external to confirm (and consider --api-key)"
+        )
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        parser.error("--served-model-name must not be empty")
+    if any(not key for key in args.api_keys):
+        parser.error("--api-key must not be empty")
+
+
+def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions:
+    """Parse the command line; usage errors exit with status 2 like any argparse error."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return parse_serve_args(argv)
+    _check_http_flags(parser, args)
+    return FrontendOptions(
+        triton_url=args.triton_url,
+        triton_model=args.triton_model,
+        served_model_name=args.served_model_name,
+        host=args.host,
+        port=args.port,
+        openai_mode=args.openai_mode,
+        full_text=args.full_text,
+        api_keys=tuple(args.api_keys),
+        strict_params=args.strict_params,
     )
-    triton.add_argument(
-        "--triton-log",
-        type=Path,
-        metavar="FILE",
-        help="tritonserver's log file (default: <cache>/logs/tritonserver-<port>.log)",
-    )
-    return parser
 
 
 def parse_serve_args(argv: list[str]) -> ServeOptions:
     """Parse ``serve ...`` arguments; usage errors exit with status 2 like any argparse error."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not is_loopback(args.host) and not args.allow_external:
-        parser.error(
-            f"--host {args.host} would let other machines reach the server; "
-            "add --allow-external to confirm (and consider --api-key)"
-        )
+    _check_http_flags(parser, args)
     if args.ready_timeout <= 0:
         parser.error("--ready-timeout must be > 0")
-    if args.served_model_name is not None and not args.served_model_name.strip():
-        parser.error("--served-model-name must not be empty")
-    if any(not key for key in args.api_keys):
-        parser.error("--api-key must not be empty")
     overrides = {name: getattr(args, name) for name in ENGINE_INT_FLAGS if getattr(args, name) is not None}
     try:
         # The same checks the model runs, here so that a typo fails now and not after the load.
@@ -241,9 +298,13 @@ def _configure_logging() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``triton-chat`` console script."""
-    options = parse_serve_args(sys.argv[1:] if argv is None else argv)
+    options = parse_args(sys.argv[1:] if argv is None else argv)
     _configure_logging()
-    # Imported here: it pulls in uvicorn and the app, which `--help` and usage errors do not need.
+    # Imported here: they pull in uvicorn and the app, which `--help` and usage errors do not need.
+    if isinstance(options, FrontendOptions):
+        from openai_frontend.launcher.frontend_only import run_frontend
+
+        return run_frontend(options)
     from openai_frontend.launcher.serve import run_serve
 
     return run_serve(options)

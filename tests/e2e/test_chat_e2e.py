@@ -176,3 +176,40 @@ def test_concurrent_requests_share_decode_steps(triton_server: TritonHandle, fro
         usages = list(pool.map(ask, range(4)))
     assert all(u["completion_tokens"] == 40 for u in usages)
     assert max(max(u["batch_size"]) for u in usages) > 1
+
+
+def test_frontend_subcommand_serves_an_existing_triton(triton_server: TritonHandle) -> None:
+    import os
+    import signal
+
+    from openai_frontend.launcher.network import free_port
+
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "openai_frontend.launcher", "frontend", "--triton-url", triton_server.grpc_url,
+        "--served-model-name", triton_server.served_model_name, "--port", str(port),
+    ]  # fmt: skip
+    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None and time.monotonic() < deadline
+            try:
+                if httpx.get(f"{url}/health/ready", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        reply = client_for(url).chat.completions.create(
+            model=triton_server.served_model_name, messages=QUESTION, max_tokens=4
+        )
+        assert reply.usage.completion_tokens <= 4
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            code = process.wait(timeout=30)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    assert code == 0

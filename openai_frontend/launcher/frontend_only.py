@@ -1,0 +1,61 @@
+"""``triton-chat frontend``: the HTTP frontend alone, in front of a tritonserver someone else runs.
+
+Owns turning ``FrontendOptions`` into ``FrontendSettings`` and running uvicorn until Ctrl-C or
+SIGTERM (uvicorn's own handlers). Unlike ``serve``, it starts no tritonserver: ``/health/ready``
+reports whether the Triton model behind it is ready.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from types import FrameType
+
+import uvicorn
+
+from openai_frontend.app import create_app
+from openai_frontend.launcher.cli import FrontendOptions
+from openai_frontend.settings import FrontendSettings
+
+logger = logging.getLogger("openai_frontend.launcher")
+
+
+def frontend_settings(options: FrontendOptions) -> FrontendSettings:
+    return FrontendSettings.model_validate(
+        {
+            "triton_grpc_url": options.triton_url,
+            "triton_model_name": options.triton_model,
+            "served_model_name": options.served_model_name,
+            "openai_mode": options.openai_mode,
+            "full_text_enabled": options.full_text,
+            "strict_params": options.strict_params,
+            "api_keys": list(options.api_keys),
+        }
+    )
+
+
+def run_frontend(options: FrontendOptions) -> int:
+    app = create_app(frontend_settings(options))
+    shown_host = f"[{options.host}]" if ":" in options.host else options.host
+    logger.info(
+        "serving '%s' at http://%s:%d/v1 (Triton gRPC at %s, model %s)",
+        options.served_model_name,
+        shown_host,
+        options.port,
+        options.triton_url,
+        options.triton_model,
+    )
+    server = uvicorn.Server(uvicorn.Config(app, host=options.host, port=options.port, log_level="info"))
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        server.should_exit = True
+
+    # uvicorn handles SIGINT/SIGTERM while it runs, then restores these handlers and re-raises
+    # the signal it caught: with ours in place that ends in a clean exit status 0.
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0 if server.started else 1
