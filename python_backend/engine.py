@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from python_backend.contract import ContractError, ErrorInfo
+from python_backend.beam_search import BeamSearch
+from python_backend.contract import FINISH_LENGTH, FINISH_STOP, ChoiceDelta, ChoiceUsage, ContractError, ErrorInfo
 from python_backend.detokenizer import IncrementalDetokenizer
 from python_backend.kv_cache import BatchCache, KVBatch
 from python_backend.limits import Limits
@@ -48,6 +49,11 @@ class EngineStats:
     kv_budget_tokens: int
 
 
+def _rows_needed(request: EngineRequest) -> int:
+    params = request.params
+    return params.n if params.use_beam_search else params.candidates
+
+
 @dataclass(eq=False)  # identity semantics: groups are compared with `is`, never by value
 class _Group:
     """A request in the engine: its sequences (n or best_of of them) and its bookkeeping."""
@@ -60,10 +66,13 @@ class _Group:
     prefill_done: int = 0
     prefill_cache: BatchCache | None = None
     prefill_started: float = 0.0
+    beam: BeamSearch | None = None
+    prefill_ms: float = 0.0
 
     @property
     def candidates(self) -> int:
-        return self.request.params.candidates
+        """Rows the request occupies: its beams, or n / best_of sampled sequences."""
+        return _rows_needed(self.request)
 
     @property
     def buffered(self) -> bool:
@@ -112,17 +121,18 @@ class Engine:
         if self._stopping.is_set():
             raise ContractError(_SHUTDOWN)
         params = request.params
-        if params.use_beam_search:
+        if params.use_beam_search and params.logprobs:
             raise ContractError(
-                ErrorInfo(400, "'use_beam_search' is not supported by this engine yet", param="use_beam_search")
+                ErrorInfo(400, "'logprobs' cannot be used with 'use_beam_search'", param="logprobs")
             )
+        rows = _rows_needed(request)
         max_new = self.limits.max_new_tokens(len(request.prompt_ids), params)
-        reservation = self.limits.reservation(len(request.prompt_ids), max_new, params.candidates)
-        if params.candidates > self._settings.max_num_seqs:
+        reservation = self.limits.reservation(len(request.prompt_ids), max_new, rows)
+        if rows > self._settings.max_num_seqs:
             raise ContractError(
                 ErrorInfo(
                     400,
-                    f"n/best_of is {params.candidates}; the server runs at most {self._settings.max_num_seqs} sequences",
+                    f"n/best_of is {rows}; the server runs at most {self._settings.max_num_seqs} sequences",
                     param="best_of" if (params.best_of or 0) > params.n else "n",
                 )
             )
@@ -354,12 +364,19 @@ class Engine:
             )
             for i in range(group.candidates)
         ]
+        self._kv.add(cache, group.candidates, row=row, pad=pad)
+        self._running.extend(group.sequences)
+        if request.params.use_beam_search:
+            eos = frozenset() if request.params.ignore_eos else self._loaded.eos_token_ids
+            group.beam = BeamSearch(group.candidates, group.max_new_tokens, eos)
+            ended = time.perf_counter()
+            self._beam_advance(group, logits.expand(group.candidates, -1), None, group.prefill_started, ended, 1)
+            self._after_tokens(group.sequences)
+            return
         for seq in group.sequences:
             seq.update_suppression()
         sampled = sample(logits.expand(group.candidates, -1), [s.sampling for s in group.sequences])
         ended = time.perf_counter()
-        self._kv.add(cache, group.candidates, row=row, pad=pad)
-        self._running.extend(group.sequences)
         for seq, token in zip(group.sequences, sampled, strict=True):
             seq.accept(token, self._texts)
             seq.record(group.prefill_started, ended, group.candidates)
@@ -379,9 +396,16 @@ class Engine:
                 use_cache=True,
                 **{self._cache_arg: self._kv.cache},
             )
-            for seq in self._running:
-                seq.update_suppression()
-            sampled = sample(out.logits[:, -1, :], [s.sampling for s in self._running])
+            logits = out.logits[:, -1, :]
+            plain: list[int] = []
+            beams: dict[str, list[int]] = {}
+            for i, seq in enumerate(self._running):
+                if self._groups[seq.request.request_id].beam is None:
+                    plain.append(i)
+                    seq.update_suppression()
+                else:
+                    beams.setdefault(seq.request.request_id, []).append(i)
+            sampled = sample(logits[plain], [self._running[i].sampling for i in plain]) if plain else []
         except Exception:
             logger.exception("decode step failed; stopping the %d running requests", len(self._running))
             for group in {id(s.request): self._groups[s.request.request_id] for s in self._running}.values():
@@ -389,16 +413,74 @@ class Engine:
             return
         ended = time.perf_counter()
         batch = len(self._running)
-        for seq, token in zip(self._running, sampled, strict=True):
-            seq.accept(token, self._texts)
-            seq.record(started, ended, batch)
+        for i, token in zip(plain, sampled, strict=True):
+            self._running[i].accept(token, self._texts)
+            self._running[i].record(started, ended, batch)
+        for request_id, rows in beams.items():
+            self._beam_advance(self._groups[request_id], logits[rows], rows, started, ended, batch)
         self._after_tokens(list(self._running))
+
+    def _beam_advance(
+        self, group: _Group, logits: torch.Tensor, rows: list[int] | None, started: float, ended: float, batch: int
+    ) -> None:
+        """One beam-search step: pick each beam's parent and token, move the KV rows to match."""
+        beam = group.beam
+        if beam is None:
+            raise RuntimeError("not a beam-search request")
+        first = rows is None
+        waits = [max(int((started - seq.ready_at) * 1e6), 0) for seq in group.sequences]
+        step = beam.step(logits, waits, batch, None if first else round((ended - started) * 1e3, 2))
+        if rows is not None and step.parents:
+            self._kv.copy_rows(rows[: len(step.parents)], [rows[p] for p in step.parents])
+        for seq, hypothesis in zip(group.sequences, beam.beams, strict=False):
+            seq.sampling.output_ids[:] = hypothesis.tokens
+            seq.ready_at = ended
+        if first:
+            group.prefill_ms = round((ended - group.request.arrival) * 1e3, 2)
+        if beam.done or len(beam.beams) < beam.width:
+            for seq in group.sequences:
+                seq.finish_reason = FINISH_LENGTH  # the group is over; each answer's reason is its own
+
+    def _send_beams(self, group: _Group) -> None:
+        """Beam search answers all at once (MindIE's pseudo-streaming): the best n hypotheses."""
+        if group.beam is None:
+            raise RuntimeError("not a beam-search request")
+        params = group.request.params
+        prompt_tokens = len(group.request.prompt_ids)
+        best = group.beam.best(params.n)
+        for index, hypothesis in enumerate(best):
+            tokens = hypothesis.tokens[:-1] if hypothesis.finished_by_eos else hypothesis.tokens
+            text = self._loaded.tokenizer.decode(tokens, skip_special_tokens=params.skip_special_tokens)
+            usage = ChoiceUsage(
+                prompt_tokens=prompt_tokens,
+                completion_tokens=len(hypothesis.tokens),
+                batch_size=hypothesis.batch_size,
+                queue_wait_time=hypothesis.queue_wait_us,
+                prefill_time=group.prefill_ms,
+                decode_time_arr=hypothesis.decode_ms,
+                cumulative_logprob=hypothesis.score,
+            )
+            delta = ChoiceDelta(
+                index=index,
+                text=str(text),
+                finish_reason=FINISH_STOP if hypothesis.finished_by_eos else FINISH_LENGTH,
+                usage=usage,
+                num_input_tokens=prompt_tokens,
+                num_output_tokens=len(hypothesis.tokens),
+            )
+            event = EngineEvent(group.request.request_id, delta=delta, final=index == len(best) - 1)
+            self._deliver(group.request, event)
+        self._finish_group(group)
 
     def _after_tokens(self, sequences: list[Sequence]) -> None:
         """Send what is ready, then drop finished sequences from the batch at once."""
         for seq in sequences:
             group = self._groups.get(seq.request.request_id)
             if group is None:
+                continue
+            if group.beam is not None:
+                if seq.finish_reason is not None and group.request.request_id in self._groups:
+                    self._send_beams(group)
                 continue
             if seq.finish_reason is not None:
                 group.finished += 1

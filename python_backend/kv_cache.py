@@ -175,6 +175,18 @@ class KVBatch:
         self.pad = [p - trim for p in pad]
         self.cache.set_layer_states(states)
 
+    def copy_rows(self, dst: list[int], src: list[int]) -> None:
+        """Row ``dst[i]`` takes the content of row ``src[i]`` (beam search); pads must agree."""
+        if dst == src:
+            return
+        index = torch.tensor(src, dtype=torch.long)
+        target = torch.tensor(dst, dtype=torch.long)
+        for k, v in self.cache.layer_states():
+            # The states are views of each layer's buffer: assigning through them writes in place,
+            # and index_select copies the sources first, so overlapping moves are safe.
+            k[target.to(k.device)] = k.index_select(0, index.to(k.device))
+            v[target.to(v.device)] = v.index_select(0, index.to(v.device))
+
     def attention_mask(self, extra: int, device: torch.device) -> torch.Tensor:
         """[rows, length + extra] mask: 0 on each row's padding, 1 elsewhere."""
         length = self.length + extra

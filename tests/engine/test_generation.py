@@ -170,3 +170,38 @@ def test_batched_prefill_of_different_lengths_matches_generate(tiny_loaded) -> N
         assert all(max(r.last().usage.batch_size) == 4 for r in runs)
     finally:
         engine.stop()
+
+
+def test_beam_search_matches_transformers_beam_search(driver: Driver) -> None:
+    ids = driver.prompt_ids("beam me up")
+    eos = sorted(driver.loaded.eos_token_ids)
+    out = driver.loaded.model.generate(
+        torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), max_new_tokens=8,
+        num_beams=3, num_return_sequences=3, do_sample=False, early_stopping=True, length_penalty=1.0,
+        eos_token_id=eos, pad_token_id=0,
+    )  # fmt: skip
+    expected = [decode(driver, row[len(ids) :].tolist()) for row in out]
+    got = driver.submit("beam me up", stream=False, use_beam_search=True, n=3, max_tokens=8).wait()
+    assert [d.index for d in got.deltas] == [0, 1, 2]
+    assert [d.text for d in got.deltas] == expected
+    scores = [d.usage.cumulative_logprob / d.usage.completion_tokens for d in got.deltas]
+    assert scores == sorted(scores, reverse=True)
+    for delta in got.deltas:
+        usage = delta.usage
+        assert len(usage.batch_size) == len(usage.queue_wait_time) == usage.completion_tokens
+        assert len(usage.decode_time_arr) == usage.completion_tokens - 1
+
+
+def test_beam_search_of_width_one_is_greedy(driver: Driver) -> None:
+    expected = decode(driver, generate_greedy(driver, "narrow beam", 10))
+    got = driver.submit("narrow beam", stream=False, use_beam_search=True, max_tokens=10, ignore_eos=True).wait()
+    assert got.text() == expected
+
+
+def test_beam_search_runs_beside_sampled_requests(driver: Driver) -> None:
+    others = [driver.submit(f"other {i}", temperature=0, max_tokens=12, ignore_eos=True) for i in range(3)]
+    beams = driver.submit("beam me up", stream=False, use_beam_search=True, n=2, max_tokens=8)
+    expected = [decode(driver, generate_greedy(driver, f"other {i}", 12)) for i in range(3)]
+    assert [o.wait().text() for o in others] == expected
+    assert len(beams.wait().deltas) == 2
+    driver.wait_idle()
