@@ -1,8 +1,10 @@
 """Rendering chat ``messages`` into prompt token ids with the model's own chat template.
 
-Owns: ``render_prompt``: text-part joining, assistant tool-call arguments decoded for the template,
-``tools`` and the allow-listed ``chat_template_kwargs``. Template errors become 400s that name
-``messages`` instead of crashing the request path.
+Owns: ``render_prompt`` (``render_prompt_text`` then ``encode_chat_prompt``; the text step is
+separate because the output plan reads the rendered prompt's end): text-part joining, assistant
+tool-call arguments decoded for the template, ``tools`` and the allow-listed
+``chat_template_kwargs``. Template errors become 400s that name ``messages`` instead of crashing
+the request path.
 """
 
 from __future__ import annotations
@@ -51,10 +53,10 @@ def _for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return prepared
 
 
-def render_prompt(
+def render_prompt_text(
     tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], params: GenerationParams
-) -> list[int]:
-    """Apply the chat template (generation prompt added) and tokenize without extra specials."""
+) -> str:
+    """Apply the chat template (generation prompt added); the text, before tokenization."""
     kwargs: dict[str, Any] = dict(params.chat_template_kwargs)
     tools: list[dict[Any, Any] | Callable[..., Any]] | None = (
         list(params.tools) if params.tools and params.tool_choice != "none" else None
@@ -68,9 +70,20 @@ def render_prompt(
         raise invalid(f"the model's chat template rejected 'messages': {exc}", "messages") from exc
     if not isinstance(text, str):
         raise invalid("the model's chat template did not produce text", "messages")
+    return text
+
+
+def encode_chat_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Tokenize a rendered chat prompt."""
     # The template already wrote BOS and role tokens; adding specials again would double them.
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    return [int(i) for i in ids]
+    return [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]
+
+
+def render_prompt(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], params: GenerationParams
+) -> list[int]:
+    """Apply the chat template (generation prompt added) and tokenize without extra specials."""
+    return encode_chat_prompt(tokenizer, render_prompt_text(tokenizer, messages, params))
 
 
 def encode_raw_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:

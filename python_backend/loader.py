@@ -50,6 +50,7 @@ class LoadedModel:
     vocab_size: int
     defaults: SamplingDefaults
     name: str
+    model_type: str = ""  # config.json model_type ("qwen2", "chatglm", ...)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -123,4 +124,5 @@ def load_model(settings: EngineSettings) -> LoadedModel:
         vocab_size=vocab_size,
         defaults=_sampling_defaults(gen, config, vocab_size),
         name=settings.served_model_name or folder.name,
+        model_type=str(config.get("model_type") or ""),
     )

@@ -8,15 +8,17 @@ without Triton; the adapter only fetches the arrays.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from python_backend import contract
-from python_backend.chat_template import encode_raw_prompt, render_prompt
+from python_backend.chat_template import encode_chat_prompt, encode_raw_prompt, render_prompt_text
 from python_backend.contract import ContractError, ErrorInfo, invalid
 from python_backend.messages import validate_messages
+from python_backend.output_formats import ModelFormats, plan_output
+from python_backend.output_plan import OutputPlan
 from python_backend.params import GenerationParams, parse_parameters
 
 TensorGetter = Callable[[str], "np.ndarray | None"]
@@ -28,10 +30,19 @@ class PreparedRequest:
     params: GenerationParams
     stream: bool
     echo_prompt: str  # prepended to non-streaming text (vLLM backend's text_input behaviour)
+    output: OutputPlan  # reasoning / tool-call parsing of the generated text
 
 
-def decode_request(get: TensorGetter, tokenizer: PreTrainedTokenizerBase, adapters: frozenset[str]) -> PreparedRequest:
-    """Validate the tensors of one request; raise ``ContractError`` naming the bad input."""
+def decode_request(
+    get: TensorGetter,
+    tokenizer: PreTrainedTokenizerBase,
+    adapters: frozenset[str],
+    formats: ModelFormats | None = None,
+) -> PreparedRequest:
+    """Validate the tensors of one request; raise ``ContractError`` naming the bad input.
+
+    ``formats`` are the model's tool-call and reasoning formats (None: plain text only).
+    """
     stream = contract.read_bool(get(contract.STREAM), default=False)
     raw = contract.read_json(get(contract.PARAMETERS), contract.PARAMETERS)
     alias = contract.read_json(get(contract.SAMPLING_PARAMETERS), contract.SAMPLING_PARAMETERS)
@@ -50,11 +61,19 @@ def decode_request(get: TensorGetter, tokenizer: PreTrainedTokenizerBase, adapte
     if (messages is None) == (text is None):
         raise invalid("give exactly one of the inputs 'messages' and 'text_input'", contract.MESSAGES)
     echo = ""
+    formats = formats or ModelFormats()
     if messages is not None:
-        prompt_ids = render_prompt(tokenizer, validate_messages(messages, allow_internal_media=True), params)
+        prompt = render_prompt_text(tokenizer, validate_messages(messages, allow_internal_media=True), params)
+        plan, suffix = plan_output(formats, params, prompt)
+        prompt_ids = encode_chat_prompt(tokenizer, prompt + suffix)
     else:
-        prompt_ids = encode_raw_prompt(tokenizer, text or "")
+        if not text:
+            raise invalid("'text_input' must not be empty", contract.TEXT_INPUT)
+        plan, suffix = plan_output(formats, params, text)
+        prompt_ids = encode_raw_prompt(tokenizer, text + suffix)
         exclude = contract.read_bool(get(contract.EXCLUDE_INPUT_IN_OUTPUT), default=False)
         if not stream and not exclude:
-            echo = text or ""
-    return PreparedRequest(prompt_ids=prompt_ids, params=params, stream=stream, echo_prompt=echo)
+            echo = text
+    if plan.tool_parser is not None and formats.keeps_special_tokens_for_tools:
+        params = replace(params, skip_special_tokens=False)
+    return PreparedRequest(prompt_ids=prompt_ids, params=params, stream=stream, echo_prompt=echo, output=plan)

@@ -1,8 +1,9 @@
 """One generated sequence (a choice or a best_of candidate) and the request that owns it.
 
-Owns: per-sequence state (tokens, detokenizer, stop matcher, telemetry) and the rules that end a
-sequence (EOS, stop token, stop string, length), plus turning its progress into ``ChoiceDelta``s.
-The engine drives it; nothing here touches the model.
+Owns: per-sequence state (tokens, detokenizer, stop matcher, output pipeline, telemetry) and the
+rules that end a sequence (EOS, stop token, stop string, length), plus turning its progress into
+``ChoiceDelta``s. Text flows detokenizer -> stop strings -> ``OutputPipeline`` (reasoning split,
+tool calls). The engine drives it; nothing here touches the model.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from python_backend.contract import (
     FINISH_LENGTH,
     FINISH_STOP,
+    FINISH_TOOL_CALLS,
     ChoiceDelta,
     ChoiceUsage,
     ErrorInfo,
@@ -21,6 +23,7 @@ from python_backend.contract import (
     TopLogprob,
 )
 from python_backend.detokenizer import IncrementalDetokenizer
+from python_backend.output_plan import OutputPipeline, OutputPlan
 from python_backend.params import GenerationParams
 from python_backend.sampler import RowSampling, SampledToken
 from python_backend.stop_strings import StopStringMatcher
@@ -47,6 +50,7 @@ class EngineRequest:
     is_cancelled: Callable[[], bool] = lambda: False
     stream: bool = True
     arrival: float = field(default_factory=time.perf_counter)
+    output: OutputPlan = field(default_factory=OutputPlan)  # reasoning / tool-call parsing
 
 
 TokenText = Callable[[int], tuple[str, list[int]]]  # token id -> (text, raw bytes)
@@ -77,7 +81,7 @@ class Sequence:
         self.decode_ms: list[float] = []
         self.prefill_ms = 0.0
         self.cumulative_logprob = 0.0
-        self.pending_text = ""  # produced but not yet sent
+        self.output = OutputPipeline(request.output)  # holds what is produced but not yet sent
         self.pending_logprobs: list[TokenLogprob] = []
         self.sent_tokens = 0
 
@@ -122,35 +126,45 @@ class Sequence:
             self._finish(FINISH_STOP, extra=token_text(token)[0] if include else "")
             return
         result = self.stop.feed(self.detokenizer.add(token))
-        self.pending_text += result.text
+        self.output.feed(result.text)
         if result.stopped:
-            self.finish_reason = FINISH_STOP
+            self._end(FINISH_STOP)
         elif len(self.tokens) >= self.max_new_tokens:
             self._finish(FINISH_LENGTH)
 
     def _finish(self, reason: str, extra: str = "") -> None:
         """End the sequence: release held text (it was not a stop string after all)."""
         tail = self.stop.feed(self.detokenizer.flush())
-        self.pending_text += tail.text
+        text = tail.text
         if not tail.stopped:
-            self.pending_text += self.stop.flush() + extra
+            text += self.stop.flush() + extra
+        self.output.feed(text, tokens=0)
+        self._end(reason)
+
+    def _end(self, reason: str) -> None:
+        self.output.finish()
+        # A normal end after at least one call is a tool-call answer; a cut by length is not.
+        if reason == FINISH_STOP and self.output.call_count:
+            reason = FINISH_TOOL_CALLS
         self.finish_reason = reason
 
     def take_delta(self, prompt_tokens: int) -> ChoiceDelta | None:
         """The delta to send now, or None when there is nothing new yet."""
         finished = self.finish_reason is not None
-        if not self.pending_text and not finished:
+        text, reasoning, calls = self.output.take()
+        if not (text or reasoning or calls) and not finished:
             return None
         delta = ChoiceDelta(
             index=self.index,
-            text=self.pending_text,
+            text=text,
+            reasoning=reasoning,
+            tool_calls=calls,
             finish_reason=self.finish_reason,
             logprobs=self.pending_logprobs if self.sampling.top_logprobs is not None else None,
             usage=self.usage(prompt_tokens) if finished else None,
             num_input_tokens=prompt_tokens,
             num_output_tokens=len(self.tokens),
         )
-        self.pending_text = ""
         self.pending_logprobs = []
         return delta
 
@@ -159,6 +173,7 @@ class Sequence:
             prompt_tokens=prompt_tokens,
             completion_tokens=len(self.tokens),
             cached_tokens=0,
+            reasoning_tokens=self.output.reasoning_tokens,
             batch_size=list(self.batch_size),
             queue_wait_time=list(self.queue_wait_us),
             prefill_time=self.prefill_ms,

@@ -10,7 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from python_backend.tool_parsers import TOOL_PARSERS
+
 DTYPES = ("auto", "bfloat16", "float16", "float32")
+TOOL_CALL_PARSER_CHOICES = ("auto", *TOOL_PARSERS, "none")
+REASONING_PARSER_CHOICES = ("auto", "think", "none")
 
 
 class SettingsError(ValueError):
@@ -33,10 +37,21 @@ class EngineSettings:
     max_input_token_len: int = 0  # maxInputTokenLen; 0 = max_seq_len - 1
     max_iter_times: int = 512  # maxIterTimes: default and cap of max_tokens
     torch_threads: int = 0  # intra-op threads on CPU; 0 = torch's default
+    # auto: hermes when the chat template writes <tool_call>, chatglm3 for model_type chatglm,
+    # else none (requests with tools are then refused). See python_backend/output_formats.py.
+    tool_call_parser: str = "auto"  # auto | hermes | chatglm3 | none
+    # auto: think when the vocabulary or chat template has <think>; none: never split reasoning.
+    reasoning_parser: str = "auto"  # auto | think | none
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise SettingsError(f"dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
+        for name, choices in (
+            ("tool_call_parser", TOOL_CALL_PARSER_CHOICES),
+            ("reasoning_parser", REASONING_PARSER_CHOICES),
+        ):
+            if getattr(self, name) not in choices:
+                raise SettingsError(f"{name} must be one of {', '.join(choices)}, got '{getattr(self, name)}'")
         device = self.device
         base = device.split(":", 1)[0]
         if base not in ("auto", "cpu", "cuda", "npu") or (":" in device and not device.split(":", 1)[1].isdigit()):

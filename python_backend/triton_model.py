@@ -22,6 +22,7 @@ from python_backend import contract
 from python_backend.contract import ContractError, ErrorInfo
 from python_backend.engine import Engine
 from python_backend.loader import load_model
+from python_backend.output_formats import resolve_formats
 from python_backend.request_decoding import decode_request
 from python_backend.sequence import EngineEvent, EngineRequest
 from python_backend.settings import EngineSettings
@@ -137,6 +138,14 @@ class TritonPythonModel:
         loaded = load_model(settings)
         self._tokenizer = loaded.tokenizer
         self._adapters: frozenset[str] = frozenset()
+        self._formats = resolve_formats(
+            settings.tool_call_parser, settings.reasoning_parser, loaded.tokenizer, loaded.model_type
+        )
+        logger.info(
+            "tool-call format: %s; reasoning format: %s",
+            self._formats.tool_parser or "none",
+            "<think>" if self._formats.reasoning else "none",
+        )
         self._engine = Engine(loaded, settings)
         self._sender = _ResponseSender()
         self._engine.start()
@@ -161,7 +170,7 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             return None if tensor is None else tensor.as_numpy()
 
-        prepared = decode_request(get, self._tokenizer, self._adapters)
+        prepared = decode_request(get, self._tokenizer, self._adapters, self._formats)
         echo = prepared.echo_prompt
 
         def sink(event: EngineEvent) -> None:
@@ -175,6 +184,7 @@ class TritonPythonModel:
                 sink=sink,
                 is_cancelled=sender.is_cancelled,
                 stream=prepared.stream,
+                output=prepared.output,
             )
         )
 

@@ -1,0 +1,27 @@
+"""Tool-call parsers: turning a model's generated text into OpenAI ``tool_calls``.
+
+Owns: the registry of formats (``TOOL_PARSERS``) and ``make_tool_parser``. Each format lives in
+its own module (``hermes``, ``chatglm3``); ``base`` holds the shared interface. Which format a
+model uses is decided in ``python_backend.output_formats``.
+"""
+
+from __future__ import annotations
+
+from python_backend.tool_parsers.base import ParserOutput, ToolCall, ToolParser
+from python_backend.tool_parsers.chatglm3 import ChatGLM3ToolParser
+from python_backend.tool_parsers.hermes import HermesToolParser
+
+HERMES = "hermes"
+CHATGLM3 = "chatglm3"
+TOOL_PARSERS = (HERMES, CHATGLM3)
+
+__all__ = ["CHATGLM3", "HERMES", "TOOL_PARSERS", "ParserOutput", "ToolCall", "ToolParser", "make_tool_parser"]
+
+
+def make_tool_parser(name: str, tool_names: frozenset[str], prefill: str = "") -> ToolParser:
+    """A fresh parser for one sequence; ``prefill`` is call text the prompt already ends with."""
+    if name == HERMES:
+        return HermesToolParser(prefill)
+    if name == CHATGLM3:
+        return ChatGLM3ToolParser(tool_names, prefill)
+    raise ValueError(f"unknown tool-call parser '{name}' (known: {', '.join(TOOL_PARSERS)})")

@@ -1,0 +1,92 @@
+"""What every tool-call parser shares: the parsed call, the parser interface, hold-back helpers.
+
+Owns: ``ToolCall`` (one complete call, with its ``call_<24 hex>`` id and its OpenAI forms),
+``ParserOutput``, the ``ToolParser`` protocol (fed text deltas after detokenization, returns the
+content that is safe to show and the calls completed so far) and ``held_prefix``, the rule that
+holds text back only while it could still be the start of a tag.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+def new_call_id() -> str:
+    """OpenAI-style id: ``call_`` and 24 hex digits (96 random bits)."""
+    return f"call_{secrets.token_hex(12)}"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One complete tool call; ``arguments`` is always a JSON text that parses to an object."""
+
+    name: str
+    arguments: str
+    id: str = field(default_factory=new_call_id)
+
+    def message_form(self) -> dict[str, Any]:
+        """The ``message.tool_calls[i]`` object of a non-streaming answer."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+    def delta_form(self, index: int) -> dict[str, Any]:
+        """The streaming ``delta.tool_calls[i]`` entry: the whole call at once, so the
+        concatenated ``arguments`` of a stream always parse as JSON."""
+        return {"index": index, **self.message_form()}
+
+
+def call_from_object(name: Any, arguments: Any) -> ToolCall | None:
+    """A call from a decoded name and arguments, or None when they do not make a valid call.
+
+    Arguments may be an object, a JSON text of an object (some models quote them), or absent.
+    """
+    if not isinstance(name, str) or not name.strip():
+        return None
+    if arguments is None:
+        arguments = {}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return ToolCall(name=name.strip(), arguments=json.dumps(arguments, ensure_ascii=False))
+
+
+@dataclass
+class ParserOutput:
+    """What one ``feed``/``finish`` released: content text and newly completed calls."""
+
+    content: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
+
+    def extend(self, other: ParserOutput) -> None:
+        self.content += other.content
+        self.calls.extend(other.calls)
+
+
+class ToolParser(Protocol):
+    """Incremental parser of one sequence's output. Never raises on model output: text that is
+    not a well-formed call comes back as content."""
+
+    def feed(self, text: str) -> ParserOutput:
+        """Add the next text delta; return what is certain now."""
+        ...
+
+    def finish(self) -> ParserOutput:
+        """The sequence ended: release everything still held (an unfinished call as content)."""
+        ...
+
+
+def held_prefix(text: str, tags: tuple[str, ...]) -> int:
+    """Length of the longest tail of ``text`` that is a proper prefix of one of ``tags``."""
+    best = 0
+    for tag in tags:
+        for size in range(min(len(tag) - 1, len(text)), best, -1):
+            if text.endswith(tag[:size]):
+                best = size
+                break
+    return best
