@@ -8,9 +8,10 @@ validation rules that depend on the model, the prompt suffix that forces a tool 
 Forcing calls (``tool_choice`` ``"required"`` or a named function) works by prefilling: the
 start of a call is appended after the generation prompt and the parser starts as if the model
 had written it. Hermes: ``<tool_call>\\n`` (required) or ``<tool_call>\\n{"name": "<fn>",
-"arguments": `` (named); ChatGLM3: ``<fn>\\n`` (named; "required" is named when there is one tool,
-and rejected otherwise, since the format has no prefix common to all calls). A forced call skips
-thinking: an open ``<think>`` at the end of the prompt is closed before the prefill.
+"arguments":`` (named). ChatGLM3: ``<fn>\\n`` (named). With exactly one tool, "required" is
+that tool named; ChatGLM3 rejects "required" with several tools, since its format has no prefix
+common to all calls. A forced call skips thinking: an open ``<think>`` at the end of the prompt
+is closed before the prefill.
 
 Reasoning parsing and ``stop`` / ``include_stop_str_in_output`` exclude each other (the
 reference, §4.6): a stop string could cut a ``</think>`` and would end the answer inside its
@@ -93,7 +94,9 @@ def _prefill(parser: str, params: GenerationParams) -> str:
     named = _named_function(params)
     if parser == HERMES:
         if named is not None:
-            return f'{HERMES_OPEN}\n{{"name": {json.dumps(named, ensure_ascii=False)}, "arguments": '
+            # No trailing space: BPE vocabularies attach a space to the following token, so the
+            # model continues with its usual ' {' token instead of an unusual lone '{'.
+            return f'{HERMES_OPEN}\n{{"name": {json.dumps(named, ensure_ascii=False)}, "arguments":'
         return f"{HERMES_OPEN}\n" if params.tool_choice == "required" else ""
     if named is not None:
         return f"{named}\n"

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.tiny_models import build_tiny_chat_model, train_tiny_tokenizer
+from tests.fixtures.trained_models import build_trained_chat_model
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -38,3 +39,9 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Any
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Any) -> Path:
     """The same tokenizer and template on a tiny random Llama model."""
     return build_tiny_chat_model(tmp_path_factory.mktemp("tiny-llama-chat"), "llama", tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def trained_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_tokenizer: Any) -> Path:
+    """The tiny Qwen2 model overfitted to answer with a tool call and with <think> reasoning."""
+    return build_trained_chat_model(tiny_model_dir, tmp_path_factory.mktemp("tiny-trained-chat"), tiny_tokenizer)

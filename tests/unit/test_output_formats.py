@@ -91,7 +91,7 @@ def test_required_and_named_tool_choice_prefill_the_call() -> None:
     assert output.reasoning == REASONING_OFF  # a forced call is the answer: nothing to think first
     named = {"type": "function", "function": {"name": "get_time"}}
     output, suffix = plan(QWEN, tools=TOOLS, tool_choice=named)
-    assert suffix == output.tool_prefill == '<tool_call>\n{"name": "get_time", "arguments": '
+    assert suffix == output.tool_prefill == '<tool_call>\n{"name": "get_time", "arguments":'
     # When the template opened a think block, it is closed before the forced call.
     output, suffix = plan(QWEN, PROMPT + "<think>\n", tools=TOOLS, tool_choice="required")
     assert suffix == "\n</think>\n\n<tool_call>\n" and output.tool_prefill == "<tool_call>\n"

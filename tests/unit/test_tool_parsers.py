@@ -117,7 +117,7 @@ def test_hermes_unclosed_call_at_the_end(tiny_tokenizer: Any) -> None:
     ("prefill", "generated"),
     [
         ("<tool_call>\n", '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
-        ('<tool_call>\n{"name": "get_weather", "arguments": ', '{"city": "Paris"}}\n</tool_call>'),
+        ('<tool_call>\n{"name": "get_weather", "arguments":', '{"city": "Paris"}}\n</tool_call>'),
     ],
 )
 def test_hermes_prefilled_call_is_completed_by_the_model(tiny_tokenizer: Any, prefill: str, generated: str) -> None:
@@ -127,7 +127,7 @@ def test_hermes_prefilled_call_is_completed_by_the_model(tiny_tokenizer: Any, pr
 
 
 def test_hermes_prefilled_call_gone_wrong_is_shown_whole(tiny_tokenizer: Any) -> None:
-    prefill = '<tool_call>\n{"name": "get_weather", "arguments": '
+    prefill = '<tool_call>\n{"name": "get_weather", "arguments":'
     content, calls, _ = hermes(tiny_tokenizer, "sorry", prefill=prefill)
     assert (content, calls) == (prefill + "sorry", [])
 
