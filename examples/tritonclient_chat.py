@@ -51,10 +51,12 @@ def main() -> int:
             if response.outputs:
                 sys.stdout.write(result.as_numpy("text_output")[0].decode("utf-8"))
                 sys.stdout.flush()
-                usage = result.as_numpy("usage")[0].decode("utf-8")
-                if usage:
+                # Outputs other than text_output, choice_index and the token counts are sent only
+                # when they say something: usage and finish_reason come with a choice's last response.
+                usage = result.as_numpy("usage")
+                if usage is not None:
                     finish = result.as_numpy("finish_reason")[0].decode("utf-8")
-                    sys.stdout.write(f"\n[finish_reason={finish}] usage: {usage}\n")
+                    sys.stdout.write(f"\n[finish_reason={finish}] usage: {usage[0].decode('utf-8')}\n")
             if response.parameters["triton_final_response"].bool_param:
                 return 0
     finally:

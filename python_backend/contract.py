@@ -32,7 +32,8 @@ name                       dtype   shape  meaning
 ``media_types``            BYTES   [-1]   the MIME type of each ``media`` item.
 =========================  ======  =====  ===========================================================
 
-Outputs (every response; one response describes one choice):
+Outputs (one response describes one choice; ``text_output``, ``choice_index`` and the token
+counts are in every response, the others only when non-empty: an absent output reads as empty):
 
 =====================  ======  =====  ===============================================================
 name                   dtype   shape  meaning
@@ -297,19 +298,29 @@ def read_bool(array: np.ndarray | None, default: bool = False) -> bool:
 
 
 def encode_delta(delta: ChoiceDelta) -> dict[str, np.ndarray]:
-    """The output tensors of one response."""
-    logprobs = "" if delta.logprobs is None else json.dumps([asdict(lp) for lp in delta.logprobs])
-    return {
+    """The output tensors of one response.
+
+    ``text_output``, ``choice_index`` and the token counts are always sent; the others only when
+    they say something. Each tensor costs shared-memory IPC and a gRPC field per streamed token,
+    and an absent output reads as empty (``decode_delta``).
+    """
+    tensors = {
         TEXT_OUTPUT: bytes_tensor(delta.text),
-        REASONING_OUTPUT: bytes_tensor(delta.reasoning),
-        TOOL_CALLS: bytes_tensor(json.dumps(delta.tool_calls) if delta.tool_calls else ""),
         CHOICE_INDEX: np.array([delta.index], dtype=np.int32),
-        FINISH_REASON: bytes_tensor(delta.finish_reason or ""),
-        LOGPROBS: bytes_tensor(logprobs),
-        USAGE: bytes_tensor(delta.usage.to_json() if delta.usage is not None else ""),
         NUM_INPUT_TOKENS: np.array([delta.num_input_tokens], dtype=np.uint32),
         NUM_OUTPUT_TOKENS: np.array([delta.num_output_tokens], dtype=np.uint32),
     }
+    if delta.reasoning:
+        tensors[REASONING_OUTPUT] = bytes_tensor(delta.reasoning)
+    if delta.tool_calls:
+        tensors[TOOL_CALLS] = bytes_tensor(json.dumps(delta.tool_calls))
+    if delta.finish_reason:
+        tensors[FINISH_REASON] = bytes_tensor(delta.finish_reason)
+    if delta.logprobs is not None:
+        tensors[LOGPROBS] = bytes_tensor(json.dumps([asdict(lp) for lp in delta.logprobs]))
+    if delta.usage is not None:
+        tensors[USAGE] = bytes_tensor(delta.usage.to_json())
+    return tensors
 
 
 def _token_logprob(raw: dict[str, Any]) -> TokenLogprob:

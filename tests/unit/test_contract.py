@@ -20,6 +20,8 @@ def test_delta_round_trip() -> None:
     )
     tensors = contract.encode_delta(delta)
     assert set(tensors) == set(contract.OUTPUT_NAMES)
+    sparse = contract.encode_delta(ChoiceDelta(index=1, text="x"))
+    assert set(sparse) == {contract.TEXT_OUTPUT, contract.CHOICE_INDEX, contract.NUM_INPUT_TOKENS, contract.NUM_OUTPUT_TOKENS}
     assert contract.decode_delta(tensors) == delta
 
 
