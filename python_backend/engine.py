@@ -19,6 +19,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -28,6 +29,7 @@ from python_backend.detokenizer import IncrementalDetokenizer
 from python_backend.kv_cache import BatchCache, KVBatch
 from python_backend.limits import Limits
 from python_backend.loader import LoadedModel
+from python_backend.lora import adapter_names
 from python_backend.sampler import RowSampling, sample
 from python_backend.sequence import EngineEvent, EngineRequest, Sequence
 from python_backend.settings import EngineSettings
@@ -100,7 +102,7 @@ class Engine:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         # transformers 5 renamed `past_key_values` to `cache`; pass whichever this version takes.
-        forward_args = inspect.signature(loaded.model.forward).parameters
+        forward_args = inspect.signature(loaded.transformers_model.forward).parameters
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
         if settings.torch_threads and loaded.device.type == "cpu":
             torch.set_num_threads(settings.torch_threads)
@@ -233,6 +235,12 @@ class Engine:
             logger.exception("sink failed for %s", request.request_id)
 
     # --- prefill ---------------------------------------------------------------------------------
+    def _forward(self, adapters: list[str | None], cache: BatchCache | None, **inputs: Any) -> Any:
+        """One forward pass; with LoRA adapters loaded, each row names its adapter (or the base)."""
+        if self._loaded.adapters:
+            inputs["adapter_names"] = adapter_names(adapters)
+        return self._loaded.model(use_cache=True, **inputs, **{self._cache_arg: cache})
+
     def _prefill_step(self) -> None:
         """Prefill within the token budget: a long prompt in chunks, short ones batched together."""
         budget = self._settings.max_num_batched_tokens
@@ -279,12 +287,12 @@ class Engine:
         device = self._loaded.device
         start = group.prefill_done
         try:
-            out = self._loaded.model(
+            out = self._forward(
+                [group.request.params.lora],
+                group.prefill_cache,
                 input_ids=torch.tensor([chunk], dtype=torch.long, device=device),
                 position_ids=torch.arange(start, start + len(chunk), device=device).unsqueeze(0),
-                use_cache=True,
                 logits_to_keep=1,
-                **{self._cache_arg: group.prefill_cache},
             )
         except Exception:
             logger.exception("prefill failed for %s", group.request.request_id)
@@ -312,13 +320,13 @@ class Engine:
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = BatchCache()
         try:
-            out = self._loaded.model(
+            out = self._forward(
+                [g.request.params.lora for g in groups],
+                cache,
                 input_ids=input_ids.to(device),
                 attention_mask=mask.to(device),
                 position_ids=positions.to(device),
-                use_cache=True,
                 logits_to_keep=1,
-                **{self._cache_arg: cache},
             )
         except Exception:
             logger.exception("batched prefill of %d requests failed", len(groups))
@@ -389,12 +397,12 @@ class Engine:
         device = self._loaded.device
         started = time.perf_counter()
         try:
-            out = self._loaded.model(
+            out = self._forward(
+                [s.request.params.lora for s in self._running],
+                self._kv.cache,
                 input_ids=torch.tensor([[s.tokens[-1]] for s in self._running], dtype=torch.long, device=device),
                 attention_mask=self._kv.attention_mask(1, device),
                 position_ids=torch.tensor([[s.position] for s in self._running], dtype=torch.long, device=device),
-                use_cache=True,
-                **{self._cache_arg: self._kv.cache},
             )
             logits = out.logits[:, -1, :]
             plain: list[int] = []

@@ -18,6 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from python_backend.device import place
+from python_backend.lora import attach_adapters, parse_lora_modules
 from python_backend.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class SamplingDefaults:
 
 @dataclass
 class LoadedModel:
-    model: PreTrainedModel
+    model: Any  # the PreTrainedModel, or a peft PeftModel around it when LoRA adapters are loaded
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
     dtype: torch.dtype
@@ -51,6 +52,12 @@ class LoadedModel:
     defaults: SamplingDefaults
     name: str
     model_type: str = ""  # config.json model_type ("qwen2", "chatglm", ...)
+    base_model: PreTrainedModel | None = None  # the transformers model itself (model unwrapped)
+    adapters: frozenset[str] = frozenset()  # LoRA adapter names requests may ask for
+
+    @property
+    def transformers_model(self) -> PreTrainedModel:
+        return self.base_model if self.base_model is not None else self.model
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -102,10 +109,12 @@ def load_model(settings: EngineSettings) -> LoadedModel:
             "the tokenizer has no chat_template; the reference requires tokenizer_config.json "
             "(or chat_template.jinja) to define one"
         )
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=placement.dtype, local_files_only=True)
-    model.to(placement.device)  # type: ignore[arg-type]  # transformers' typed wrapper of nn.Module.to
-    model.eval()
-    text_config = model.config.get_text_config(decoder=True)
+    adapters = parse_lora_modules(settings.lora_modules)
+    base = AutoModelForCausalLM.from_pretrained(str(folder), dtype=placement.dtype, local_files_only=True)
+    base.to(placement.device)  # type: ignore[arg-type]  # transformers' typed wrapper of nn.Module.to
+    base.eval()
+    model = attach_adapters(base, adapters)
+    text_config = base.config.get_text_config(decoder=True)
     vocab_size = int(getattr(text_config, "vocab_size", 0) or len(tokenizer))
     eos = _as_ids(gen.get("eos_token_id")) | _as_ids(config.get("eos_token_id"))
     if tokenizer.eos_token_id is not None:
@@ -125,4 +134,6 @@ def load_model(settings: EngineSettings) -> LoadedModel:
         defaults=_sampling_defaults(gen, config, vocab_size),
         name=settings.served_model_name or folder.name,
         model_type=str(config.get("model_type") or ""),
+        base_model=base,
+        adapters=frozenset(adapters),
     )

@@ -42,6 +42,9 @@ class EngineSettings:
     tool_call_parser: str = "auto"  # auto | hermes | chatglm3 | none
     # auto: think when the vocabulary or chat template has <think>; none: never split reasoning.
     reasoning_parser: str = "auto"  # auto | think | none
+    # MindIE's LoraModules: a JSON object {"adapter name": "/local/peft/adapter/folder"}; a
+    # request whose `model` is an adapter's name runs with that adapter (see lora.py).
+    lora_modules: str = ""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -137,7 +137,7 @@ class TritonPythonModel:
         settings = EngineSettings.from_parameters(raw)
         loaded = load_model(settings)
         self._tokenizer = loaded.tokenizer
-        self._adapters: frozenset[str] = frozenset()
+        self._adapters = loaded.adapters
         self._formats = resolve_formats(
             settings.tool_call_parser, settings.reasoning_parser, loaded.tokenizer, loaded.model_type
         )

@@ -45,3 +45,11 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Any
 def trained_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, tiny_tokenizer: Any) -> Path:
     """The tiny Qwen2 model overfitted to answer with a tool call and with <think> reasoning."""
     return build_trained_chat_model(tiny_model_dir, tmp_path_factory.mktemp("tiny-trained-chat"), tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_lora_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """A LoRA adapter for ``tiny_model_dir`` whose random weights change its output."""
+    from tests.fixtures.tiny_lora import build_tiny_lora
+
+    return build_tiny_lora(tiny_model_dir, tmp_path_factory.mktemp("tiny-lora"))

@@ -8,6 +8,7 @@ loopback needs ``--allow-external``, so exposing the server is always a delibera
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from dataclasses import dataclass
@@ -15,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from openai_frontend.launcher.network import is_loopback
-from python_backend.settings import DTYPES, EngineSettings, SettingsError
+from python_backend.settings import (
+    DTYPES,
+    REASONING_PARSER_CHOICES,
+    TOOL_CALL_PARSER_CHOICES,
+    EngineSettings,
+    SettingsError,
+)
 
 logger = logging.getLogger("openai_frontend.launcher")
 
@@ -46,6 +53,9 @@ class ServeOptions:
     dtype: str
     device: str
     engine_overrides: dict[str, int]  # EngineSettings integer fields given on the command line
+    lora_modules: dict[str, str]  # adapter name -> local PEFT adapter folder (MindIE LoraModules)
+    tool_call_parser: str
+    reasoning_parser: str
     openai_mode: str
     full_text: bool
     api_keys: tuple[str, ...]
@@ -104,6 +114,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     model.add_argument(
         "--device", default="auto", metavar="DEVICE", help="auto | cpu | cuda[:N] | npu[:N] (default: auto)"
+    )
+    model.add_argument(
+        "--lora-module",
+        dest="lora_modules",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="a LoRA adapter (PEFT folder) requests select with model=NAME (repeatable)",
+    )
+    model.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSER_CHOICES,
+        default="auto",
+        help="tool-call format of the model's output (default: auto, from the chat template)",
+    )
+    model.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSER_CHOICES,
+        default="auto",
+        help="split <think> reasoning into reasoning_content (default: auto)",
     )
 
     engine = serve.add_argument_group("engine limits (defaults: python_backend/settings.py)")
@@ -249,6 +279,16 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
     if args.ready_timeout <= 0:
         parser.error("--ready-timeout must be > 0")
     overrides = {name: getattr(args, name) for name in ENGINE_INT_FLAGS if getattr(args, name) is not None}
+    lora_modules: dict[str, str] = {}
+    for item in args.lora_modules:
+        name, sep, folder = item.partition("=")
+        if not sep or not name or not folder:
+            parser.error(f"--lora-module takes NAME=DIR, got '{item}'")
+        if name in lora_modules:
+            parser.error(f"--lora-module: the name '{name}' is given twice")
+        if not (Path(folder).expanduser() / "adapter_config.json").is_file():
+            parser.error(f"--lora-module {name}: '{folder}' is not a PEFT adapter folder (no adapter_config.json)")
+        lora_modules[name] = str(Path(folder).expanduser().resolve())
     try:
         # The same checks the model runs, here so that a typo fails now and not after the load.
         EngineSettings(dtype=args.dtype, device=args.device, **overrides)
@@ -263,6 +303,9 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         dtype=args.dtype,
         device=args.device,
         engine_overrides=overrides,
+        lora_modules=lora_modules,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
         openai_mode=args.openai_mode,
         full_text=args.full_text,
         api_keys=tuple(args.api_keys),
@@ -281,6 +324,9 @@ def engine_settings(options: ServeOptions, model_dir: Path, served_model_name: s
         served_model_name=served_model_name,
         dtype=options.dtype,
         device=options.device,
+        lora_modules=json.dumps(options.lora_modules) if options.lora_modules else "",
+        tool_call_parser=options.tool_call_parser,
+        reasoning_parser=options.reasoning_parser,
         **values,
     )
 
