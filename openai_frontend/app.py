@@ -3,7 +3,8 @@
 Owns: ``create_app``: routes, error handlers, middlewares (API key outermost, then the body size
 limit), and the backend's lifetime. A backend passed in (tests, embedding) belongs to the caller;
 without one, a ``TritonBackend`` is created in the lifespan (inside the event loop, where grpc.aio
-needs it) and closed on shutdown. Only ``/openapi.json`` is served as documentation.
+needs it) and closed on shutdown. ``media_network`` replaces the media fetcher's resolver and dialer
+(tests). Only ``/openapi.json`` is served as documentation.
 """
 
 from __future__ import annotations
@@ -17,15 +18,19 @@ from openai_frontend.auth import ApiKeyMiddleware
 from openai_frontend.backend import ChatBackend
 from openai_frontend.errors import install_error_handlers
 from openai_frontend.limits import BodySizeLimitMiddleware
+from openai_frontend.media.loader import MediaLoader
+from openai_frontend.media.net import Network
 from openai_frontend.routes import chat, health, models
 from openai_frontend.settings import FrontendSettings
 from openai_frontend.state import FrontendState
 from openai_frontend.triton_client import TritonBackend
 
 
-def create_app(settings: FrontendSettings, backend: ChatBackend | None = None) -> FastAPI:
+def create_app(
+    settings: FrontendSettings, backend: ChatBackend | None = None, *, media_network: Network | None = None
+) -> FastAPI:
     """An app serving ``settings``; with ``backend`` None it talks to Triton over gRPC."""
-    state = FrontendState(settings=settings, backend=backend)
+    state = FrontendState(settings=settings, media=MediaLoader(settings.media, media_network), backend=backend)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -42,11 +42,14 @@ class ChatCall:
 
     chat: ValidatedChat
     settings: FrontendSettings
+    media: list[tuple[bytes, str]] = field(default_factory=list)  # loaded ``chat.media``, same order
     request_id: str = field(default_factory=new_request_id)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def backend_request(self) -> BackendRequest:
-        return BackendRequest(self.request_id, self.chat.messages, dict(self.chat.parameters), stream=True)
+        return BackendRequest(
+            self.request_id, self.chat.messages, dict(self.chat.parameters), stream=True, media=list(self.media)
+        )
 
     @property
     def pseudo_stream(self) -> bool:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from openai_frontend.media.policy import MediaSettings
+
 MINDIE_MODE = "vllm"  # MindIE's ``openAiSupport`` value that selects its own (vLLM-like) formats
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024  # Triton's default; one 40 MB base64 image fits
 
@@ -33,6 +35,10 @@ class FrontendSettings(BaseModel):
     api_keys: list[str] = Field(default_factory=list, description="accepted Bearer keys; empty = no auth")
     request_timeout_s: float = Field(default=600.0, gt=0, description="end-to-end deadline of one backend call")
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0, description="largest accepted request body")
+    media: MediaSettings = Field(
+        default_factory=MediaSettings,
+        description="media fetching policy; the default refuses remote media (see docs/media-security.md)",
+    )
 
     @field_validator("lora_names", "api_keys")
     @classmethod

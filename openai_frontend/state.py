@@ -1,7 +1,7 @@
 """Per-app state shared by the routes: the settings and the backend.
 
 Owns: ``FrontendState`` (stored on ``app.state.frontend`` by ``create_app``; one per app, never a
-module global) and the typed accessors the routes use to reach it.
+module global: settings, backend, media loader) and the typed accessors the routes use to reach it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 
 from openai_frontend.backend import ChatBackend, backend_unavailable
+from openai_frontend.media.loader import MediaLoader
 from openai_frontend.settings import FrontendSettings
 
 
@@ -20,6 +21,7 @@ class FrontendState:
     """What one app instance serves with."""
 
     settings: FrontendSettings
+    media: MediaLoader
     # None until the lifespan created the Triton client (or after shutdown closed it).
     backend: ChatBackend | None = None
     started_at: int = field(default_factory=lambda: int(time.time()))  # ``created`` of /v1/models entries

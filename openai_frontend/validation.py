@@ -1,9 +1,11 @@
 """Validation of one chat-completions request body, in the contract's order.
 
 Owns: ``validate_chat_request`` and the ``ValidatedChat`` it returns. Order (the semantics page):
-JSON body -> ``messages`` (``python_backend.messages``) -> body schema and unknown fields ->
-generation parameters (``python_backend.params.parse_parameters``, the backend's own rules) ->
-``model`` (404 when not served). The first failure raises ``ContractError`` naming the field.
+JSON body -> ``messages`` (``python_backend.messages``, then the media parts' syntax and policy,
+``media.parts.extract_media``, without any I/O) -> body schema and unknown fields -> generation
+parameters (``python_backend.params.parse_parameters``, the backend's own rules) -> ``model``
+(404 when not served). The first failure raises ``ContractError`` naming the field. Media are
+loaded only after all of this passed (``media.loader``, called by the route).
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from openai_frontend.errors import info_from_validation_errors
+from openai_frontend.media.parts import MediaRef, extract_media
 from openai_frontend.schemas import ChatCompletionRequest
 from openai_frontend.settings import FrontendSettings
 from python_backend.contract import ContractError, ErrorInfo, invalid
-from python_backend.messages import MEDIA_PART_TYPES, validate_messages
+from python_backend.messages import validate_messages
 from python_backend.params import GenerationParams, parse_parameters
 
 
@@ -27,12 +30,13 @@ class ValidatedChat:
     """A request that passed every check, with what the route and the formatters need."""
 
     request: ChatCompletionRequest
-    messages: list[dict[str, Any]]
+    messages: list[dict[str, Any]]  # media parts already rewritten to internal parts (media_index)
     parameters: dict[str, Any]  # the ``parameters`` tensor (plus ``lora`` for an adapter name)
     params: GenerationParams  # the typed, validated form, for response formatting decisions
     stream: bool
     include_usage: bool  # OpenAI mode: stream_options.include_usage
     ignored: tuple[str, ...]  # unknown body fields, reported in ``x-ignored-params``
+    media: tuple[MediaRef, ...] = ()  # what to load, in media_index order
 
 
 def _load_json(body: bytes) -> dict[str, Any]:
@@ -64,27 +68,6 @@ def _include_usage(request: ChatCompletionRequest, settings: FrontendSettings, s
     return bool(value)
 
 
-def _reject_media(messages: list[dict[str, Any]]) -> None:
-    # Media fetching (allow-list, SSRF guard, size caps) is not built yet; refusing media parts is
-    # safer than passing unfetched URLs to the model.
-    for i, message in enumerate(messages):
-        content = message.get("content")
-        if not isinstance(content, list):
-            continue
-        for k, part in enumerate(content):
-            if part.get("type") in MEDIA_PART_TYPES:
-                at = f"messages.{i}.content.{k}"
-                raise ContractError(
-                    ErrorInfo(
-                        400,
-                        f"'{at}': media inputs are not supported yet",
-                        "invalid_request_error",
-                        at,
-                        "unsupported_media",
-                    )
-                )
-
-
 def _model_not_found(name: str) -> ContractError:
     return ContractError(
         ErrorInfo(404, f"The model '{name}' does not exist", "invalid_request_error", "model", "model_not_found")
@@ -94,8 +77,7 @@ def _model_not_found(name: str) -> ContractError:
 def validate_chat_request(body: bytes, settings: FrontendSettings) -> ValidatedChat:
     """Check a raw request body; raise ``ContractError`` (400 or 404) naming the first bad field."""
     data = _load_json(body)
-    messages = validate_messages(data.get("messages"))
-    _reject_media(messages)
+    media = extract_media(validate_messages(data.get("messages")), settings.media)
     try:
         request = ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:
@@ -116,4 +98,6 @@ def validate_chat_request(body: bytes, settings: FrontendSettings) -> ValidatedC
         raise _model_not_found(request.model)
     if request.model != settings.served_model_name:
         parameters["lora"] = request.model
-    return ValidatedChat(request, messages, parameters, params, stream, include_usage, tuple(ignored))
+    return ValidatedChat(
+        request, media.messages, parameters, params, stream, include_usage, tuple(ignored), media.refs
+    )

@@ -8,6 +8,7 @@ reports whether the Triton model behind it is ready.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from types import FrameType
 
@@ -15,6 +16,7 @@ import uvicorn
 
 from openai_frontend.app import create_app
 from openai_frontend.launcher.cli import FrontendOptions
+from openai_frontend.media.policy import MediaSettings
 from openai_frontend.settings import FrontendSettings
 
 logger = logging.getLogger("openai_frontend.launcher")
@@ -30,6 +32,8 @@ def frontend_settings(options: FrontendOptions) -> FrontendSettings:
             "full_text_enabled": options.full_text,
             "strict_params": options.strict_params,
             "api_keys": list(options.api_keys),
+            # The media allow-list comes from the environment, as in MindIE (read here, at start-up).
+            "media": MediaSettings.from_env(os.environ),
         }
     )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import signal
 import tempfile
@@ -161,6 +162,7 @@ def _make_uvicorn(options: ServeOptions, grpc_url: str, served_name: str) -> Any
     import uvicorn
 
     from openai_frontend.app import create_app
+    from openai_frontend.media.policy import MediaSettings
     from openai_frontend.settings import FrontendSettings
 
     # model_validate: the frontend's pydantic checks apply, and its defaults fill the rest.
@@ -169,10 +171,13 @@ def _make_uvicorn(options: ServeOptions, grpc_url: str, served_name: str) -> Any
             "triton_grpc_url": grpc_url,
             "triton_model_name": MODEL_NAME,
             "served_model_name": served_name,
+            "lora_names": list(options.lora_modules),
             "openai_mode": options.openai_mode,
             "full_text_enabled": options.full_text,
             "strict_params": options.strict_params,
             "api_keys": list(options.api_keys),
+            # The media allow-list comes from the environment, as in MindIE (read here, at start-up).
+            "media": MediaSettings.from_env(os.environ),
         }
     )
     config = uvicorn.Config(create_app(settings), host=options.host, port=options.port, log_level="info")

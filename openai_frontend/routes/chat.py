@@ -1,7 +1,9 @@
 """``POST /v1/chat/completions``.
 
-Owns: the endpoint's wiring only: read and validate the body, pick JSON / SSE / the beam-search
-pseudo-stream, race the work against client disconnect, and add ``x-ignored-params``. Formats
+Owns: the endpoint's wiring only: read and validate the body, load its media (after validation,
+before any response byte, so a media error is a plain 400 even for ``stream: true``), pick JSON /
+SSE / the beam-search pseudo-stream, race the work against client disconnect, and add
+``x-ignored-params``. Formats
 live in ``responses``/``sse``, the backend dialogue in ``serving``.
 """
 
@@ -57,9 +59,10 @@ async def create_chat_completion(request: Request) -> Response:
     else:
         chat = validate_chat_request(body, state.settings)
     backend = require_backend(request)
-    call = ChatCall(chat, state.settings)
     headers = {IGNORED_PARAMS_HEADER: ",".join(chat.ignored)} if chat.ignored else {}
     try:
+        media = await run_until_disconnect(request, state.media.load(chat.media)) if chat.media else []
+        call = ChatCall(chat, state.settings, media)
         if chat.stream and not call.pseudo_stream:
             started = await run_until_disconnect(request, start_stream(backend, call))
             return SSEResponse(events(started), headers=headers)

@@ -63,16 +63,19 @@ async def test_missing_model_and_messages() -> None:
     assert_envelope(no_messages, 400, "messages")
 
 
-async def test_media_parts_are_refused_until_media_fetching_exists() -> None:
+async def test_remote_media_is_refused_without_an_allow_list() -> None:
+    # The default media policy fails closed (docs/media-security.md); tests/media covers the rest.
     content = [
         {"type": "text", "text": "what is it?"},
         {"type": "image_url", "image_url": {"url": "http://x.test/a.png"}},
     ]
-    async with client_for(FakeBackend()) as client:
+    backend = FakeBackend()
+    async with client_for(backend) as client:
         response = await client.post(
             "/v1/chat/completions", json=chat_body(messages=[{"role": "user", "content": content}])
         )
-    assert assert_envelope(response, 400, "messages.0.content.1")["code"] == "unsupported_media"
+    assert assert_envelope(response, 400, "messages.0.content.1.image_url")["code"] == "media_not_allowed"
+    assert backend.requests == []
 
 
 @pytest.mark.parametrize("raw", [b"{not json", b"", b"[1, 2]", b'"text"', b"\xff\xfe"])
