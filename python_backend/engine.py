@@ -33,6 +33,7 @@ from python_backend.lora import adapter_names
 from python_backend.sampler import RowSampling, sample
 from python_backend.sequence import EngineEvent, EngineRequest, Sequence
 from python_backend.settings import EngineSettings
+from python_backend.structured import GrammarState
 from python_backend.token_text import TokenTexts
 
 logger = logging.getLogger(__name__)
@@ -355,6 +356,9 @@ class Engine:
             generator=generator,
             top_logprobs=params.top_logprobs if params.logprobs else (0 if group.buffered else None),
             prompt_ids=torch.tensor(group.request.prompt_ids, dtype=torch.long),
+            grammar=GrammarState(group.request.grammar, self._loaded.vocab_size)
+            if group.request.grammar is not None
+            else None,
         )
 
     def _start_sequences(self, group: _Group, logits: torch.Tensor, cache: BatchCache, row: int, pad: int) -> None:

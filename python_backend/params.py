@@ -300,6 +300,12 @@ def _check_cross_field(raw: dict[str, Any], p: GenerationParams, stream: bool) -
                 raise invalid("'best_of' must equal 'n' when streaming", "best_of")
         elif best_of_set and n_set and (p.best_of or 0) < p.n:
             raise invalid(f"'best_of' ({p.best_of}) must be >= 'n' ({p.n})", "best_of")
+    if p.response_format is not None:
+        # One decoding constraint at a time: a tool call and a JSON answer are different grammars.
+        if p.tools and p.tool_choice != "none":
+            raise invalid("'response_format' cannot be used together with 'tools'", "response_format")
+        if p.use_beam_search:
+            raise invalid("'response_format' cannot be used with 'use_beam_search'", "response_format")
     if p.min_tokens and p.max_tokens is not None and p.min_tokens > p.max_tokens:
         raise invalid("'min_tokens' must be <= 'max_tokens'", "min_tokens")
     if p.tools and p.tool_choice != "none":

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from python_backend.structured import GrammarState
+
 
 @dataclass
 class RowSampling:
@@ -27,6 +29,7 @@ class RowSampling:
     prompt_ids: torch.Tensor  # for the repetition penalty (HF applies it to prompt and output)
     output_ids: list[int] = field(default_factory=list)
     suppress_ids: tuple[int, ...] = ()  # masked out (EOS and stop tokens before min_tokens)
+    grammar: GrammarState | None = None  # response_format: only tokens the grammar allows
 
     @property
     def has_penalties(self) -> bool:
@@ -90,12 +93,14 @@ def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[SampledToken]:
     raw = logits.float()
     want_logprobs = any(r.top_logprobs is not None for r in rows)
     logprobs = torch.log_softmax(raw, dim=1) if want_logprobs else None
-    processed = raw.clone() if any(r.has_penalties or r.suppress_ids for r in rows) else raw
+    processed = raw.clone() if any(r.has_penalties or r.suppress_ids or r.grammar for r in rows) else raw
     for i, row in enumerate(rows):
         if row.has_penalties:
             _apply_penalties(processed[i], row)
         if row.suppress_ids:
             processed[i, list(row.suppress_ids)] = float("-inf")
+        if row.grammar is not None:
+            row.grammar.mask(processed[i])
     tokens = [0] * len(rows)
     greedy = [i for i, r in enumerate(rows) if r.temperature <= 0.0]
     if greedy:
@@ -107,6 +112,9 @@ def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[SampledToken]:
         picks = _sample_rows(processed[sampled], [rows[i] for i in sampled])
         for i, token in zip(sampled, picks, strict=True):
             tokens[i] = token
+    for token, row in zip(tokens, rows, strict=True):
+        if row.grammar is not None:
+            row.grammar.accept(token)
     out = []
     for i, row in enumerate(rows):
         top: list[tuple[int, float]] = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from python_backend.contract import (
     FINISH_LENGTH,
@@ -51,6 +52,7 @@ class EngineRequest:
     stream: bool = True
     arrival: float = field(default_factory=time.perf_counter)
     output: OutputPlan = field(default_factory=OutputPlan)  # reasoning / tool-call parsing
+    grammar: Any = None  # compiled response_format grammar (structured.GrammarCompiler.compile)
 
 
 TokenText = Callable[[int], tuple[str, list[int]]]  # token id -> (text, raw bytes)
@@ -118,7 +120,8 @@ class Sequence:
         self.cumulative_logprob += sampled.logprob
         if self.sampling.top_logprobs is not None:
             self.pending_logprobs.append(_logprob_entry(sampled, token_text))
-        if token in self.eos_ids:
+        if token in self.eos_ids or (self.sampling.grammar is not None and self.sampling.grammar.terminated):
+            # A finished grammar accepted a stop token: the answer is complete (even with ignore_eos).
             self._finish(FINISH_STOP)
             return
         if token in self.stop_ids:

@@ -26,6 +26,7 @@ from python_backend.output_formats import resolve_formats
 from python_backend.request_decoding import decode_request
 from python_backend.sequence import EngineEvent, EngineRequest
 from python_backend.settings import EngineSettings
+from python_backend.structured import GrammarCompiler
 
 logger = logging.getLogger("triton_chat")
 
@@ -146,6 +147,7 @@ class TritonPythonModel:
             self._formats.tool_parser or "none",
             "<think>" if self._formats.reasoning else "none",
         )
+        self._grammars = GrammarCompiler(loaded.tokenizer, loaded.vocab_size)
         self._engine = Engine(loaded, settings)
         self._sender = _ResponseSender()
         self._engine.start()
@@ -171,6 +173,8 @@ class TritonPythonModel:
             return None if tensor is None else tensor.as_numpy()
 
         prepared = decode_request(get, self._tokenizer, self._adapters, self._formats)
+        response_format = prepared.params.response_format
+        grammar = self._grammars.compile(response_format) if response_format is not None else None
         echo = prepared.echo_prompt
 
         def sink(event: EngineEvent) -> None:
@@ -185,6 +189,7 @@ class TritonPythonModel:
                 is_cancelled=sender.is_cancelled,
                 stream=prepared.stream,
                 output=prepared.output,
+                grammar=grammar,
             )
         )
 

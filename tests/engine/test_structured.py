@@ -1,0 +1,69 @@
+"""response_format: the output parses and matches the schema, whatever the model would say."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from engine_driver import Collected, Driver
+
+from python_backend.contract import ContractError
+from python_backend.params import parse_parameters
+from python_backend.sequence import EngineRequest
+from python_backend.structured import GrammarCompiler
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
+    "required": ["answer", "sure"],
+    "additionalProperties": False,
+}
+
+
+def submit(driver: Driver, compiler: GrammarCompiler, content: str, **raw) -> Collected:
+    params = parse_parameters(raw, stream=True)
+    out = Collected()
+    driver.engine.submit(
+        EngineRequest(
+            request_id=f"structured-{content}-{id(out)}",
+            prompt_ids=driver.prompt_ids(content),
+            params=params,
+            sink=out.sink,
+            grammar=compiler.compile(params.response_format) if params.response_format else None,
+        )
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def compiler(tiny_loaded) -> GrammarCompiler:
+    return GrammarCompiler(tiny_loaded.tokenizer, tiny_loaded.vocab_size)
+
+
+def test_json_schema_is_enforced_while_sampling(driver: Driver, compiler: GrammarCompiler) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA}}
+    runs = [submit(driver, compiler, f"is it {i}?", response_format=fmt, temperature=1.0, seed=i, max_tokens=60) for i in range(4)]
+    plain = driver.submit("is it 0?", temperature=1.0, seed=0, max_tokens=60)
+    for run in runs:
+        run.wait()
+        value = json.loads(run.text())
+        assert set(value) == {"answer", "sure"}
+        assert value["answer"] in ("yes", "no") and isinstance(value["sure"], bool)
+        assert run.last().finish_reason == "stop"
+    plain.wait()  # an unconstrained request in the same batch is untouched
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(plain.text())
+
+
+def test_json_object_output_is_json_so_far(driver: Driver, compiler: GrammarCompiler) -> None:
+    run = submit(driver, compiler, "json please", response_format={"type": "json_object"}, temperature=0, max_tokens=12)
+    text = run.wait().text()
+    assert text.lstrip().startswith(("{", "["))
+
+
+def test_unusable_schema_is_a_400(compiler: GrammarCompiler) -> None:
+    with pytest.raises(ContractError) as caught:
+        compiler.compile({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}})
+    assert caught.value.info.param == "response_format"
+    with pytest.raises(ContractError):
+        compiler.compile({"type": "json_schema", "json_schema": {"name": "x"}})
