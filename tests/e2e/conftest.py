@@ -2,7 +2,8 @@
 
 ``triton_server`` starts one tritonserver per session through the launcher's own
 ``TritonServerProcess`` (same binary preparation, same generated model repository, loopback
-ports) and stops it by PID at the end. ``frontend_factory`` starts uvicorn frontends against it
+ports) and stops it by PID at the end; ``trained_triton_server`` does the same for the tiny
+model trained to call a tool and to think (only when a test asks for it). ``frontend_factory`` starts uvicorn frontends against it
 in background threads, each on a free 127.0.0.1 port; ``frontend_url`` is the default one.
 Every test in this folder is marked ``e2e``.
 """
@@ -28,6 +29,7 @@ from openai_frontend.launcher.tritonserver import TritonServerProcess
 from python_backend.settings import EngineSettings
 
 SERVED_MODEL_NAME = "tiny-qwen2-chat"
+TRAINED_MODEL_NAME = "tiny-trained-chat"
 READY_TIMEOUT_S = 180.0
 FRONTEND_START_TIMEOUT_S = 30.0
 
@@ -95,6 +97,26 @@ def triton_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
         process.stop()
 
 
+@pytest.fixture(scope="session")
+def trained_triton_server(trained_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonHandle]:
+    """A second tritonserver, serving the tiny model trained to call a tool and to think."""
+    settings = EngineSettings(
+        model_path=str(trained_model_dir),
+        served_model_name=TRAINED_MODEL_NAME,
+        dtype="float32",
+        device="cpu",
+        max_iter_times=256,
+        max_num_seqs=4,
+    )
+    work = tmp_path_factory.mktemp("triton-trained")
+    process = start_triton(work / "models", settings, work / "tritonserver.log")
+    endpoints = process.endpoints
+    try:
+        yield TritonHandle(endpoints.grpc_url, endpoints.http_url, MODEL_NAME, TRAINED_MODEL_NAME, settings, process)
+    finally:
+        process.stop()
+
+
 @dataclass
 class _Frontend:
     server: Any  # uvicorn.Server
@@ -102,49 +124,72 @@ class _Frontend:
     url: str
 
 
-@pytest.fixture(scope="session")
-def frontend_factory(triton_server: TritonHandle) -> Iterator[Callable[..., str]]:
-    """``start(**settings_overrides) -> base URL``: a frontend on its own free port, for the session."""
-    if importlib.util.find_spec("openai_frontend.app") is None:
-        pytest.skip("openai_frontend.app does not exist yet")
+def _run_frontend(values: dict[str, Any]) -> _Frontend:
+    """A uvicorn frontend with these ``FrontendSettings`` values, in a thread, on a free port."""
     import uvicorn
 
     from openai_frontend.app import create_app
     from openai_frontend.settings import FrontendSettings
 
+    app = create_app(FrontendSettings.model_validate(values))
+    sock = bind_listening_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    # Outside the main thread uvicorn installs no signal handlers, which is what a test wants.
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"frontend-{port}", daemon=True)
+    thread.start()
+    frontend = _Frontend(server, thread, f"http://127.0.0.1:{port}")
+    deadline = time.monotonic() + FRONTEND_START_TIMEOUT_S
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"the frontend on port {port} did not start")
+        time.sleep(0.05)
+    # The socket now belongs to uvicorn's event loop, which closes it at shutdown.
+    return frontend
+
+
+def _stop_frontends(started: list[_Frontend]) -> None:
+    for frontend in started:
+        frontend.server.should_exit = True
+    for frontend in started:
+        frontend.thread.join(10)
+
+
+def _frontend_values(triton: TritonHandle, overrides: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "triton_grpc_url": triton.grpc_url,
+        "triton_model_name": triton.model_name,
+        "served_model_name": triton.served_model_name,
+        **overrides,
+    }
+
+
+@pytest.fixture(scope="session")
+def frontend_factory(triton_server: TritonHandle) -> Iterator[Callable[..., str]]:
+    """``start(**settings_overrides) -> base URL``: a frontend on its own free port, for the session."""
+    if importlib.util.find_spec("openai_frontend.app") is None:
+        pytest.skip("openai_frontend.app does not exist yet")
     started: list[_Frontend] = []
 
     def start(**overrides: Any) -> str:
-        values: dict[str, Any] = {
-            "triton_grpc_url": triton_server.grpc_url,
-            "triton_model_name": triton_server.model_name,
-            "served_model_name": triton_server.served_model_name,
-            **overrides,
-        }
-        app = create_app(FrontendSettings.model_validate(values))
-        sock = bind_listening_socket("127.0.0.1", 0)
-        port = sock.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        # Outside the main thread uvicorn installs no signal handlers, which is what a test wants.
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"frontend-{port}", daemon=True)
-        thread.start()
-        frontend = _Frontend(server, thread, f"http://127.0.0.1:{port}")
-        started.append(frontend)
-        deadline = time.monotonic() + FRONTEND_START_TIMEOUT_S
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the frontend on port {port} did not start")
-            time.sleep(0.05)
-        # The socket now belongs to uvicorn's event loop, which closes it at shutdown.
-        return frontend.url
+        started.append(_run_frontend(_frontend_values(triton_server, overrides)))
+        return started[-1].url
 
     try:
         yield start
     finally:
-        for frontend in started:
-            frontend.server.should_exit = True
-        for frontend in started:
-            frontend.thread.join(10)
+        _stop_frontends(started)
+
+
+@pytest.fixture(scope="session")
+def trained_frontend_url(trained_triton_server: TritonHandle) -> Iterator[str]:
+    """Base URL of a default frontend in front of ``trained_triton_server``."""
+    started = [_run_frontend(_frontend_values(trained_triton_server, {}))]
+    try:
+        yield started[0].url
+    finally:
+        _stop_frontends(started)
 
 
 @pytest.fixture(scope="session")

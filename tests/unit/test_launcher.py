@@ -81,6 +81,14 @@ def test_engine_settings_from_options(tmp_path: Path, monkeypatch: pytest.Monkey
     assert Path(settings.model_path).is_absolute()
 
 
+def test_output_parser_flags_reach_the_engine_settings(tmp_path: Path) -> None:
+    argv = ["serve", "--model", str(tmp_path), "--tool-call-parser", "chatglm3", "--reasoning-parser", "none"]
+    settings = engine_settings(parse_serve_args(argv), tmp_path, "glm")
+    assert (settings.tool_call_parser, settings.reasoning_parser) == ("chatglm3", "none")
+    defaults = engine_settings(parse_serve_args(["serve", "--model", str(tmp_path)]), tmp_path, "glm")
+    assert (defaults.tool_call_parser, defaults.reasoning_parser) == ("auto", "auto")
+
+
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.10", "example.com", "10.0.0.1"])
 def test_non_loopback_host_needs_allow_external(host: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
@@ -109,6 +117,8 @@ def test_loopback_hosts_need_no_flag(host: str) -> None:
         (["--openai-mode", "mindie"], "invalid choice"),
         (["--api-key", ""], "must not be empty"),
         (["--ready-timeout", "0"], "must be > 0"),
+        (["--tool-call-parser", "llama3"], "invalid choice"),
+        (["--reasoning-parser", "deepseek"], "invalid choice"),
     ],
 )
 def test_bad_flags_are_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
