@@ -213,3 +213,30 @@ def test_frontend_subcommand_serves_an_existing_triton(triton_server: TritonHand
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
     assert code == 0
+
+
+def test_json_schema_response_format_through_the_openai_client(triton_server: TritonHandle, frontend_url: str) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}, "capital": {"type": "boolean"}},
+        "required": ["city", "capital"],
+        "additionalProperties": False,
+    }
+    reply = client_for(frontend_url).chat.completions.create(
+        model=triton_server.served_model_name, messages=QUESTION, max_tokens=40, temperature=0.8, seed=3,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+    )  # fmt: skip
+    value = json.loads(reply.choices[0].message.content or "")
+    assert value["city"] in ("Paris", "Rome") and isinstance(value["capital"], bool)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client_for(frontend_url).chat.completions.create(
+            model=triton_server.served_model_name, messages=QUESTION,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}},
+        )  # fmt: skip
+    assert caught.value.body["param"] == "response_format"
+
+
+def test_lora_adapter_name_is_a_404_when_unknown(triton_server: TritonHandle, frontend_url: str) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        client_for(frontend_url).chat.completions.create(model="no-such-adapter", messages=QUESTION, max_tokens=2)
+    assert caught.value.body["code"] == "model_not_found"
