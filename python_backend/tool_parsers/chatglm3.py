@@ -93,6 +93,7 @@ class ChatGLM3ToolParser:
         self._state = _HEAD
         self._buffer = ""
         self._metadata = ""
+        self._scan_from = 0  # a call's body before this offset holds no turn tag
         self._strip_leading = False  # a content turn drops its leading whitespace
         # A named tool_choice prefills "name\n" after the prompt's <|assistant|>.
         self._carry = ParserOutput()
@@ -110,9 +111,22 @@ class ChatGLM3ToolParser:
             pass
         return out
 
+    def _find_tag(self, start: int = 0) -> tuple[int, str]:
+        found = [(at, t) for t in TURN_TAGS if (at := self._buffer.find(t, start)) >= 0]
+        return min(found, default=(-1, ""))
+
     def _step(self, out: ParserOutput) -> bool:
         """Consume what the buffer allows in the current state; True when the state changed."""
-        tag_at, tag = min(((self._buffer.find(t), t) for t in TURN_TAGS if t in self._buffer), default=(-1, ""))
+        if self._state == _CALL:
+            # A call's body only grows until its turn ends: never rescan what was searched.
+            tag_at, tag = self._find_tag(self._scan_from)
+            if tag_at < 0:
+                self._scan_from = max(len(self._buffer) - max(map(len, TURN_TAGS)) + 1, 0)
+                return False
+            self._end_call(self._buffer[:tag_at], out)
+            self._buffer = self._buffer[tag_at + len(tag) :]
+            return True
+        tag_at, tag = self._find_tag()
         if self._state == _HEAD:
             newline = self._buffer.find("\n")
             line_end = newline if newline >= 0 else len(self._buffer)
@@ -131,15 +145,9 @@ class ChatGLM3ToolParser:
                 self._state, self._strip_leading = _PLAIN, True
             elif metadata in self._names:
                 self._buffer = self._buffer[newline + 1 :]
-                self._state, self._metadata = _CALL, metadata
+                self._state, self._metadata, self._scan_from = _CALL, metadata, 0
             else:
                 self._state = _PLAIN
-            return True
-        if self._state == _CALL:
-            if tag_at < 0:
-                return False
-            self._end_call(self._buffer[:tag_at], out)
-            self._buffer = self._buffer[tag_at + len(tag) :]
             return True
         # _PLAIN
         if self._strip_leading:

@@ -42,6 +42,7 @@ class HermesToolParser:
     def __init__(self, prefill: str = "") -> None:
         self._buffer = ""  # text not yet released: a possible tag start, or an open call's body
         self._in_call = False
+        self._scan_from = 0  # an open call's body before this offset holds no closing tag
         self._after_call = False  # swallowing whitespace that follows a call
         # The prompt may already hold the start of a call (tool_choice required or named): parse
         # it as if the model had written it, so the model's continuation completes that call.
@@ -54,9 +55,11 @@ class HermesToolParser:
         self._buffer += text
         while True:
             if self._in_call:
-                end = self._buffer.find(CLOSE_TAG)
+                end = self._buffer.find(CLOSE_TAG, self._scan_from)
                 if end < 0:
-                    return out  # the call is incomplete: hold all of it
+                    # Incomplete: hold all of it, and never rescan what was searched (no O(n^2)).
+                    self._scan_from = max(len(self._buffer) - len(CLOSE_TAG) + 1, 0)
+                    return out
                 body, self._buffer = self._buffer[:end], self._buffer[end + len(CLOSE_TAG) :]
                 self._close_call(body, out, closed=True)
                 continue
@@ -70,7 +73,7 @@ class HermesToolParser:
             if start >= 0:
                 out.content += self._buffer[:start]
                 self._buffer = self._buffer[start + len(OPEN_TAG) :]
-                self._in_call = True
+                self._in_call, self._scan_from = True, 0
                 continue
             keep = held_prefix(self._buffer, (OPEN_TAG,))
             cut = len(self._buffer) - keep

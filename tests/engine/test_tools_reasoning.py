@@ -6,9 +6,9 @@ Requests go the Triton model's way (``decode_request`` with the model's resolved
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,8 +24,6 @@ from python_backend.request_decoding import decode_request
 from python_backend.sequence import EngineRequest
 from python_backend.settings import EngineSettings
 from tests.fixtures.trained_models import ANSWER, THINK_QUESTION, THOUGHT, TOOL_QUESTION, WEATHER_TOOL
-
-_ids = itertools.count()
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +49,7 @@ def run(engine: Engine, loaded: LoadedModel, content: str | None, stream: bool, 
     out = Collected()
     engine.submit(
         EngineRequest(
-            request_id=f"tools-{next(_ids)}",
+            request_id=f"tools-{uuid.uuid4().hex}",
             prompt_ids=prepared.prompt_ids,
             params=prepared.params,
             sink=out.sink,

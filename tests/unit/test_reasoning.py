@@ -98,3 +98,13 @@ def test_pipeline_reasoning_tokens_reported_only_for_reasoning_models() -> None:
     forced.feed("a")
     forced.feed("b")
     assert forced.reasoning_tokens == 2
+
+
+def test_one_character_at_a_time_gives_the_same_split() -> None:
+    text = "\n<think>\nfirst, then\n</think>\n\nthe answer </think> stays"
+    for pieces in ([text], list(text)):
+        splitter = ReasoningSplitter(forced=False)
+        outs = [splitter.feed(piece) for piece in pieces] + [splitter.finish()]
+        reasoning = "".join(o.reasoning for o in outs)
+        content = "".join(o.content for o in outs)
+        assert (reasoning, content) == ("first, then", "the answer </think> stays")

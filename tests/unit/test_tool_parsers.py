@@ -194,3 +194,20 @@ def test_chatglm3_named_prefill(tiny_tokenizer: Any) -> None:
 def test_unknown_parser_name() -> None:
     with pytest.raises(ValueError, match="unknown tool-call parser"):
         make_tool_parser("llama3", frozenset())
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("hermes", f"Checking.\n{WEATHER}\n{TIME}"),
+        ("chatglm3", "\nChecking.\n<|assistant|>get_weather\n```python\ntool_call(city='A')\n```<|assistant|>get_time\n{}"),
+    ],
+)
+def test_one_character_at_a_time_gives_the_same_result(name: str, text: str) -> None:
+    """Tags split at every possible point (and the parsers' no-rescan offsets) change nothing."""
+    names = frozenset({"get_weather", "get_time"})
+    whole = run(make_tool_parser(name, names), [text])
+    by_char = run(make_tool_parser(name, names), list(text))
+    assert by_char[0] == whole[0] == "Checking.\n"
+    assert [(c.name, c.arguments) for c in by_char[1]] == [(c.name, c.arguments) for c in whole[1]]
+    assert len(whole[1]) == 2
