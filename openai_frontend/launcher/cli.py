@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from openai_frontend.launcher.network import is_loopback
+from openai_frontend.launcher.server_config import ConfigFileError, flag_defaults, load_server_file
 from python_backend.settings import (
     DTYPES,
     REASONING_PARSER_CHOICES,
@@ -42,6 +43,13 @@ ENGINE_INT_FLAGS = (
 
 
 @dataclass(frozen=True)
+class TlsFiles:
+    cert: str
+    key: str
+    client_ca: str | None  # set: clients must present a certificate signed by it (mTLS)
+
+
+@dataclass(frozen=True)
 class ServeOptions:
     """Everything ``triton-chat serve`` was asked to do."""
 
@@ -62,6 +70,7 @@ class ServeOptions:
     strict_params: bool
     ready_timeout_s: float
     triton_log: Path | None  # None: <cache>/logs/tritonserver-<port>.log
+    tls: TlsFiles | None = None  # HTTPS for the frontend
 
 
 def _positive_int(text: str) -> int:
@@ -88,7 +97,8 @@ def _port(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The whole command line; ``serve_defaults`` (from ``--config``) replace built-in defaults."""
     parser = argparse.ArgumentParser(
         prog="triton-chat",
         description="Serve a chat LLM on Triton Inference Server with an OpenAI/MindIE-compatible API.",
@@ -167,6 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     _add_http_flags(serve.add_argument_group("HTTP frontend"))
+    serve.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="MindIE-style config.json (ServerConfig, ModelConfig, LoraModules); flags override it",
+    )
+    if serve_defaults:
+        serve.set_defaults(**serve_defaults)
 
     triton = serve.add_argument_group("tritonserver")
     triton.add_argument(
@@ -222,6 +240,9 @@ def _add_http_flags(http: Any) -> None:
         help="accepted Bearer key (repeatable); none = no authentication",
     )
     http.add_argument("--strict-params", action="store_true", help="reject unknown request fields with 400")
+    http.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate (needs --tls-key)")
+    http.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    http.add_argument("--tls-ca-cert", metavar="PEM", help="require client certificates signed by this CA (mTLS)")
 
 
 @dataclass(frozen=True)
@@ -237,6 +258,19 @@ class FrontendOptions:
     full_text: bool
     api_keys: tuple[str, ...]
     strict_params: bool
+    tls: TlsFiles | None = None
+
+
+def uvicorn_tls(tls: TlsFiles | None) -> dict[str, Any]:
+    """uvicorn.Config keyword arguments for HTTPS (and mutual TLS when a client CA is given)."""
+    if tls is None:
+        return {}
+    import ssl
+
+    options: dict[str, Any] = {"ssl_certfile": tls.cert, "ssl_keyfile": tls.key}
+    if tls.client_ca:
+        options.update(ssl_ca_certs=tls.client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
+    return options
 
 
 def _check_http_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -249,6 +283,13 @@ def _check_http_flags(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser.error("--served-model-name must not be empty")
     if any(not key for key in args.api_keys):
         parser.error("--api-key must not be empty")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        parser.error("--tls-cert and --tls-key go together")
+    if args.tls_ca_cert and not args.tls_cert:
+        parser.error("--tls-ca-cert needs --tls-cert and --tls-key")
+    for flag in ("tls_cert", "tls_key", "tls_ca_cert"):
+        if getattr(args, flag) and not Path(getattr(args, flag)).is_file():
+            parser.error(f"--{flag.replace('_', '-')}: '{getattr(args, flag)}' is not a file")
 
 
 def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions:
@@ -268,12 +309,27 @@ def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions:
         full_text=args.full_text,
         api_keys=tuple(args.api_keys),
         strict_params=args.strict_params,
+        tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,
     )
+
+
+def _config_defaults(argv: list[str]) -> dict[str, Any] | None:
+    """The flag defaults from ``--config FILE`` when it is given (read before the real parse)."""
+    finder = argparse.ArgumentParser(add_help=False)
+    finder.add_argument("--config", type=Path)
+    known, _ = finder.parse_known_args(argv)
+    if known.config is None:
+        return None
+    try:
+        return flag_defaults(load_server_file(known.config))
+    except ConfigFileError as exc:
+        build_parser().error(str(exc))
+    return None
 
 
 def parse_serve_args(argv: list[str]) -> ServeOptions:
     """Parse ``serve ...`` arguments; usage errors exit with status 2 like any argparse error."""
-    parser = build_parser()
+    parser = build_parser(_config_defaults(argv))
     args = parser.parse_args(argv)
     _check_http_flags(parser, args)
     if args.ready_timeout <= 0:
@@ -312,6 +368,7 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         strict_params=args.strict_params,
         ready_timeout_s=args.ready_timeout,
         triton_log=args.triton_log,
+        tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,
     )
 
 
