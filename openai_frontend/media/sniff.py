@@ -39,6 +39,7 @@ PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk: every PNG ends wi
 ASF_GUID = bytes.fromhex("3026b2758e66cf11a6d900aa0062ce6c")
 # Start-of-frame markers carry the image size (not DHT C4, JPG C8, DAC CC).
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_NOUN = {"image": "an image", "video": "a video", "audio": "audio"}
 _MP3_SCAN = 4096  # bytes after an ID3v2 tag searched for the first frame header
 
 
@@ -214,7 +215,7 @@ def check_content(
     if fmt is None:
         raise _invalid(f"unknown magic bytes {data[:8].hex()}")
     if fmt.kind != kind:
-        raise _invalid(f"{fmt.name} in a {kind} part", f"is not {'an' if kind == 'image' else 'a'} {kind}")
+        raise _invalid(f"{fmt.name} in a {kind} part", f"is not {_NOUN[kind]}")
     if any(d is not fmt for d in declared):
         raise _invalid(
             f"content is {fmt.name}, declared {[d.name for d in declared]}", "does not match its declared media type"
