@@ -240,3 +240,50 @@ def test_lora_adapter_name_is_a_404_when_unknown(triton_server: TritonHandle, fr
     with pytest.raises(openai.NotFoundError) as caught:
         client_for(frontend_url).chat.completions.create(model="no-such-adapter", messages=QUESTION, max_tokens=2)
     assert caught.value.body["code"] == "model_not_found"
+
+
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:3072", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.mark.skipif(subprocess.run(["which", "openssl"], capture_output=True).returncode != 0, reason="no openssl")
+def test_frontend_serves_https(triton_server: TritonHandle, tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from openai_frontend.launcher.network import free_port
+
+    cert, key = _self_signed(tmp_path)
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "openai_frontend.launcher", "frontend", "--triton-url", triton_server.grpc_url,
+        "--served-model-name", triton_server.served_model_name, "--port", str(port),
+        "--tls-cert", str(cert), "--tls-key", str(key),
+    ]  # fmt: skip
+    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None and time.monotonic() < deadline
+            try:
+                reply = httpx.get(f"https://127.0.0.1:{port}/health", verify=str(cert), timeout=5)
+                break
+            except httpx.ConnectError:
+                time.sleep(0.2)
+        assert reply.status_code == 200
+        with pytest.raises(httpx.HTTPError):  # plain HTTP on the TLS port is refused
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
