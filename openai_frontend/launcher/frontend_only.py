@@ -15,7 +15,7 @@ from types import FrameType
 import uvicorn
 
 from openai_frontend.app import create_app
-from openai_frontend.launcher.cli import FrontendOptions
+from openai_frontend.launcher.cli import FrontendOptions, uvicorn_tls
 from openai_frontend.media.policy import MediaSettings
 from openai_frontend.settings import FrontendSettings
 
@@ -42,14 +42,16 @@ def run_frontend(options: FrontendOptions) -> int:
     app = create_app(frontend_settings(options))
     shown_host = f"[{options.host}]" if ":" in options.host else options.host
     logger.info(
-        "serving '%s' at http://%s:%d/v1 (Triton gRPC at %s, model %s)",
+        "serving '%s' at %s://%s:%d/v1 (Triton gRPC at %s, model %s)",
         options.served_model_name,
+        "https" if options.tls else "http",
         shown_host,
         options.port,
         options.triton_url,
         options.triton_model,
     )
-    server = uvicorn.Server(uvicorn.Config(app, host=options.host, port=options.port, log_level="info"))
+    config = uvicorn.Config(app, host=options.host, port=options.port, log_level="info", **uvicorn_tls(options.tls))
+    server = uvicorn.Server(config)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         server.should_exit = True

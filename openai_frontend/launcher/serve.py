@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any
 
 from openai_frontend.launcher.cache import cache_root
-from openai_frontend.launcher.cli import ServeOptions, engine_settings
+from openai_frontend.launcher.cli import ServeOptions, engine_settings, uvicorn_tls
 from openai_frontend.launcher.demo_model import DEMO_SERVED_NAME, DemoModelError, ensure_demo_model
 from openai_frontend.launcher.model_repo import (
     MODEL_NAME,
@@ -151,7 +151,12 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
     undo.callback(_join, watcher, stop_watch)
     shown_host = f"[{options.host}]" if ":" in options.host else options.host
     logger.info(
-        "serving '%s' at http://%s:%d/v1 (Triton gRPC at %s)", served_name, shown_host, options.port, endpoints.grpc_url
+        "serving '%s' at %s://%s:%d/v1 (Triton gRPC at %s)",
+        served_name,
+        "https" if options.tls else "http",
+        shown_host,
+        options.port,
+        endpoints.grpc_url,
     )
     server.run(sockets=[listener])
     return EXIT_FAILED if state.triton_died else EXIT_OK
@@ -180,7 +185,9 @@ def _make_uvicorn(options: ServeOptions, grpc_url: str, served_name: str) -> Any
             "media": MediaSettings.from_env(os.environ),
         }
     )
-    config = uvicorn.Config(create_app(settings), host=options.host, port=options.port, log_level="info")
+    config = uvicorn.Config(
+        create_app(settings), host=options.host, port=options.port, log_level="info", **uvicorn_tls(options.tls)
+    )
     return uvicorn.Server(config)
 
 
