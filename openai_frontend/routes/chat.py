@@ -3,8 +3,7 @@
 Owns: the endpoint's wiring only: read and validate the body, load its media (after validation,
 before any response byte, so a media error is a plain 400 even for ``stream: true``), pick JSON /
 SSE / the beam-search pseudo-stream, race the work against client disconnect, and add
-``x-ignored-params``. Formats
-live in ``responses``/``sse``, the backend dialogue in ``serving``.
+``x-ignored-params``. Formats live in ``responses``/``sse``, the backend dialogue in ``serving``.
 """
 
 from __future__ import annotations

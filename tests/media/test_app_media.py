@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import statistics
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from media_harness import LEAK, media_settings
 from media_net import TestNet
 from media_samples import jpeg, mp4, png, wav
 from media_servers import body, stall
+from starlette.types import Message
 
 from openai_frontend.app import create_app
 from openai_frontend.settings import FrontendSettings
@@ -186,3 +188,47 @@ async def test_a_stalled_fetch_does_not_hold_up_other_requests(net: TestNet) -> 
         response = await stalled
     assert_error(response, 400, "messages.0.content.0.image_url", "media_timeout")
     assert statistics.quantiles(latencies, n=100)[98] <= 0.1
+
+
+async def test_client_leaving_during_a_fetch_cancels_it(net: TestNet) -> None:
+    net.origin.routes["/stalled.png"] = stall()
+    backend = FakeBackend()
+    settings = FrontendSettings(served_model_name=MODEL, media=media_settings(fetch_timeout_s=30.0))
+    app = create_app(settings, backend, media_network=net.network())
+    raw = json.dumps(chat([{"type": "image_url", "image_url": "http://allowed.test/stalled.png"}])).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+    messages = iter([{"type": "http.request", "body": raw, "more_body": False}])
+    gone = asyncio.Event()
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        message = next(messages, None)
+        if message is not None:
+            return message
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    task = asyncio.create_task(app(scope, receive, send))
+    while not net.origin.requests:
+        await asyncio.sleep(0.01)
+    started = time.monotonic()
+    gone.set()
+    await asyncio.wait_for(task, 5)
+    assert time.monotonic() - started < 1.0
+    assert sent[0]["status"] == 499 and backend.requests == []
