@@ -191,33 +191,20 @@ async def test_a_stalled_fetch_does_not_hold_up_other_requests(net: TestNet) -> 
 
 
 async def test_client_leaving_during_a_fetch_cancels_it(net: TestNet) -> None:
+    # Driven as raw ASGI: httpx's transport cannot leave in the middle of a request.
     net.origin.routes["/stalled.png"] = stall()
     backend = FakeBackend()
     settings = FrontendSettings(served_model_name=MODEL, media=media_settings(fetch_timeout_s=30.0))
     app = create_app(settings, backend, media_network=net.network())
     raw = json.dumps(chat([{"type": "image_url", "image_url": "http://allowed.test/stalled.png"}])).encode()
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.4"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())],
-        "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 8000),
-    }
-    messages = iter([{"type": "http.request", "body": raw, "more_body": False}])
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"", "headers": []}
+    incoming = [{"type": "http.request", "body": raw, "more_body": False}]
     gone = asyncio.Event()
     sent: list[Message] = []
 
     async def receive() -> Message:
-        message = next(messages, None)
-        if message is not None:
-            return message
+        if incoming:
+            return incoming.pop()
         await gone.wait()
         return {"type": "http.disconnect"}
 
