@@ -21,24 +21,35 @@ from python_backend.messages import INTERNAL_MEDIA_TYPES, MEDIA_PART_TYPES
 from python_backend.params import GenerationParams
 
 
-def _text_content(content: Any, where: str) -> Any:
-    """Text-only models take a string; join text parts the way vLLM does (newline)."""
+def _text_content(content: Any, where: str, media_kinds: frozenset[str]) -> Any:
+    """Text parts joined the way vLLM does (newline); with media, the parts as they are.
+
+    A multimodal model's template places each media part (``{"type": "image", ...}``) itself.
+    """
     if not isinstance(content, list):
         return content
     texts = []
+    has_media = False
     for k, part in enumerate(content):
         kind = part.get("type")
         if kind in MEDIA_PART_TYPES or kind in INTERNAL_MEDIA_TYPES:
-            raise invalid(f"this model accepts text only; '{where}.{k}' is of type '{kind}'", f"{where}.{k}.type")
+            if not media_kinds:
+                raise invalid(f"this model accepts text only; '{where}.{k}' is of type '{kind}'", f"{where}.{k}.type")
+            if kind not in media_kinds:
+                raise invalid(
+                    f"this model does not accept {kind} input; '{where}.{k}' is of type '{kind}'", f"{where}.{k}.type"
+                )
+            has_media = True
+            continue
         texts.append(part["text"])
-    return "\n".join(texts)
+    return content if has_media else "\n".join(texts)
 
 
-def _for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _for_template(messages: list[dict[str, Any]], media_kinds: frozenset[str]) -> list[dict[str, Any]]:
     prepared = []
     for i, message in enumerate(messages):
         item = dict(message)
-        item["content"] = _text_content(message.get("content"), f"messages.{i}.content")
+        item["content"] = _text_content(message.get("content"), f"messages.{i}.content", media_kinds)
         if item["content"] is None:
             item["content"] = ""
         calls = message.get("tool_calls")
@@ -54,16 +65,22 @@ def _for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def render_prompt_text(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], params: GenerationParams
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    params: GenerationParams,
+    media_kinds: frozenset[str] = frozenset(),
 ) -> str:
-    """Apply the chat template (generation prompt added); the text, before tokenization."""
+    """Apply the chat template (generation prompt added); the text, before tokenization.
+
+    ``media_kinds``: the internal media part types the model takes (none: text only).
+    """
     kwargs: dict[str, Any] = dict(params.chat_template_kwargs)
     tools: list[dict[Any, Any] | Callable[..., Any]] | None = (
         list(params.tools) if params.tools and params.tool_choice != "none" else None
     )
     try:
         text = tokenizer.apply_chat_template(
-            _for_template(messages), tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
+            _for_template(messages, media_kinds), tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
         )
     except TemplateError as exc:
         # Templates raise for conversations they do not support (e.g. roles out of order).

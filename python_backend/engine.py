@@ -30,6 +30,7 @@ from python_backend.kv_cache import BatchCache, KVBatch
 from python_backend.limits import Limits
 from python_backend.loader import LoadedModel
 from python_backend.lora import adapter_names
+from python_backend.multimodal.positions import media_prefill_inputs
 from python_backend.sampler import RowSampling, sample
 from python_backend.sequence import EngineEvent, EngineRequest, Sequence
 from python_backend.settings import EngineSettings
@@ -125,9 +126,7 @@ class Engine:
             raise ContractError(_SHUTDOWN)
         params = request.params
         if params.use_beam_search and params.logprobs:
-            raise ContractError(
-                ErrorInfo(400, "'logprobs' cannot be used with 'use_beam_search'", param="logprobs")
-            )
+            raise ContractError(ErrorInfo(400, "'logprobs' cannot be used with 'use_beam_search'", param="logprobs"))
         rows = _rows_needed(request)
         max_new = self.limits.max_new_tokens(len(request.prompt_ids), params)
         reservation = self.limits.reservation(len(request.prompt_ids), max_new, rows)
@@ -161,7 +160,9 @@ class Engine:
     def stats(self) -> EngineStats:
         with self._lock:
             waiting = self._queued
-        return EngineStats(len(self._running), waiting, self._kv.bytes_used(), self._reserved, self.limits.kv_budget_tokens)
+        return EngineStats(
+            len(self._running), waiting, self._kv.bytes_used(), self._reserved, self.limits.kv_budget_tokens
+        )
 
     # --- the loop (engine thread only) -----------------------------------------------------------
     def _loop(self) -> None:
@@ -251,6 +252,10 @@ class Engine:
                 return
         batch: list[_Group] = []
         while budget > 0 and self._waiting and self._can_admit(self._waiting[0], sum(g.candidates for g in batch)):
+            if self._waiting[0].request.media is not None:
+                if not batch:  # media inputs are per request: its prefill runs alone, whole
+                    self._prefill_media(self._admit())
+                break
             size = len(self._waiting[0].request.prompt_ids)
             if size > budget:
                 if not batch:  # too long for one step: prefill it in chunks from now on
@@ -339,6 +344,31 @@ class Engine:
             group.prefill_cache = None
             self._start_sequences(group, out.logits[row, -1:, :], cache, row=row, pad=pads[row])
 
+    def _prefill_media(self, group: _Group) -> None:
+        """Prefill a request with images, video or audio: batch of one, the whole prompt."""
+        request, loaded = group.request, self._loaded
+        if request.media is None:
+            raise RuntimeError("not a media request")
+        cache = BatchCache()
+        try:
+            prefill = media_prefill_inputs(
+                loaded.transformers_model,
+                request.prompt_ids,
+                request.media,
+                loaded.device,
+                loaded.dtype,
+                loaded.uses_mrope,
+            )
+            out = self._forward([request.params.lora], cache, logits_to_keep=1, **prefill.inputs)
+        except Exception:
+            logger.exception("media prefill failed for %s", request.request_id)
+            self._remove(group, EngineEvent(request.request_id, error=_INTERNAL, final=True))
+            return
+        request.media = None  # the pixels / features are not needed after prefill: free them now
+        group.prefill_done = len(request.prompt_ids)
+        group.prefill_cache = None
+        self._start_sequences(group, out.logits[0, -1:, :], cache, row=0, pad=0, rope_delta=prefill.rope_delta)
+
     def _row_sampling(self, group: _Group, index: int) -> RowSampling:
         params = group.request.params
         defaults = self._loaded.defaults
@@ -361,7 +391,9 @@ class Engine:
             else None,
         )
 
-    def _start_sequences(self, group: _Group, logits: torch.Tensor, cache: BatchCache, row: int, pad: int) -> None:
+    def _start_sequences(
+        self, group: _Group, logits: torch.Tensor, cache: BatchCache, row: int, pad: int, rope_delta: int = 0
+    ) -> None:
         request = group.request
         group.sequences = [
             Sequence(
@@ -376,6 +408,8 @@ class Engine:
             )
             for i in range(group.candidates)
         ]
+        for seq in group.sequences:
+            seq.rope_delta = rope_delta
         self._kv.add(cache, group.candidates, row=row, pad=pad)
         self._running.extend(group.sequences)
         if request.params.use_beam_search:

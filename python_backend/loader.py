@@ -1,7 +1,9 @@
-"""Loading a local Hugging Face causal-LM folder: tokenizer, weights and generation defaults.
+"""Loading a local Hugging Face chat-model folder: tokenizer, weights and generation defaults.
 
 Owns: ``load_model`` and ``LoadedModel`` (everything the engine needs to know about the model:
 EOS ids, context length, vocabulary size, sampling defaults from ``generation_config.json``).
+Vision and audio chat models (``model_type`` qwen2_vl, qwen2_5_vl, qwen2_audio) load with their
+own classes and bring a ``MediaProcessor``; every other folder is a causal LM that takes text only.
 Nothing is ever fetched from a hub: the folder must exist locally.
 """
 
@@ -19,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from python_backend.device import place
 from python_backend.lora import attach_adapters, parse_lora_modules
+from python_backend.multimodal.processor import AUDIO_MODEL_TYPES, VISION_MODEL_TYPES, MediaProcessor
 from python_backend.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
@@ -54,6 +57,12 @@ class LoadedModel:
     model_type: str = ""  # config.json model_type ("qwen2", "chatglm", ...)
     base_model: PreTrainedModel | None = None  # the transformers model itself (model unwrapped)
     adapters: frozenset[str] = frozenset()  # LoRA adapter names requests may ask for
+    media: MediaProcessor | None = None  # a multimodal model's prompt step; None: text only
+
+    @property
+    def uses_mrope(self) -> bool:
+        """Qwen2-VL's 3-D rotary positions: media prefill needs the model's rope index."""
+        return self.model_type in VISION_MODEL_TYPES
 
     @property
     def transformers_model(self) -> PreTrainedModel:
@@ -92,6 +101,20 @@ def _sampling_defaults(gen: dict[str, Any], config: dict[str, Any], vocab_size: 
     )
 
 
+def _model_class(model_type: str) -> Any:
+    """The Auto class for the folder: vision and audio chat models are not causal-LM classes."""
+    if model_type in VISION_MODEL_TYPES:
+        from transformers import AutoModelForImageTextToText
+
+        return AutoModelForImageTextToText
+    if model_type in AUDIO_MODEL_TYPES:
+        # transformers 4.x has no Auto class for it (AutoModelForMultimodalLM is 5.x only).
+        from transformers import Qwen2AudioForConditionalGeneration
+
+        return Qwen2AudioForConditionalGeneration
+    return AutoModelForCausalLM
+
+
 def load_model(settings: EngineSettings) -> LoadedModel:
     """Load the folder named by ``settings.model_path`` onto the chosen device and dtype."""
     folder = Path(settings.model_path).expanduser()
@@ -110,7 +133,9 @@ def load_model(settings: EngineSettings) -> LoadedModel:
             "(or chat_template.jinja) to define one"
         )
     adapters = parse_lora_modules(settings.lora_modules)
-    base = AutoModelForCausalLM.from_pretrained(str(folder), dtype=placement.dtype, local_files_only=True)
+    model_type = str(config.get("model_type") or "")
+    model_class = _model_class(model_type)
+    base = model_class.from_pretrained(str(folder), dtype=placement.dtype, local_files_only=True)
     base.to(placement.device)  # type: ignore[arg-type]  # transformers' typed wrapper of nn.Module.to
     base.eval()
     model = attach_adapters(base, adapters)
@@ -133,7 +158,8 @@ def load_model(settings: EngineSettings) -> LoadedModel:
         vocab_size=vocab_size,
         defaults=_sampling_defaults(gen, config, vocab_size),
         name=settings.served_model_name or folder.name,
-        model_type=str(config.get("model_type") or ""),
+        model_type=model_type,
         base_model=base,
         adapters=frozenset(adapters),
+        media=MediaProcessor.from_folder(folder, model_type, tokenizer),
     )

@@ -17,6 +17,8 @@ from python_backend import contract
 from python_backend.chat_template import encode_chat_prompt, encode_raw_prompt, render_prompt_text
 from python_backend.contract import ContractError, ErrorInfo, invalid
 from python_backend.messages import validate_messages
+from python_backend.multimodal.processor import MediaInputs, MediaProcessor
+from python_backend.multimodal.request_media import collect_media
 from python_backend.output_formats import ModelFormats, plan_output
 from python_backend.output_plan import OutputPlan
 from python_backend.params import GenerationParams, parse_parameters
@@ -31,6 +33,7 @@ class PreparedRequest:
     stream: bool
     echo_prompt: str  # prepended to non-streaming text (vLLM backend's text_input behaviour)
     output: OutputPlan  # reasoning / tool-call parsing of the generated text
+    media: MediaInputs | None = None  # a multimodal request's extra prefill inputs
 
 
 def decode_request(
@@ -38,10 +41,12 @@ def decode_request(
     tokenizer: PreTrainedTokenizerBase,
     adapters: frozenset[str],
     formats: ModelFormats | None = None,
+    media_processor: MediaProcessor | None = None,
 ) -> PreparedRequest:
     """Validate the tensors of one request; raise ``ContractError`` naming the bad input.
 
-    ``formats`` are the model's tool-call and reasoning formats (None: plain text only).
+    ``formats`` are the model's tool-call and reasoning formats (None: plain text only);
+    ``media_processor`` is a multimodal model's prompt step (None: media parts are refused).
     """
     stream = contract.read_bool(get(contract.STREAM), default=False)
     raw = contract.read_json(get(contract.PARAMETERS), contract.PARAMETERS)
@@ -54,18 +59,27 @@ def decode_request(
     params = parse_parameters(raw, stream=stream)
     if params.lora is not None and params.lora not in adapters:
         raise ContractError(
-            ErrorInfo(404, f"the model '{params.lora}' does not exist", "invalid_request_error", "model", "model_not_found")
+            ErrorInfo(
+                404, f"the model '{params.lora}' does not exist", "invalid_request_error", "model", "model_not_found"
+            )
         )
     messages = contract.read_json(get(contract.MESSAGES), contract.MESSAGES)
     text = contract.read_string(get(contract.TEXT_INPUT))
     if (messages is None) == (text is None):
         raise invalid("give exactly one of the inputs 'messages' and 'text_input'", contract.MESSAGES)
     echo = ""
+    media = None
     formats = formats or ModelFormats()
     if messages is not None:
-        prompt = render_prompt_text(tokenizer, validate_messages(messages, allow_internal_media=True), params)
+        messages = validate_messages(messages, allow_internal_media=True)
+        kinds = media_processor.kinds if media_processor is not None else frozenset()
+        prompt = render_prompt_text(tokenizer, messages, params, kinds)
         plan, suffix = plan_output(formats, params, prompt)
-        prompt_ids = encode_chat_prompt(tokenizer, prompt + suffix)
+        if media_processor is not None:
+            encoded = media_processor.encode(prompt + suffix, collect_media(messages, get, media_processor))
+            prompt_ids, media = encoded.prompt_ids, encoded.media
+        else:
+            prompt_ids = encode_chat_prompt(tokenizer, prompt + suffix)
     else:
         if not text:
             raise invalid("'text_input' must not be empty", contract.TEXT_INPUT)
@@ -76,4 +90,6 @@ def decode_request(
             echo = text
     if plan.tool_parser is not None and formats.keeps_special_tokens_for_tools:
         params = replace(params, skip_special_tokens=False)
-    return PreparedRequest(prompt_ids=prompt_ids, params=params, stream=stream, echo_prompt=echo, output=plan)
+    return PreparedRequest(
+        prompt_ids=prompt_ids, params=params, stream=stream, echo_prompt=echo, output=plan, media=media
+    )

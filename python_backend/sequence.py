@@ -53,6 +53,7 @@ class EngineRequest:
     arrival: float = field(default_factory=time.perf_counter)
     output: OutputPlan = field(default_factory=OutputPlan)  # reasoning / tool-call parsing
     grammar: Any = None  # compiled response_format grammar (structured.GrammarCompiler.compile)
+    media: Any = None  # multimodal.processor.MediaInputs of a media request, until its prefill
 
 
 TokenText = Callable[[int], tuple[str, list[int]]]  # token id -> (text, raw bytes)
@@ -86,6 +87,7 @@ class Sequence:
         self.output = OutputPipeline(request.output)  # holds what is produced but not yet sent
         self.pending_logprobs: list[TokenLogprob] = []
         self.sent_tokens = 0
+        self.rope_delta = 0  # M-RoPE: next position minus prompt length after a media prompt
 
     @property
     def tokens(self) -> list[int]:
@@ -94,7 +96,7 @@ class Sequence:
     @property
     def position(self) -> int:
         """Position of the next token fed to the model (the last sampled one)."""
-        return len(self.request.prompt_ids) + len(self.tokens) - 1
+        return len(self.request.prompt_ids) + len(self.tokens) - 1 + self.rope_delta
 
     def update_suppression(self) -> None:
         """Before ``min_tokens`` is reached, EOS and stop tokens may not be sampled."""

@@ -87,7 +87,11 @@ _GAUGES = (
     ("triton_chat_num_sequences_running", "Sequences in the engine's running batch", "running_sequences"),
     ("triton_chat_num_requests_waiting", "Requests queued for admission", "waiting_requests"),
     ("triton_chat_kv_cache_bytes", "Bytes held by the running batch's KV cache", "kv_cache_bytes"),
-    ("triton_chat_kv_cache_reserved_tokens", "KV-cache token slots reserved by admitted requests", "kv_reserved_tokens"),
+    (
+        "triton_chat_kv_cache_reserved_tokens",
+        "KV-cache token slots reserved by admitted requests",
+        "kv_reserved_tokens",
+    ),
 )
 _METRICS_PERIOD_S = 0.2
 
@@ -139,6 +143,7 @@ class TritonPythonModel:
         loaded = load_model(settings)
         self._tokenizer = loaded.tokenizer
         self._adapters = loaded.adapters
+        self._media = loaded.media
         self._formats = resolve_formats(
             settings.tool_call_parser, settings.reasoning_parser, loaded.tokenizer, loaded.model_type
         )
@@ -172,7 +177,7 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             return None if tensor is None else tensor.as_numpy()
 
-        prepared = decode_request(get, self._tokenizer, self._adapters, self._formats)
+        prepared = decode_request(get, self._tokenizer, self._adapters, self._formats, self._media)
         response_format = prepared.params.response_format
         grammar = self._grammars.compile(response_format) if response_format is not None else None
         echo = prepared.echo_prompt
@@ -190,6 +195,7 @@ class TritonPythonModel:
                 stream=prepared.stream,
                 output=prepared.output,
                 grammar=grammar,
+                media=prepared.media,
             )
         )
 

@@ -1,0 +1,236 @@
+"""Multimodal requests through the real engine on tiny random Qwen2-VL and Qwen2-Audio models.
+
+Requests are built the way the Triton adapter builds them (``decode_request`` over the contract
+tensors), so these tests cover media decoding, placeholder expansion, the media prefill (alone,
+with M-RoPE positions) and decoding in the same batch as text requests.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from engine_driver import Collected, make_engine
+
+from python_backend import contract
+from python_backend.contract import ContractError
+from python_backend.engine import Engine
+from python_backend.loader import LoadedModel, load_model
+from python_backend.multimodal.positions import mm_token_types
+from python_backend.request_decoding import decode_request
+from python_backend.sequence import EngineRequest
+from python_backend.settings import EngineSettings
+from tests.fixtures.tiny_multimodal import (
+    build_tiny_audio_model,
+    build_tiny_vl_model,
+    image_bytes,
+    mp4_bytes,
+    wav_bytes,
+)
+
+_ids = itertools.count()
+GREEDY = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def vl_loaded(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Any) -> LoadedModel:
+    folder = build_tiny_vl_model(tmp_path_factory.mktemp("tiny-qwen2-vl"), tiny_tokenizer)
+    return load_model(EngineSettings(model_path=str(folder), dtype="float32", device="cpu"))
+
+
+@pytest.fixture(scope="module")
+def audio_loaded(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Any) -> LoadedModel:
+    folder = build_tiny_audio_model(tmp_path_factory.mktemp("tiny-qwen2-audio"), tiny_tokenizer)
+    return load_model(EngineSettings(model_path=str(folder), dtype="float32", device="cpu"))
+
+
+@pytest.fixture
+def vl_engine(vl_loaded: LoadedModel) -> Iterator[Engine]:
+    engine = make_engine(vl_loaded)
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture
+def audio_engine(audio_loaded: LoadedModel) -> Iterator[Engine]:
+    engine = make_engine(audio_loaded)
+    yield engine
+    engine.stop()
+
+
+def tensors(content: Any, media: list[tuple[bytes, str]] = (), **params: Any) -> dict[str, np.ndarray]:  # type: ignore[assignment]
+    """The contract tensors the frontend sends for one user message."""
+    found: dict[str, np.ndarray] = {
+        contract.MESSAGES: contract.json_tensor([{"role": "user", "content": content}]),
+        contract.PARAMETERS: contract.json_tensor({**GREEDY, **params}),
+    }
+    if media:
+        found[contract.MEDIA] = np.array([data for data, _ in media], dtype=np.object_)
+        found[contract.MEDIA_TYPES] = np.array([mime.encode() for _, mime in media], dtype=np.object_)
+    return found
+
+
+def submit(engine: Engine, loaded: LoadedModel, inputs: dict[str, np.ndarray]) -> Collected:
+    prepared = decode_request(inputs.get, loaded.tokenizer, loaded.adapters, None, loaded.media)
+    out = Collected()
+    engine.submit(
+        EngineRequest(
+            request_id=f"mm-{next(_ids)}",
+            prompt_ids=prepared.prompt_ids,
+            params=prepared.params,
+            sink=out.sink,
+            stream=True,
+            media=prepared.media,
+        )
+    )
+    return out
+
+
+def image_part(index: int = 0) -> dict[str, Any]:
+    return {"type": "image", "media_index": index}
+
+
+def test_an_image_changes_the_output_and_counts_its_tokens(vl_engine: Engine, vl_loaded: LoadedModel) -> None:
+    text = [{"type": "text", "text": "What is in the picture?"}]
+    plain = submit(vl_engine, vl_loaded, tensors(text)).wait()
+    red = submit(vl_engine, vl_loaded, tensors([image_part(), *text], [(image_bytes(1), "image/png")])).wait()
+    blue = submit(vl_engine, vl_loaded, tensors([image_part(), *text], [(image_bytes(2), "image/png")])).wait()
+    for out in (plain, red, blue):
+        assert out.error is None, out.error
+        assert out.last().usage is not None and out.last().usage.completion_tokens == 12
+    # 96x64 -> grid (1, 4, 6) -> 6 image tokens, plus vision start and end.
+    assert red.last().usage.prompt_tokens == plain.last().usage.prompt_tokens + 8
+    assert len({plain.text(), red.text(), blue.text()}) == 3
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_a_media_request_matches_transformers_generate(vl_engine: Engine, vl_loaded: LoadedModel, kind: str) -> None:
+    """Greedy output equals ``generate``'s: the M-RoPE prefill positions and decode deltas are right."""
+    import torch
+
+    media = (image_bytes(7), "image/png") if kind == "image" else (mp4_bytes(seed=7), "video/mp4")
+    inputs = tensors([{"type": kind, "media_index": 0}, {"type": "text", "text": "Describe it."}], [media])
+    prepared = decode_request(inputs.get, vl_loaded.tokenizer, frozenset(), None, vl_loaded.media)
+    assert prepared.media is not None
+    input_ids = torch.tensor([prepared.prompt_ids])
+    extra = dict(prepared.media.tensors)
+    if "mm_token_type_ids" in inspect.signature(vl_loaded.transformers_model.forward).parameters:
+        extra["mm_token_type_ids"] = mm_token_types(vl_loaded.transformers_model, input_ids)  # transformers 5
+    with torch.inference_mode():
+        generated = vl_loaded.transformers_model.generate(
+            input_ids=input_ids,
+            max_new_tokens=12,
+            do_sample=False,
+            eos_token_id=None,
+            **extra,
+        )
+    expected = vl_loaded.tokenizer.decode(generated[0, len(prepared.prompt_ids) :], skip_special_tokens=True)
+    assert submit(vl_engine, vl_loaded, inputs).wait().text() == expected
+
+
+def test_an_image_request_is_repeatable(vl_engine: Engine, vl_loaded: LoadedModel) -> None:
+    inputs = tensors(
+        [image_part(), {"type": "text", "text": "Describe."}], [(image_bytes(3, fmt="JPEG"), "image/jpeg")]
+    )
+    assert submit(vl_engine, vl_loaded, inputs).wait().text() == submit(vl_engine, vl_loaded, inputs).wait().text()
+
+
+def test_a_video_changes_the_output(vl_engine: Engine, vl_loaded: LoadedModel) -> None:
+    text = {"type": "text", "text": "What happens?"}
+    one = submit(
+        vl_engine, vl_loaded, tensors([{"type": "video", "media_index": 0}, text], [(mp4_bytes(seed=1), "video/mp4")])
+    ).wait()
+    two = submit(
+        vl_engine, vl_loaded, tensors([{"type": "video", "media_index": 0}, text], [(mp4_bytes(seed=2), "video/mp4")])
+    ).wait()
+    plain = submit(vl_engine, vl_loaded, tensors([text])).wait()
+    assert one.error is None and two.error is None, (one.error, two.error)
+    assert len({one.text(), two.text(), plain.text()}) == 3
+    assert one.last().usage.prompt_tokens > plain.last().usage.prompt_tokens
+
+
+def test_media_request_batches_with_text_requests_without_changing_them(
+    vl_engine: Engine, vl_loaded: LoadedModel
+) -> None:
+    image = tensors([image_part(), {"type": "text", "text": "Look."}], [(image_bytes(4), "image/png")], max_tokens=24)
+    texts = [tensors([{"type": "text", "text": f"Count to {n}."}], max_tokens=24) for n in range(3)]
+    alone = [submit(vl_engine, vl_loaded, t).wait().text() for t in [image, *texts]]
+    outs = [submit(vl_engine, vl_loaded, t) for t in [texts[0], image, texts[1], texts[2]]]
+    together = [o.wait() for o in outs]
+    assert max(max(d.usage.batch_size) for o in together for d in o.deltas if d.usage is not None) > 1
+    assert [o.text() for o in together] == [alone[1], alone[0], alone[2], alone[3]]
+
+
+def test_two_images_in_one_message(vl_engine: Engine, vl_loaded: LoadedModel) -> None:
+    content = [image_part(0), {"type": "text", "text": "and"}, image_part(1)]
+    out = submit(vl_engine, vl_loaded, tensors(content, [(image_bytes(5), "image/png"), (image_bytes(6), "image/png")]))
+    assert out.wait().error is None
+
+
+def test_an_audio_clip_changes_the_output(audio_engine: Engine, audio_loaded: LoadedModel) -> None:
+    text = {"type": "text", "text": "What do you hear?"}
+    low = submit(
+        audio_engine,
+        audio_loaded,
+        tensors([{"type": "audio", "media_index": 0}, text], [(wav_bytes(1.0, 220), "audio/x-wav")]),
+    ).wait()
+    high = submit(
+        audio_engine,
+        audio_loaded,
+        tensors([{"type": "audio", "media_index": 0}, text], [(wav_bytes(1.0, 880), "audio/x-wav")]),
+    ).wait()
+    plain = submit(audio_engine, audio_loaded, tensors([text])).wait()
+    assert low.error is None and high.error is None, (low.error, high.error)
+    assert len({low.text(), high.text(), plain.text()}) == 3
+    # 1 s at 16 kHz -> 100 mel frames -> 25 audio tokens (two stride-2 stages).
+    assert low.last().usage.prompt_tokens - plain.last().usage.prompt_tokens == 25 + len(
+        audio_loaded.tokenizer.encode("Audio: <|audio_bos|><|audio_eos|>", add_special_tokens=False)
+    )
+
+
+def test_media_the_model_does_not_take_is_a_400(vl_loaded: LoadedModel, audio_loaded: LoadedModel) -> None:
+    with pytest.raises(ContractError) as err:
+        decode_request(
+            tensors([{"type": "audio", "media_index": 0}], [(wav_bytes(), "audio/x-wav")]).get,
+            vl_loaded.tokenizer,
+            frozenset(),
+            None,
+            vl_loaded.media,
+        )
+    assert err.value.info.status == 400 and err.value.info.param == "messages.0.content.0.type"
+    with pytest.raises(ContractError) as err:
+        decode_request(
+            tensors([image_part()], [(image_bytes(), "image/png")]).get,
+            audio_loaded.tokenizer,
+            frozenset(),
+            None,
+            audio_loaded.media,
+        )
+    assert "does not accept image" in err.value.info.message
+
+
+def test_bad_media_bytes_are_a_400_naming_the_part(vl_loaded: LoadedModel) -> None:
+    content = [{"type": "text", "text": "hi"}, image_part()]
+    with pytest.raises(ContractError) as err:
+        decode_request(
+            tensors(content, [(b"not a png", "image/png")]).get, vl_loaded.tokenizer, frozenset(), None, vl_loaded.media
+        )
+    assert err.value.info.status == 400
+    assert err.value.info.param == "messages.0.content.1"
+    assert "messages.0.content.1" in err.value.info.message
+
+
+def test_media_index_out_of_range_is_a_400(vl_loaded: LoadedModel) -> None:
+    with pytest.raises(ContractError) as err:
+        decode_request(
+            tensors([image_part(3)], [(image_bytes(), "image/png")]).get,
+            vl_loaded.tokenizer,
+            frozenset(),
+            None,
+            vl_loaded.media,
+        )
+    assert err.value.info.param == "messages.0.content.0.media_index"
