@@ -439,7 +439,8 @@ class Engine:
                 [s.request.params.lora for s in self._running],
                 self._kv.cache,
                 input_ids=torch.tensor([[s.tokens[-1]] for s in self._running], dtype=torch.long, device=device),
-                attention_mask=self._kv.attention_mask(1, device),
+                # Without padding no mask is needed, and transformers then takes its faster path.
+                attention_mask=self._kv.attention_mask(1, device) if self._kv.padded else None,
                 position_ids=torch.tensor([[s.position] for s in self._running], dtype=torch.long, device=device),
             )
             logits = out.logits[:, -1, :]

@@ -187,6 +187,10 @@ class KVBatch:
             k[target.to(k.device)] = k.index_select(0, index.to(k.device))
             v[target.to(v.device)] = v.index_select(0, index.to(v.device))
 
+    @property
+    def padded(self) -> bool:
+        return any(self.pad)
+
     def attention_mask(self, extra: int, device: torch.device) -> torch.Tensor:
         """[rows, length + extra] mask: 0 on each row's padding, 1 elsewhere."""
         length = self.length + extra
