@@ -234,3 +234,12 @@ def test_media_index_out_of_range_is_a_400(vl_loaded: LoadedModel) -> None:
             vl_loaded.media,
         )
     assert err.value.info.param == "messages.0.content.0.media_index"
+
+
+def test_a_text_only_model_answers_media_with_a_400(tiny_loaded: LoadedModel) -> None:
+    assert tiny_loaded.media is None
+    inputs = tensors([{"type": "text", "text": "hi"}, image_part()], [(image_bytes(), "image/png")])
+    with pytest.raises(ContractError) as err:
+        decode_request(inputs.get, tiny_loaded.tokenizer, frozenset(), None, tiny_loaded.media)
+    assert err.value.info.status == 400 and err.value.info.param == "messages.0.content.1.type"
+    assert "this model accepts text only" in err.value.info.message
