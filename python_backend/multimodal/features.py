@@ -28,6 +28,7 @@ class ItemFeatures:
 
     tensors: dict[str, torch.Tensor]
     tokens: int
+    seconds_per_grid: float | None = None  # video: seconds one temporal patch spans (Qwen2.5-VL's rope)
 
 
 def _smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -93,7 +94,7 @@ class VisionFeatures:
         flat = patches.reshape(grid_t * grid_h * grid_w, 3 * t * p * p)
         grid = torch.tensor([[grid_t, grid_h, grid_w]], dtype=torch.long)
         tensors = {"pixel_values_videos": torch.from_numpy(np.ascontiguousarray(flat)), "video_grid_thw": grid}
-        return ItemFeatures(tensors, grid_t * grid_h * grid_w // m**2)
+        return ItemFeatures(tensors, grid_t * grid_h * grid_w // m**2, seconds_per_grid=t / clip.fps)
 
 
 class AudioFeatures:

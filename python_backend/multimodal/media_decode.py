@@ -31,6 +31,7 @@ _VIDEO_MIMES = {"video/mp4": ("mov", "mp4"), "video/x-msvideo": ("avi",), "video
 class MediaLimits:
     """Ceilings applied while decoding, before any model work."""
 
+    max_items: int = 20  # media parts per request (the frontend's default; tritonclient callers skip it)
     max_image_pixels: int = 4096 * 4096
     max_audio_seconds: float = 30.0  # Whisper-style encoders read 30 s windows
     video_fps: float = 2.0
@@ -142,6 +143,8 @@ def decode_video(data: bytes, mime: str, where: str, limits: MediaLimits) -> Vid
         if not container.streams.video:
             raise _bad(where, what)
         stream = container.streams.video[0]
+        # A source slower than the sampling rate gives every frame: its own rate is the clip's.
+        fps = min(limits.video_fps, float(stream.average_rate or limits.video_fps))
         if stream.width * stream.height > limits.max_frame_pixels:
             raise invalid(
                 f"'{where}' frames are {stream.width}x{stream.height}; the limit is {limits.max_frame_pixels} pixels",
@@ -167,7 +170,7 @@ def decode_video(data: bytes, mime: str, where: str, limits: MediaLimits) -> Vid
         container.close()
     if not frames:
         raise invalid(f"'{where}' contains no video frames", where)
-    return VideoClip(frames, limits.video_fps)
+    return VideoClip(frames, fps)
 
 
 def decode_media(

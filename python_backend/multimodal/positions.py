@@ -40,7 +40,9 @@ def mm_token_types(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
     return types
 
 
-def mrope_positions(model: Any, input_ids: torch.Tensor, tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+def mrope_positions(
+    model: Any, input_ids: torch.Tensor, tensors: dict[str, torch.Tensor], video_seconds: tuple[float, ...] = ()
+) -> tuple[torch.Tensor, int]:
     """(position_ids of shape (3, 1, L), rope delta) for one prompt."""
     owner = _rope_index_owner(model)
     accepted = inspect.signature(owner.get_rope_index).parameters
@@ -49,6 +51,7 @@ def mrope_positions(model: Any, input_ids: torch.Tensor, tensors: dict[str, torc
         "image_grid_thw": tensors.get("image_grid_thw"),
         "video_grid_thw": tensors.get("video_grid_thw"),
         "attention_mask": torch.ones_like(input_ids),
+        "second_per_grid_ts": torch.tensor(video_seconds, device=input_ids.device) if video_seconds else None,
     }
     kwargs = {name: value for name, value in candidates.items() if name in accepted}
     positions, deltas = owner.get_rope_index(input_ids, **kwargs)
@@ -62,7 +65,7 @@ def media_prefill_inputs(
     input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     tensors = media.to(device, dtype)
     if mrope:
-        positions, delta = mrope_positions(model, input_ids, tensors)
+        positions, delta = mrope_positions(model, input_ids, tensors, media.video_seconds_per_grid)
     else:
         positions, delta = torch.arange(len(prompt_ids), device=device).unsqueeze(0), 0
     return MediaPrefill({"input_ids": input_ids, "position_ids": positions, **tensors}, delta)

@@ -35,6 +35,8 @@ class MediaInputs:
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     kinds: tuple[str, ...] = ()  # the kinds present, for logs and decisions
+    # Per video, seconds per temporal patch: Qwen2.5-VL spaces video positions in time with it.
+    video_seconds_per_grid: tuple[float, ...] = ()
 
     def to(self, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The tensors on ``device``; float ones in the model's dtype."""
@@ -133,4 +135,5 @@ class MediaProcessor:
         if not tensors:
             return EncodedPrompt(ids, None)
         kinds = tuple(k for k, v in per_kind.items() if v)
-        return EncodedPrompt(ids, MediaInputs(tensors, kinds))
+        seconds = tuple(f.seconds_per_grid or 0.0 for f in per_kind["video"])
+        return EncodedPrompt(ids, MediaInputs(tensors, kinds, seconds))

@@ -44,6 +44,10 @@ def collect_media(messages: list[dict[str, Any]], get: TensorGetter, processor: 
     parts = media_parts(messages)
     if not parts:
         return []
+    if len(parts) > processor.limits.max_items:
+        raise invalid(
+            f"the request has {len(parts)} media parts; the limit is {processor.limits.max_items}", "messages"
+        )
     media = get(contract.MEDIA)
     types = get(contract.MEDIA_TYPES)
     blobs = [] if media is None else [_as_bytes(x) for x in media.reshape(-1)]

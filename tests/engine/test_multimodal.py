@@ -26,6 +26,7 @@ from python_backend.sequence import EngineRequest
 from python_backend.settings import EngineSettings
 from tests.fixtures.tiny_multimodal import (
     build_tiny_audio_model,
+    build_tiny_vl25_model,
     build_tiny_vl_model,
     image_bytes,
     mp4_bytes,
@@ -107,19 +108,32 @@ def test_an_image_changes_the_output_and_counts_its_tokens(vl_engine: Engine, vl
     assert len({plain.text(), red.text(), blue.text()}) == 3
 
 
+@pytest.fixture(scope="module")
+def vl25_loaded(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Any) -> LoadedModel:
+    folder = build_tiny_vl25_model(tmp_path_factory.mktemp("tiny-qwen2.5-vl"), tiny_tokenizer)
+    return load_model(EngineSettings(model_path=str(folder), dtype="float32", device="cpu"))
+
+
 @pytest.mark.parametrize("kind", ["image", "video"])
-def test_a_media_request_matches_transformers_generate(vl_engine: Engine, vl_loaded: LoadedModel, kind: str) -> None:
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl"])
+def test_a_media_request_matches_transformers_generate(request: pytest.FixtureRequest, arch: str, kind: str) -> None:
     """Greedy output equals ``generate``'s: the M-RoPE prefill positions and decode deltas are right."""
     import torch
 
-    media = (image_bytes(7), "image/png") if kind == "image" else (mp4_bytes(seed=7), "video/mp4")
+    vl_loaded: LoadedModel = request.getfixturevalue("vl_loaded" if arch == "qwen2_vl" else "vl25_loaded")
+    assert vl_loaded.model_type == arch
+
+    media = (image_bytes(7), "image/png") if kind == "image" else (mp4_bytes(frames=4, fps=1, seed=7), "video/mp4")
     inputs = tensors([{"type": kind, "media_index": 0}, {"type": "text", "text": "Describe it."}], [media])
     prepared = decode_request(inputs.get, vl_loaded.tokenizer, frozenset(), None, vl_loaded.media)
     assert prepared.media is not None
     input_ids = torch.tensor([prepared.prompt_ids])
     extra = dict(prepared.media.tensors)
-    if "mm_token_type_ids" in inspect.signature(vl_loaded.transformers_model.forward).parameters:
+    accepted = inspect.signature(vl_loaded.transformers_model.forward).parameters
+    if "mm_token_type_ids" in accepted:
         extra["mm_token_type_ids"] = mm_token_types(vl_loaded.transformers_model, input_ids)  # transformers 5
+    if kind == "video" and "second_per_grid_ts" in accepted:
+        extra["second_per_grid_ts"] = torch.tensor(prepared.media.video_seconds_per_grid)
     with torch.inference_mode():
         generated = vl_loaded.transformers_model.generate(
             input_ids=input_ids,
@@ -129,7 +143,11 @@ def test_a_media_request_matches_transformers_generate(vl_engine: Engine, vl_loa
             **extra,
         )
     expected = vl_loaded.tokenizer.decode(generated[0, len(prepared.prompt_ids) :], skip_special_tokens=True)
-    assert submit(vl_engine, vl_loaded, inputs).wait().text() == expected
+    engine = make_engine(vl_loaded)
+    try:
+        assert submit(engine, vl_loaded, inputs).wait().text() == expected
+    finally:
+        engine.stop()
 
 
 def test_an_image_request_is_repeatable(vl_engine: Engine, vl_loaded: LoadedModel) -> None:
@@ -222,6 +240,28 @@ def test_bad_media_bytes_are_a_400_naming_the_part(vl_loaded: LoadedModel) -> No
     assert err.value.info.status == 400
     assert err.value.info.param == "messages.0.content.1"
     assert "messages.0.content.1" in err.value.info.message
+
+
+def test_too_many_media_parts_are_a_400(vl_loaded: LoadedModel) -> None:
+    content = [image_part(0)] * 21
+    with pytest.raises(ContractError) as err:
+        decode_request(
+            tensors(content, [(image_bytes(), "image/png")]).get,
+            vl_loaded.tokenizer,
+            frozenset(),
+            None,
+            vl_loaded.media,
+        )
+    assert "limit is 20" in err.value.info.message
+
+
+def test_an_image_request_with_two_choices(vl_engine: Engine, vl_loaded: LoadedModel) -> None:
+    """n=2: both rows of the request start from the media prefill and carry its rope delta."""
+    inputs = tensors([image_part()], [(image_bytes(8), "image/png")], n=2, temperature=1.0, seed=5)
+    both = submit(vl_engine, vl_loaded, inputs).wait()
+    assert both.error is None
+    assert sorted(d.index for d in both.deltas if d.finish_reason is not None) == [0, 1]
+    assert all(d.usage.completion_tokens == 12 for d in both.deltas if d.usage is not None)
 
 
 def test_media_index_out_of_range_is_a_400(vl_loaded: LoadedModel) -> None:
