@@ -210,6 +210,26 @@ def test_an_audio_clip_changes_the_output(audio_engine: Engine, audio_loaded: Lo
     )
 
 
+def test_an_audio_request_matches_transformers_generate(audio_engine: Engine, audio_loaded: LoadedModel) -> None:
+    import torch
+
+    inputs = tensors(
+        [{"type": "audio", "media_index": 0}, {"type": "text", "text": "Hm?"}], [(wav_bytes(0.7, 330), "audio/x-wav")]
+    )
+    prepared = decode_request(inputs.get, audio_loaded.tokenizer, frozenset(), None, audio_loaded.media)
+    assert prepared.media is not None
+    with torch.inference_mode():
+        generated = audio_loaded.transformers_model.generate(
+            input_ids=torch.tensor([prepared.prompt_ids]),
+            max_new_tokens=12,
+            do_sample=False,
+            eos_token_id=None,
+            **prepared.media.tensors,
+        )
+    expected = audio_loaded.tokenizer.decode(generated[0, len(prepared.prompt_ids) :], skip_special_tokens=True)
+    assert submit(audio_engine, audio_loaded, inputs).wait().text() == expected
+
+
 def test_media_the_model_does_not_take_is_a_400(vl_loaded: LoadedModel, audio_loaded: LoadedModel) -> None:
     with pytest.raises(ContractError) as err:
         decode_request(
