@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import itertools
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -260,6 +261,28 @@ def test_bad_media_bytes_are_a_400_naming_the_part(vl_loaded: LoadedModel) -> No
     assert err.value.info.status == 400
     assert err.value.info.param == "messages.0.content.1"
     assert "messages.0.content.1" in err.value.info.message
+
+
+def test_an_image_request_with_beam_search(vl_engine: Engine, vl_loaded: LoadedModel) -> None:
+    inputs = tensors([image_part()], [(image_bytes(9), "image/png")], use_beam_search=True, n=2, temperature=1.0)
+    out = submit(vl_engine, vl_loaded, inputs).wait()
+    assert out.error is None
+    assert sorted(d.index for d in out.deltas) == [0, 1]
+
+
+@pytest.mark.parametrize("kind", ["image", "audio"])
+def test_media_inputs_follow_the_model_dtype(tmp_path: Path, tiny_tokenizer: Any, kind: str) -> None:
+    """bfloat16 weights: pixel values and mel features are cast to the model's dtype at prefill."""
+    build = build_tiny_vl_model if kind == "image" else build_tiny_audio_model
+    folder = build(tmp_path / kind, tiny_tokenizer)
+    loaded = load_model(EngineSettings(model_path=str(folder), dtype="bfloat16", device="cpu"))
+    media = (image_bytes(10), "image/png") if kind == "image" else (wav_bytes(0.5), "audio/x-wav")
+    engine = make_engine(loaded)
+    try:
+        out = submit(engine, loaded, tensors([{"type": kind, "media_index": 0}], [media])).wait()
+    finally:
+        engine.stop()
+    assert out.error is None and out.last().usage.completion_tokens == 12
 
 
 def test_too_many_media_parts_are_a_400(vl_loaded: LoadedModel) -> None:
