@@ -11,7 +11,7 @@ from PIL import Image
 
 from python_backend.contract import ContractError
 from python_backend.multimodal.media_decode import AudioClip, MediaLimits, VideoClip, decode_media
-from tests.fixtures.tiny_multimodal import image_bytes, mp4_bytes, wav_bytes
+from tests.fixtures.tiny_multimodal import encoded_audio, image_bytes, mp4_bytes, wav_bytes
 
 WHERE = "messages.0.content.1"
 LIMITS = MediaLimits()
@@ -58,6 +58,13 @@ def test_wav_is_resampled_to_mono_at_the_processor_rate() -> None:
     assert 0.2 < float(np.abs(clip.samples).max()) < 0.5  # 12000 / 32768
 
 
+@pytest.mark.parametrize(("fmt", "mime"), [("mp3", "audio/mpeg"), ("flac", "audio/flac")])
+def test_mp3_and_flac_decode(fmt: str, mime: str) -> None:
+    clip = decode_media("audio", encoded_audio(fmt, 0.5, rate=22050), mime, WHERE, LIMITS, 16000)
+    assert isinstance(clip, AudioClip) and abs(clip.samples.size - 8000) < 1200
+    assert 0.2 < float(np.abs(clip.samples).max()) < 0.4
+
+
 def test_audio_longer_than_the_ceiling_is_refused() -> None:
     error = _error("audio", wav_bytes(2.0), "audio/x-wav", MediaLimits(max_audio_seconds=1.0))
     assert "longer than 1 seconds" in error.info.message
@@ -75,6 +82,12 @@ def test_video_frames_are_sampled_at_the_server_rate_with_a_ceiling() -> None:
     assert clip.frames[0].size == (64, 48)
     capped = decode_media("video", mp4_bytes(frames=8, fps=4), "video/mp4", WHERE, MediaLimits(max_video_frames=3))
     assert isinstance(capped, VideoClip) and len(capped.frames) == 3
+
+
+@pytest.mark.parametrize(("container", "mime"), [("avi", "video/x-msvideo"), ("asf", "video/x-ms-wmv")])
+def test_avi_and_wmv_decode(container: str, mime: str) -> None:
+    clip = decode_media("video", mp4_bytes(frames=4, fps=2, container_format=container), mime, WHERE, LIMITS)
+    assert isinstance(clip, VideoClip) and len(clip.frames) == 4
 
 
 def test_video_errors() -> None:
