@@ -24,6 +24,7 @@ from python_backend.contract import (
     TopLogprob,
 )
 from python_backend.detokenizer import IncrementalDetokenizer
+from python_backend.multimodal.processor import MediaInputs
 from python_backend.output_plan import OutputPipeline, OutputPlan
 from python_backend.params import GenerationParams
 from python_backend.sampler import RowSampling, SampledToken
@@ -53,7 +54,7 @@ class EngineRequest:
     arrival: float = field(default_factory=time.perf_counter)
     output: OutputPlan = field(default_factory=OutputPlan)  # reasoning / tool-call parsing
     grammar: Any = None  # compiled response_format grammar (structured.GrammarCompiler.compile)
-    media: Any = None  # multimodal.processor.MediaInputs of a media request, until its prefill
+    media: MediaInputs | None = None  # a media request's extra prefill inputs, dropped after prefill
 
 
 TokenText = Callable[[int], tuple[str, list[int]]]  # token id -> (text, raw bytes)

@@ -13,6 +13,7 @@ import io
 import logging
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -78,7 +79,8 @@ def decode_image(data: bytes, mime: str, where: str, limits: MediaLimits) -> Ima
         raise _bad(where, f"a {fmt} image") from exc
 
 
-def _open_container(data: bytes, allowed: tuple[str, ...], where: str, what: str):  # type: ignore[no-untyped-def]
+def _open_container(data: bytes, allowed: tuple[str, ...], where: str, what: str) -> Any:
+    """An input container whose demuxer is one of ``allowed`` (the declared type's)."""
     import av
 
     try:
