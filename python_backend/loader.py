@@ -127,6 +127,10 @@ def load_model(settings: EngineSettings) -> LoadedModel:
     placement = place(settings.device, settings.dtype, config.get("torch_dtype") or config.get("dtype"))
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    processor_template = _read_json(folder / "chat_template.json").get("chat_template")
+    if not getattr(tokenizer, "chat_template", None) and isinstance(processor_template, str):
+        # Vision/audio checkpoints may keep the template with the processor only.
+        tokenizer.chat_template = processor_template
     if not getattr(tokenizer, "chat_template", None):
         raise ModelLoadError(
             "the tokenizer has no chat_template; the reference requires tokenizer_config.json "

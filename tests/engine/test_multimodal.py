@@ -285,6 +285,19 @@ def test_media_inputs_follow_the_model_dtype(tmp_path: Path, tiny_tokenizer: Any
     assert out.error is None and out.last().usage.completion_tokens == 12
 
 
+def test_a_template_kept_with_the_processor_is_used(tmp_path: Path, tiny_tokenizer: Any) -> None:
+    """Some VL checkpoints keep the chat template in chat_template.json (the processor's) only."""
+    import json
+
+    folder = build_tiny_vl_model(tmp_path / "vl", tiny_tokenizer)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    template = config.pop("chat_template")
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    loaded = load_model(EngineSettings(model_path=str(folder), dtype="float32", device="cpu"))
+    assert loaded.tokenizer.chat_template == template
+
+
 def test_too_many_media_parts_are_a_400(vl_loaded: LoadedModel) -> None:
     content = [image_part(0)] * 21
     with pytest.raises(ContractError) as err:
