@@ -151,6 +151,21 @@ def test_a_media_request_matches_transformers_generate(request: pytest.FixtureRe
         engine.stop()
 
 
+def test_text_on_a_vl_model_matches_transformers_generate(vl_engine: Engine, vl_loaded: LoadedModel) -> None:
+    """Text rows on an M-RoPE model: 1-D positions, expanded by the model to three equal rows."""
+    import torch
+
+    inputs = tensors([{"type": "text", "text": "Just words, no pictures."}])
+    prepared = decode_request(inputs.get, vl_loaded.tokenizer, frozenset(), None, vl_loaded.media)
+    assert prepared.media is None
+    with torch.inference_mode():
+        generated = vl_loaded.transformers_model.generate(
+            input_ids=torch.tensor([prepared.prompt_ids]), max_new_tokens=12, do_sample=False, eos_token_id=None
+        )
+    expected = vl_loaded.tokenizer.decode(generated[0, len(prepared.prompt_ids) :], skip_special_tokens=True)
+    assert submit(vl_engine, vl_loaded, inputs).wait().text() == expected
+
+
 def test_an_image_request_is_repeatable(vl_engine: Engine, vl_loaded: LoadedModel) -> None:
     inputs = tensors(
         [image_part(), {"type": "text", "text": "Describe."}], [(image_bytes(3, fmt="JPEG"), "image/jpeg")]
