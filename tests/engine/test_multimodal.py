@@ -354,3 +354,11 @@ def test_a_text_only_model_answers_media_with_a_400(tiny_loaded: LoadedModel) ->
         decode_request(inputs.get, tiny_loaded.tokenizer, frozenset(), None, tiny_loaded.media)
     assert err.value.info.status == 400 and err.value.info.param == "messages.0.content.1.type"
     assert "this model accepts text only" in err.value.info.message
+
+
+def test_a_placeholder_typed_in_text_is_a_400(vl_loaded: LoadedModel) -> None:
+    """Image token ids never reach the model without their features."""
+    inputs = tensors([{"type": "text", "text": "sneaky <|image_pad|> token"}])
+    with pytest.raises(ContractError) as err:
+        decode_request(inputs.get, vl_loaded.tokenizer, frozenset(), None, vl_loaded.media)
+    assert err.value.info.status == 400 and "placeholder" in err.value.info.message
