@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import importlib.util
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from openai_frontend.launcher.tritonserver import TritonServerProcess
 from python_backend.settings import EngineSettings
 
 SERVED_MODEL_NAME = "tiny-qwen2-chat"
+LORA_NAME = "tiny-lora"
 TRAINED_MODEL_NAME = "tiny-trained-chat"
 READY_TIMEOUT_S = 180.0
 FRONTEND_START_TIMEOUT_S = 30.0
@@ -72,7 +74,9 @@ def start_triton(repo_parent: Path, settings: EngineSettings, log_path: Path) ->
 
 
 @pytest.fixture(scope="session")
-def triton_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonHandle]:
+def triton_server(
+    tiny_model_dir: Path, tiny_lora_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TritonHandle]:
     if importlib.util.find_spec("python_backend.triton_model") is None:
         pytest.skip("python_backend.triton_model does not exist yet")
     settings = EngineSettings(
@@ -87,6 +91,8 @@ def triton_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
         max_num_seqs=8,
         max_seq_len=32768,
         max_input_token_len=1024,
+        # One LoRA adapter: requests name it with `model` (test_chat_e2e); the others use the base.
+        lora_modules=json.dumps({LORA_NAME: str(tiny_lora_dir)}),
     )
     work = tmp_path_factory.mktemp("triton")
     process = start_triton(work / "models", settings, work / "tritonserver.log")
@@ -157,10 +163,12 @@ def _stop_frontends(started: list[_Frontend]) -> None:
 
 
 def _frontend_values(triton: TritonHandle, overrides: dict[str, Any]) -> dict[str, Any]:
+    adapters = json.loads(triton.settings.lora_modules) if triton.settings.lora_modules else {}
     return {
         "triton_grpc_url": triton.grpc_url,
         "triton_model_name": triton.model_name,
         "served_model_name": triton.served_model_name,
+        "lora_names": list(adapters),
         **overrides,
     }
 
