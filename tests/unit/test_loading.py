@@ -1,0 +1,73 @@
+"""Model loading rules: chat template required, device and dtype selection, token bytes."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from python_backend.device import DeviceError, resolve_device, resolve_dtype
+from python_backend.loader import ModelLoadError, load_model
+from python_backend.settings import EngineSettings, SettingsError
+from python_backend.token_text import TokenTexts
+
+
+def test_a_tokenizer_without_chat_template_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "no-template"
+    shutil.copytree(tiny_model_dir, folder)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    config = folder / "tokenizer_config.json"
+    import json
+
+    data = json.loads(config.read_text())
+    data.pop("chat_template", None)
+    config.write_text(json.dumps(data))
+    with pytest.raises(ModelLoadError, match="chat_template"):
+        load_model(EngineSettings(model_path=str(folder), dtype="float32"))
+    with pytest.raises(ModelLoadError, match="not a local model folder"):
+        load_model(EngineSettings(model_path=str(tmp_path / "missing")))
+
+
+def test_device_and_dtype_selection() -> None:
+    if not torch.cuda.is_available():
+        assert resolve_device("auto").type in ("cpu", "npu")
+        with pytest.raises(DeviceError, match="cuda"):
+            resolve_device("cuda:0")
+    assert resolve_dtype("auto", "bfloat16", torch.device("cpu")) == torch.bfloat16
+    assert resolve_dtype("auto", None, torch.device("cpu")) == torch.float32
+    assert resolve_dtype("auto", torch.float16, torch.device("cpu")) == torch.bfloat16  # CPU fp16 is slow
+    assert resolve_dtype("float16", "bfloat16", torch.device("cpu")) == torch.float16
+    for bad in ({"dtype": "float64"}, {"device": "tpu"}, {"device": "cuda:x"}, {"max_num_seqs": 0}):
+        with pytest.raises(SettingsError):
+            EngineSettings(**bad)  # type: ignore[arg-type]
+
+
+def test_token_bytes_are_the_tokens_own_bytes(tiny_tokenizer) -> None:
+    texts = TokenTexts(tiny_tokenizer)
+    text = "你好 😀 wörld"
+    ids = tiny_tokenizer.encode(text, add_special_tokens=False)
+    assert b"".join(bytes(texts(i)[1]) for i in ids) == text.encode("utf-8")
+
+
+class _ByteFallbackTokenizer:
+    """The two calls TokenTexts makes, as a SentencePiece tokenizer with byte fallback answers them."""
+
+    pieces = {0: "<0xE4>", 1: "▁hello", 2: "<0xBD>"}
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    def convert_ids_to_tokens(self, ids):
+        return [self.pieces[i] for i in ids] if isinstance(ids, list) else self.pieces[ids]
+
+    def decode(self, ids, **kwargs) -> str:
+        return "\ufffd" if self.pieces[ids[0]].startswith("<0x") else " hello"
+
+
+def test_byte_fallback_tokens_report_their_byte() -> None:
+    texts = TokenTexts(_ByteFallbackTokenizer())  # type: ignore[arg-type]
+    assert texts(0) == ("\ufffd", [0xE4])
+    assert texts(2)[1] == [0xBD]
+    assert texts(1) == (" hello", list(b" hello"))
