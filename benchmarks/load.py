@@ -105,6 +105,9 @@ async def run_load(
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
+        # Token counts from the server's usage, not from content chunks: a token whose text is
+        # empty (special, or part of a character) sends no content, so chunks undercount.
+        "stream_options": {"include_usage": True},
     }
     if force_length:
         body.update({"ignore_eos": True, "min_tokens": max_tokens})
