@@ -126,7 +126,8 @@ def load_model(settings: EngineSettings) -> LoadedModel:
     gen = _read_json(folder / "generation_config.json")
     placement = place(settings.device, settings.dtype, config.get("torch_dtype") or config.get("dtype"))
     started = time.monotonic()
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    remote = settings.trust_remote_code
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=remote)
     processor_template = _read_json(folder / "chat_template.json").get("chat_template")
     if not getattr(tokenizer, "chat_template", None) and isinstance(processor_template, str):
         # Vision/audio checkpoints may keep the template with the processor only.
@@ -139,7 +140,9 @@ def load_model(settings: EngineSettings) -> LoadedModel:
     adapters = parse_lora_modules(settings.lora_modules)
     model_type = str(config.get("model_type") or "")
     model_class = _model_class(model_type)
-    base = model_class.from_pretrained(str(folder), dtype=placement.dtype, local_files_only=True)
+    base = model_class.from_pretrained(
+        str(folder), dtype=placement.dtype, local_files_only=True, trust_remote_code=remote
+    )
     base.to(placement.device)  # type: ignore[arg-type]  # transformers' typed wrapper of nn.Module.to
     base.eval()
     model = attach_adapters(base, adapters)

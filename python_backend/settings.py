@@ -45,6 +45,9 @@ class EngineSettings:
     # MindIE's LoraModules: a JSON object {"adapter name": "/local/peft/adapter/folder"}; a
     # request whose `model` is an adapter's name runs with that adapter (see lora.py).
     lora_modules: str = ""
+    # Run Python code shipped inside the model folder (ChatGLM3 and other `auto_map` models need
+    # it). Off by default: that code runs with the server's rights, so only for trusted folders.
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -74,7 +77,11 @@ class EngineSettings:
         for key, text in params.items():
             if key not in known:
                 raise SettingsError(f"unknown model parameter '{key}'")
-            if known[key].type in ("int", int):
+            if known[key].type in ("bool", bool):
+                if text.lower() not in ("true", "false", "1", "0"):
+                    raise SettingsError(f"model parameter '{key}' must be true or false, got '{text}'")
+                values[key] = text.lower() in ("true", "1")
+            elif known[key].type in ("int", int):
                 try:
                     values[key] = int(text)
                 except ValueError as exc:
@@ -84,4 +91,7 @@ class EngineSettings:
         return EngineSettings(**values)
 
     def to_parameters(self) -> dict[str, str]:
-        return {f.name: str(getattr(self, f.name)) for f in fields(self)}
+        def text(value: object) -> str:
+            return str(value).lower() if isinstance(value, bool) else str(value)
+
+        return {f.name: text(getattr(self, f.name)) for f in fields(self)}

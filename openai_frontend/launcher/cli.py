@@ -64,6 +64,7 @@ class ServeOptions:
     lora_modules: dict[str, str]  # adapter name -> local PEFT adapter folder (MindIE LoraModules)
     tool_call_parser: str
     reasoning_parser: str
+    trust_remote_code: bool
     openai_mode: str
     full_text: bool
     api_keys: tuple[str, ...]
@@ -132,6 +133,11 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
         default=[],
         metavar="NAME=DIR",
         help="a LoRA adapter (PEFT folder) requests select with model=NAME (repeatable)",
+    )
+    model.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="run Python code shipped in the model folder (needed by e.g. ChatGLM3); trusted folders only",
     )
     model.add_argument(
         "--tool-call-parser",
@@ -362,6 +368,7 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         lora_modules=lora_modules,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
+        trust_remote_code=args.trust_remote_code,
         openai_mode=args.openai_mode,
         full_text=args.full_text,
         api_keys=tuple(args.api_keys),
@@ -384,6 +391,7 @@ def engine_settings(options: ServeOptions, model_dir: Path, served_model_name: s
         lora_modules=json.dumps(options.lora_modules) if options.lora_modules else "",
         tool_call_parser=options.tool_call_parser,
         reasoning_parser=options.reasoning_parser,
+        trust_remote_code=options.trust_remote_code,
         **values,
     )
 

@@ -63,6 +63,7 @@ class ModelSection(_Section):
     kvCacheMemoryMb: int = Field(default=0, ge=0)
     toolCallParser: str = "auto"
     reasoningParser: str = "auto"
+    trustRemoteCode: bool = False  # run code shipped in the model folder (e.g. ChatGLM3)
 
 
 class LoraEntry(_Section):
@@ -116,6 +117,7 @@ def flag_defaults(config: ServerFile) -> dict[str, Any]:
         "kv_cache_memory_mb": model.kvCacheMemoryMb,
         "tool_call_parser": model.toolCallParser,
         "reasoning_parser": model.reasoningParser,
+        "trust_remote_code": model.trustRemoteCode,
         "lora_modules": [f"{m.name}={m.path}" for m in config.LoraModules],
     }
     if server.httpsEnabled:

@@ -152,3 +152,20 @@ def test_the_text_only_model_answers_an_image_with_a_400(triton_server: TritonHa
     with pytest.raises(openai.BadRequestError) as err:
         ask(client, triton_server.served_model_name, [part])
     assert "this model accepts text only" in str(err.value)
+
+
+def test_bare_string_and_url_object_formats(vl_client: openai.OpenAI, media_root: Path) -> None:
+    """Formats 1 and 2 (a bare string; {"url": ...}) with a local path and a base64 JPG."""
+    jpg = image_bytes(13, fmt="JPEG")
+    (media_root / "photo.jpg").write_bytes(jpg)
+    answers = [
+        ask(vl_client, VL_MODEL_NAME, [{"type": "image_url", "image_url": part}]).choices[0].message.content
+        for part in (
+            f"{media_root}/photo.jpg",  # format 1, a local path
+            base64.b64encode(jpg).decode(),  # format 1, base64 JPG
+            {"url": f"{media_root}/photo.jpg"},  # format 2
+            {"url": data_url(jpg, "image/jpeg")},  # format 4
+        )
+    ]
+    assert len(set(answers)) == 1
+    assert answers[0] != ask(vl_client, VL_MODEL_NAME, []).choices[0].message.content

@@ -71,3 +71,17 @@ def test_byte_fallback_tokens_report_their_byte() -> None:
     assert texts(0) == ("\ufffd", [0xE4])
     assert texts(2)[1] == [0xBD]
     assert texts(1) == (" hello", list(b" hello"))
+
+
+def test_trust_remote_code_is_off_unless_asked(tmp_path: Path) -> None:
+    from openai_frontend.launcher.cli import engine_settings, parse_serve_args
+
+    assert EngineSettings().trust_remote_code is False
+    assert EngineSettings.from_parameters({"trust_remote_code": "true"}).trust_remote_code is True
+    assert EngineSettings.from_parameters({"trust_remote_code": "0"}).trust_remote_code is False
+    assert EngineSettings(trust_remote_code=True).to_parameters()["trust_remote_code"] == "true"
+    with pytest.raises(SettingsError, match="true or false"):
+        EngineSettings.from_parameters({"trust_remote_code": "maybe"})
+    options = parse_serve_args(["serve", "--model", str(tmp_path), "--trust-remote-code"])
+    assert engine_settings(options, tmp_path, "m").trust_remote_code is True
+    assert engine_settings(parse_serve_args(["serve"]), tmp_path, "m").trust_remote_code is False
