@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from python_backend.attention import use_decode_attention
 from python_backend.device import place
 from python_backend.lora import attach_adapters, parse_lora_modules
 from python_backend.multimodal.processor import AUDIO_MODEL_TYPES, VISION_MODEL_TYPES, MediaProcessor
@@ -140,8 +141,12 @@ def load_model(settings: EngineSettings) -> LoadedModel:
     adapters = parse_lora_modules(settings.lora_modules)
     model_type = str(config.get("model_type") or "")
     model_class = _model_class(model_type)
+    extra: dict[str, Any] = {}
+    if placement.device.type == "cpu" and model_class is AutoModelForCausalLM:
+        # One-query-row attention without SDPA's CPU overhead (attention.py); prefill unchanged.
+        extra["attn_implementation"] = use_decode_attention()
     base = model_class.from_pretrained(
-        str(folder), dtype=placement.dtype, local_files_only=True, trust_remote_code=remote
+        str(folder), dtype=placement.dtype, local_files_only=True, trust_remote_code=remote, **extra
     )
     base.to(placement.device)  # type: ignore[arg-type]  # transformers' typed wrapper of nn.Module.to
     base.eval()

@@ -1,0 +1,54 @@
+"""A faster attention for decode steps on CPU, registered with transformers by name.
+
+Owns ``decode_attention`` and ``use_decode_attention``. A decode step has one query row per
+sequence; PyTorch's CPU ``scaled_dot_product_attention`` handles that shape poorly (about 3x slower
+than two grouped matmuls on the 2-core test machine, measured per 30 layers at batch 16). For one
+query row we compute attention directly, grouping the query heads that share a KV head instead of
+copying the KV heads (`repeat_kv`); every other call (prefill, vision towers) goes to transformers'
+own SDPA function, so results there are unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+NAME = "triton_chat_decode"
+
+
+def decode_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention for ``query`` [B, H, q, D] over ``key``/``value`` [B, KV, L, D]; returns [B, q, H, D]."""
+    batch, heads, q_len, dim = query.shape
+    kv_heads = key.shape[1]
+    if q_len != 1 or heads % kv_heads or kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    group = heads // kv_heads
+    grouped = query.reshape(batch, kv_heads, group, dim)
+    scores = torch.matmul(grouped, key.transpose(-1, -2)).float() * (scaling if scaling is not None else dim**-0.5)
+    if attention_mask is not None:
+        # sdpa_mask gives a boolean [B, 1, q, L] (True = attend) or an additive float mask.
+        mask = attention_mask[:, :, -1, : key.shape[-2]].reshape(batch, 1, 1, -1)
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+    probs = torch.softmax(scores, dim=-1).to(value.dtype)
+    out = torch.matmul(probs, value)  # [B, KV, group, D]
+    return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
+
+
+def use_decode_attention() -> str:
+    """Register the function (and SDPA's mask format for it) with transformers; returns its name."""
+    AttentionInterface.register(NAME, decode_attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+    return NAME
