@@ -1,7 +1,4 @@
-"""Session-wide fixtures: tiny random-weight chat models built offline once per test session.
-
-Also makes ``slow`` tests opt-in: they run only when ``-m`` names them (``pytest -m slow``).
-"""
+"""Session-wide fixtures: tiny random-weight chat models built offline once per test session."""
 
 from __future__ import annotations
 
@@ -12,15 +9,6 @@ import pytest
 
 from tests.fixtures.tiny_models import build_tiny_chat_model, train_tiny_tokenizer
 from tests.fixtures.trained_models import build_trained_chat_model
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if "slow" in (config.getoption("markexpr") or ""):
-        return
-    opt_in = pytest.mark.skip(reason="slow: opt-in, run with -m slow")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(opt_in)
 
 
 @pytest.fixture(scope="session")
