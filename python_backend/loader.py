@@ -92,8 +92,9 @@ def _sampling_defaults(gen: dict[str, Any], config: dict[str, Any], vocab_size: 
     top_k = DEFAULT_TOP_K if not isinstance(top_k, int) or top_k < 0 else top_k
     if top_k == 0 or top_k > vocab_size:
         top_k = vocab_size
-    do_sample = gen.get("do_sample", True)
-    temperature = float(gen.get("temperature", 1.0)) if do_sample is not False else 1.0
+    # A generation_config that says `do_sample: false` asks for greedy decoding (transformers'
+    # meaning); one that says nothing leaves the reference's default of 1.0 to its temperature.
+    temperature = 0.0 if gen.get("do_sample") is False else float(gen.get("temperature", 1.0))
     return SamplingDefaults(
         temperature=temperature,
         top_p=float(gen.get("top_p", 1.0)),

@@ -85,3 +85,15 @@ def test_trust_remote_code_is_off_unless_asked(tmp_path: Path) -> None:
     options = parse_serve_args(["serve", "--model", str(tmp_path), "--trust-remote-code"])
     assert engine_settings(options, tmp_path, "m").trust_remote_code is True
     assert engine_settings(parse_serve_args(["serve"]), tmp_path, "m").trust_remote_code is False
+
+
+def test_sampling_defaults_follow_generation_config() -> None:
+    from python_backend.loader import _sampling_defaults
+
+    greedy = _sampling_defaults({"do_sample": False, "temperature": 0.7}, {}, 1000)
+    assert greedy.temperature == 0.0
+    sampled = _sampling_defaults({"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20}, {}, 1000)
+    assert (sampled.temperature, sampled.top_p, sampled.top_k) == (0.7, 0.8, 20)
+    plain = _sampling_defaults({}, {"top_k": 5000}, 1000)
+    assert (plain.temperature, plain.top_k) == (1.0, 1000)  # reference default; top_k clamped to the vocabulary
+    assert _sampling_defaults({}, {}, 50000).top_k == 1000  # the ATB rule when no config names one
