@@ -9,9 +9,12 @@ divided by length (length penalty 1.0, as in transformers and vLLM).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from python_backend.contract import FINISH_LENGTH, FINISH_STOP, ChoiceDelta, ChoiceUsage
 
 
 @dataclass
@@ -97,3 +100,31 @@ class BeamSearch:
     def best(self, n: int) -> list[Hypothesis]:
         pool = self.finished + self.beams
         return sorted(pool, key=lambda h: h.ranking, reverse=True)[:n]
+
+    def answers(
+        self, n: int, prompt_tokens: int, prefill_ms: float, decode: Callable[[list[int]], str]
+    ) -> list[ChoiceDelta]:
+        """The best ``n`` hypotheses as whole choices, indexed from 0, each with its usage."""
+        deltas = []
+        for index, hypothesis in enumerate(self.best(n)):
+            tokens = hypothesis.tokens[:-1] if hypothesis.finished_by_eos else hypothesis.tokens
+            usage = ChoiceUsage(
+                prompt_tokens=prompt_tokens,
+                completion_tokens=len(hypothesis.tokens),
+                batch_size=hypothesis.batch_size,
+                queue_wait_time=hypothesis.queue_wait_us,
+                prefill_time=prefill_ms,
+                decode_time_arr=hypothesis.decode_ms,
+                cumulative_logprob=hypothesis.score,
+            )
+            deltas.append(
+                ChoiceDelta(
+                    index=index,
+                    text=decode(tokens),
+                    finish_reason=FINISH_STOP if hypothesis.finished_by_eos else FINISH_LENGTH,
+                    usage=usage,
+                    num_input_tokens=prompt_tokens,
+                    num_output_tokens=len(hypothesis.tokens),
+                )
+            )
+        return deltas

@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import inspect
 import logging
-import queue
 import secrets
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from python_backend.admission import Admission, RequestGroup, rows_needed
 from python_backend.beam_search import BeamSearch
-from python_backend.contract import FINISH_LENGTH, FINISH_STOP, ChoiceDelta, ChoiceUsage, ContractError, ErrorInfo
+from python_backend.contract import FINISH_LENGTH, ContractError, ErrorInfo
 from python_backend.detokenizer import IncrementalDetokenizer
 from python_backend.kv_cache import BatchCache, KVBatch
 from python_backend.limits import Limits
@@ -53,53 +52,17 @@ class EngineStats:
     kv_budget_tokens: int
 
 
-def _rows_needed(request: EngineRequest) -> int:
-    params = request.params
-    return params.n if params.use_beam_search else params.candidates
-
-
-@dataclass(eq=False)  # identity semantics: groups are compared with `is`, never by value
-class _Group:
-    """A request in the engine: its sequences (n or best_of of them) and its bookkeeping."""
-
-    request: EngineRequest
-    max_new_tokens: int
-    reservation: int
-    sequences: list[Sequence] = field(default_factory=list)
-    finished: int = 0
-    prefill_done: int = 0
-    prefill_cache: BatchCache | None = None
-    prefill_started: float = 0.0
-    beam: BeamSearch | None = None
-    prefill_ms: float = 0.0
-
-    @property
-    def candidates(self) -> int:
-        """Rows the request occupies: its beams, or n / best_of sampled sequences."""
-        return _rows_needed(self.request)
-
-    @property
-    def buffered(self) -> bool:
-        """best_of > n: all candidates finish before the best n are sent."""
-        return self.candidates > self.request.params.n
-
-
 class Engine:
     def __init__(self, loaded: LoadedModel, settings: EngineSettings) -> None:
         self._loaded = loaded
         self._settings = settings
         self.limits = Limits.resolve(settings, loaded)
         self._texts = TokenTexts(loaded.tokenizer)
-        self._inbox: queue.SimpleQueue[_Group] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._queued = 0  # inbox + waiting, guarded by _lock
-        self._cancel_ids: set[str] = set()  # guarded by _lock
-        self._waiting: deque[_Group] = deque()
-        self._prefilling: _Group | None = None
+        self._admission = Admission(settings.max_waiting_requests, self.limits.kv_budget_tokens)
+        self._prefilling: RequestGroup | None = None
         self._running: list[Sequence] = []  # in KV-batch row order
-        self._groups: dict[str, _Group] = {}
+        self._groups: dict[str, RequestGroup] = {}
         self._kv = KVBatch()
-        self._reserved = 0
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -127,7 +90,7 @@ class Engine:
         params = request.params
         if params.use_beam_search and params.logprobs:
             raise ContractError(ErrorInfo(400, "'logprobs' cannot be used with 'use_beam_search'", param="logprobs"))
-        rows = _rows_needed(request)
+        rows = rows_needed(request)
         max_new = self.limits.max_new_tokens(len(request.prompt_ids), params)
         reservation = self.limits.reservation(len(request.prompt_ids), max_new, rows)
         if rows > self._settings.max_num_seqs:
@@ -138,30 +101,20 @@ class Engine:
                     param="best_of" if (params.best_of or 0) > params.n else "n",
                 )
             )
-        with self._lock:
-            if self._queued >= self._settings.max_waiting_requests:
-                raise ContractError(
-                    ErrorInfo(
-                        429,
-                        f"the server is overloaded ({self._queued} requests waiting); retry later",
-                        "rate_limit_exceeded",
-                        code="overloaded",
-                    )
-                )
-            self._queued += 1
-        self._inbox.put(_Group(request, max_new, reservation))
+        self._admission.enqueue(RequestGroup(request, max_new, reservation))
         self._wake.set()
 
     def cancel(self, request_id: str) -> None:
-        with self._lock:
-            self._cancel_ids.add(request_id)
+        self._admission.request_cancel(request_id)
         self._wake.set()
 
     def stats(self) -> EngineStats:
-        with self._lock:
-            waiting = self._queued
         return EngineStats(
-            len(self._running), waiting, self._kv.bytes_used(), self._reserved, self.limits.kv_budget_tokens
+            len(self._running),
+            self._admission.queued,
+            self._kv.bytes_used(),
+            self._admission.reserved,
+            self.limits.kv_budget_tokens,
         )
 
     # --- the loop (engine thread only) -----------------------------------------------------------
@@ -170,7 +123,7 @@ class Engine:
             while not self._stopping.is_set():
                 self._drain_inbox()
                 self._reap_cancelled()
-                if not (self._waiting or self._prefilling or self._running):
+                if not (self._admission.waiting or self._prefilling or self._running):
                     self._wake.wait(_IDLE_WAIT_S)
                     self._wake.clear()
                     continue
@@ -179,18 +132,11 @@ class Engine:
         self._fail_all(_SHUTDOWN)
 
     def _drain_inbox(self) -> None:
-        while True:
-            try:
-                group = self._inbox.get_nowait()
-            except queue.Empty:
-                return
+        for group in self._admission.drain():
             self._groups[group.request.request_id] = group
-            self._waiting.append(group)
 
     def _reap_cancelled(self) -> None:
-        with self._lock:
-            cancelled = set(self._cancel_ids)
-            self._cancel_ids.clear()
+        cancelled = self._admission.take_cancelled()
         for request_id, group in list(self._groups.items()):
             if request_id in cancelled or self._polled_cancel(group):
                 tokens = sum(len(s.tokens) for s in group.sequences)
@@ -198,24 +144,19 @@ class Engine:
                 self._remove(group, EngineEvent(request_id, final=True))
 
     @staticmethod
-    def _polled_cancel(group: _Group) -> bool:
+    def _polled_cancel(group: RequestGroup) -> bool:
         try:
             return group.request.is_cancelled()
         except Exception:  # a broken transport cannot deliver anything: treat as cancelled
             logger.exception("is_cancelled() failed for %s", group.request.request_id)
             return True
 
-    def _remove(self, group: _Group, last: EngineEvent) -> None:
+    def _remove(self, group: RequestGroup, last: EngineEvent) -> None:
         """Take a request out wherever it is, free its rows and reservation, send its last event."""
         request_id = group.request.request_id
         if self._groups.pop(request_id, None) is None:
             return
-        if any(g is group for g in self._waiting):
-            self._waiting.remove(group)
-            with self._lock:
-                self._queued -= 1
-        else:
-            self._reserved -= group.reservation
+        self._admission.withdraw(group)
         if self._prefilling is group:
             self._prefilling = None
         if any(s.request is group.request for s in self._running):
@@ -250,13 +191,14 @@ class Engine:
             budget -= self._prefill_chunk(self._prefilling, budget)
             if self._prefilling is not None or budget <= 0:
                 return
-        batch: list[_Group] = []
-        while budget > 0 and self._waiting and self._can_admit(self._waiting[0], sum(g.candidates for g in batch)):
-            if self._waiting[0].request.media is not None:
+        batch: list[RequestGroup] = []
+        waiting = self._admission.waiting
+        while budget > 0 and waiting and self._can_admit(waiting[0], sum(g.candidates for g in batch)):
+            if self._admission.waiting[0].request.media is not None:
                 if not batch:  # media inputs are per request: its prefill runs alone, whole
                     self._prefill_media(self._admit())
                 break
-            size = len(self._waiting[0].request.prompt_ids)
+            size = len(self._admission.waiting[0].request.prompt_ids)
             if size > budget:
                 if not batch:  # too long for one step: prefill it in chunks from now on
                     self._prefilling = self._admit()
@@ -267,16 +209,13 @@ class Engine:
         if batch:
             self._prefill_batch(batch)
 
-    def _can_admit(self, group: _Group, pending_rows: int) -> bool:
+    def _can_admit(self, group: RequestGroup, pending_rows: int) -> bool:
         """Room for the head of the queue: sequence seats and KV budget (FIFO, no overtaking)."""
         seats = self._settings.max_num_seqs - len(self._running) - self._admitted_rows - pending_rows
-        return group.candidates <= seats and self._reserved + group.reservation <= self.limits.kv_budget_tokens
+        return self._admission.can_admit(group, seats)
 
-    def _admit(self) -> _Group:
-        group = self._waiting.popleft()
-        with self._lock:
-            self._queued -= 1
-        self._reserved += group.reservation
+    def _admit(self) -> RequestGroup:
+        group = self._admission.admit()
         group.prefill_cache = BatchCache()
         group.prefill_started = time.perf_counter()
         return group
@@ -286,7 +225,7 @@ class Engine:
         """Rows promised to a request whose chunked prefill is still running."""
         return self._prefilling.candidates if self._prefilling is not None else 0
 
-    def _prefill_chunk(self, group: _Group, budget: int) -> int:
+    def _prefill_chunk(self, group: RequestGroup, budget: int) -> int:
         """One chunk of a long prompt; returns the tokens it used."""
         prompt = group.request.prompt_ids
         chunk = prompt[group.prefill_done : group.prefill_done + budget]
@@ -315,7 +254,7 @@ class Engine:
             self._start_sequences(group, out.logits[0, -1:, :], cache, row=0, pad=0)
         return len(chunk)
 
-    def _prefill_batch(self, groups: list[_Group]) -> None:
+    def _prefill_batch(self, groups: list[RequestGroup]) -> None:
         """Prefill several short prompts in one forward pass, left-padded to a common length."""
         device = self._loaded.device
         prompts = [g.request.prompt_ids for g in groups]
@@ -344,7 +283,7 @@ class Engine:
             group.prefill_cache = None
             self._start_sequences(group, out.logits[row, -1:, :], cache, row=row, pad=pads[row])
 
-    def _prefill_media(self, group: _Group) -> None:
+    def _prefill_media(self, group: RequestGroup) -> None:
         """Prefill a request with images, video or audio: batch of one, the whole prompt."""
         request, loaded = group.request, self._loaded
         if request.media is None:
@@ -369,7 +308,7 @@ class Engine:
         group.prefill_cache = None
         self._start_sequences(group, out.logits[0, -1:, :], cache, row=0, pad=0, rope_delta=prefill.rope_delta)
 
-    def _row_sampling(self, group: _Group, index: int) -> RowSampling:
+    def _row_sampling(self, group: RequestGroup, index: int) -> RowSampling:
         params = group.request.params
         defaults = self._loaded.defaults
         seed = params.seed if params.seed is not None else secrets.randbits(64)
@@ -392,7 +331,7 @@ class Engine:
         )
 
     def _start_sequences(
-        self, group: _Group, logits: torch.Tensor, cache: BatchCache, row: int, pad: int, rope_delta: int = 0
+        self, group: RequestGroup, logits: torch.Tensor, cache: BatchCache, row: int, pad: int, rope_delta: int = 0
     ) -> None:
         request = group.request
         group.sequences = [
@@ -468,7 +407,7 @@ class Engine:
         self._after_tokens(list(self._running))
 
     def _beam_advance(
-        self, group: _Group, logits: torch.Tensor, rows: list[int] | None, started: float, ended: float, batch: int
+        self, group: RequestGroup, logits: torch.Tensor, rows: list[int] | None, started: float, ended: float, batch: int
     ) -> None:
         """One beam-search step: pick each beam's parent and token, move the KV rows to match."""
         beam = group.beam
@@ -488,35 +427,19 @@ class Engine:
             for seq in group.sequences:
                 seq.finish_reason = FINISH_LENGTH  # the group is over; each answer's reason is its own
 
-    def _send_beams(self, group: _Group) -> None:
+    def _send_beams(self, group: RequestGroup) -> None:
         """Beam search answers all at once (MindIE's pseudo-streaming): the best n hypotheses."""
         if group.beam is None:
             raise RuntimeError("not a beam-search request")
         params = group.request.params
-        prompt_tokens = len(group.request.prompt_ids)
-        best = group.beam.best(params.n)
-        for index, hypothesis in enumerate(best):
-            tokens = hypothesis.tokens[:-1] if hypothesis.finished_by_eos else hypothesis.tokens
-            text = self._loaded.tokenizer.decode(tokens, skip_special_tokens=params.skip_special_tokens)
-            usage = ChoiceUsage(
-                prompt_tokens=prompt_tokens,
-                completion_tokens=len(hypothesis.tokens),
-                batch_size=hypothesis.batch_size,
-                queue_wait_time=hypothesis.queue_wait_us,
-                prefill_time=group.prefill_ms,
-                decode_time_arr=hypothesis.decode_ms,
-                cumulative_logprob=hypothesis.score,
-            )
-            delta = ChoiceDelta(
-                index=index,
-                text=str(text),
-                finish_reason=FINISH_STOP if hypothesis.finished_by_eos else FINISH_LENGTH,
-                usage=usage,
-                num_input_tokens=prompt_tokens,
-                num_output_tokens=len(hypothesis.tokens),
-            )
-            event = EngineEvent(group.request.request_id, delta=delta, final=index == len(best) - 1)
-            self._deliver(group.request, event)
+
+        def decode(tokens: list[int]) -> str:
+            return str(self._loaded.tokenizer.decode(tokens, skip_special_tokens=params.skip_special_tokens))
+
+        answers = group.beam.answers(params.n, len(group.request.prompt_ids), group.prefill_ms, decode)
+        for delta in answers:
+            final = delta.index == len(answers) - 1
+            self._deliver(group.request, EngineEvent(group.request.request_id, delta=delta, final=final))
         self._finish_group(group)
 
     def _after_tokens(self, sequences: list[Sequence]) -> None:
@@ -548,7 +471,7 @@ class Engine:
             self._running = [self._running[i] for i in keep]
             self._kv.keep(keep)
 
-    def _send_best(self, group: _Group) -> None:
+    def _send_best(self, group: RequestGroup) -> None:
         ranked = sorted(group.sequences, key=lambda s: s.cumulative_logprob, reverse=True)
         chosen = ranked[: group.request.params.n]
         for index, seq in enumerate(chosen):
@@ -560,6 +483,6 @@ class Engine:
             self._deliver(group.request, EngineEvent(group.request.request_id, delta=delta, final=final))
         self._finish_group(group)
 
-    def _finish_group(self, group: _Group) -> None:
+    def _finish_group(self, group: RequestGroup) -> None:
         self._groups.pop(group.request.request_id, None)
-        self._reserved -= group.reservation
+        self._admission.release(group)
