@@ -1,7 +1,8 @@
 """The engine: one step-loop thread that owns torch and the device, with continuous batching.
 
-Owns: admission (FIFO, bounded waiting queue, sequence and KV-budget limits), chunked prefill,
-the batched decode step, cancellation, and delivering ``EngineEvent``s to each request's sink.
+Owns: the step loop, the batched decode step (sampling, beam steps), cancellation, and
+delivering ``EngineEvent``s to each request's sink. Admission (the bounded FIFO queue, KV
+reservations) is in ``admission.py``; the prefill half of a step in ``prefill.py``.
 Each iteration of the loop: take new requests, drop cancelled ones, prefill within the token
 budget, then one decode step for every running sequence. Requests join and leave between steps;
 a new request's prefill never recomputes running ones.
@@ -29,7 +30,7 @@ from python_backend.kv_cache import BatchCache, KVBatch
 from python_backend.limits import Limits
 from python_backend.loader import LoadedModel
 from python_backend.lora import adapter_names
-from python_backend.multimodal.positions import media_prefill_inputs
+from python_backend.prefill import INTERNAL_ERROR, PrefillSteps
 from python_backend.sampler import RowSampling, sample
 from python_backend.sequence import EngineEvent, EngineRequest, Sequence
 from python_backend.settings import EngineSettings
@@ -39,7 +40,6 @@ from python_backend.token_text import TokenTexts
 logger = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.05
-_INTERNAL = ErrorInfo(500, "internal error while generating; the request was stopped", "internal_error")
 _SHUTDOWN = ErrorInfo(503, "the model is shutting down", "service_unavailable", code="shutting_down")
 
 
@@ -52,7 +52,9 @@ class EngineStats:
     kv_budget_tokens: int
 
 
-class Engine:
+class Engine(PrefillSteps):
+    """The engine; its prefill steps are in ``prefill.py`` (they share this state)."""
+
     def __init__(self, loaded: LoadedModel, settings: EngineSettings) -> None:
         self._loaded = loaded
         self._settings = settings
@@ -184,130 +186,6 @@ class Engine:
             inputs["adapter_names"] = adapter_names(adapters)
         return self._loaded.model(use_cache=True, **inputs, **{self._cache_arg: cache})
 
-    def _prefill_step(self) -> None:
-        """Prefill within the token budget: a long prompt in chunks, short ones batched together."""
-        budget = self._settings.max_num_batched_tokens
-        if self._prefilling is not None:
-            budget -= self._prefill_chunk(self._prefilling, budget)
-            if self._prefilling is not None or budget <= 0:
-                return
-        batch: list[RequestGroup] = []
-        waiting = self._admission.waiting
-        while budget > 0 and waiting and self._can_admit(waiting[0], sum(g.candidates for g in batch)):
-            if self._admission.waiting[0].request.media is not None:
-                if not batch:  # media inputs are per request: its prefill runs alone, whole
-                    self._prefill_media(self._admit())
-                break
-            size = len(self._admission.waiting[0].request.prompt_ids)
-            if size > budget:
-                if not batch:  # too long for one step: prefill it in chunks from now on
-                    self._prefilling = self._admit()
-                    self._prefill_chunk(self._prefilling, budget)
-                break
-            batch.append(self._admit())
-            budget -= size
-        if batch:
-            self._prefill_batch(batch)
-
-    def _can_admit(self, group: RequestGroup, pending_rows: int) -> bool:
-        """Room for the head of the queue: sequence seats and KV budget (FIFO, no overtaking)."""
-        seats = self._settings.max_num_seqs - len(self._running) - self._admitted_rows - pending_rows
-        return self._admission.can_admit(group, seats)
-
-    def _admit(self) -> RequestGroup:
-        group = self._admission.admit()
-        group.prefill_cache = BatchCache()
-        group.prefill_started = time.perf_counter()
-        return group
-
-    @property
-    def _admitted_rows(self) -> int:
-        """Rows promised to a request whose chunked prefill is still running."""
-        return self._prefilling.candidates if self._prefilling is not None else 0
-
-    def _prefill_chunk(self, group: RequestGroup, budget: int) -> int:
-        """One chunk of a long prompt; returns the tokens it used."""
-        prompt = group.request.prompt_ids
-        chunk = prompt[group.prefill_done : group.prefill_done + budget]
-        device = self._loaded.device
-        start = group.prefill_done
-        try:
-            out = self._forward(
-                [group.request.params.lora],
-                group.prefill_cache,
-                input_ids=torch.tensor([chunk], dtype=torch.long, device=device),
-                position_ids=torch.arange(start, start + len(chunk), device=device).unsqueeze(0),
-                logits_to_keep=1,
-            )
-        except Exception:
-            logger.exception("prefill failed for %s", group.request.request_id)
-            self._prefilling = None
-            self._remove(group, EngineEvent(group.request.request_id, error=_INTERNAL, final=True))
-            return len(chunk)
-        group.prefill_done += len(chunk)
-        if group.prefill_done == len(prompt):
-            self._prefilling = None
-            cache = group.prefill_cache
-            group.prefill_cache = None
-            if cache is None:
-                raise RuntimeError("prefill finished without a cache")
-            self._start_sequences(group, out.logits[0, -1:, :], cache, row=0, pad=0)
-        return len(chunk)
-
-    def _prefill_batch(self, groups: list[RequestGroup]) -> None:
-        """Prefill several short prompts in one forward pass, left-padded to a common length."""
-        device = self._loaded.device
-        prompts = [g.request.prompt_ids for g in groups]
-        width = max(len(p) for p in prompts)
-        pads = [width - len(p) for p in prompts]
-        input_ids = torch.tensor([[0] * pad + p for pad, p in zip(pads, prompts, strict=True)], dtype=torch.long)
-        mask = torch.tensor([[0] * pad + [1] * len(p) for pad, p in zip(pads, prompts, strict=True)], dtype=torch.long)
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        cache = BatchCache()
-        try:
-            out = self._forward(
-                [g.request.params.lora for g in groups],
-                cache,
-                input_ids=input_ids.to(device),
-                attention_mask=mask.to(device),
-                position_ids=positions.to(device),
-                logits_to_keep=1,
-            )
-        except Exception:
-            logger.exception("batched prefill of %d requests failed", len(groups))
-            for group in groups:
-                self._remove(group, EngineEvent(group.request.request_id, error=_INTERNAL, final=True))
-            return
-        for row, group in enumerate(groups):
-            group.prefill_done = len(group.request.prompt_ids)
-            group.prefill_cache = None
-            self._start_sequences(group, out.logits[row, -1:, :], cache, row=row, pad=pads[row])
-
-    def _prefill_media(self, group: RequestGroup) -> None:
-        """Prefill a request with images, video or audio: batch of one, the whole prompt."""
-        request, loaded = group.request, self._loaded
-        if request.media is None:
-            raise RuntimeError("not a media request")
-        cache = BatchCache()
-        try:
-            prefill = media_prefill_inputs(
-                loaded.transformers_model,
-                request.prompt_ids,
-                request.media,
-                loaded.device,
-                loaded.dtype,
-                loaded.uses_mrope,
-            )
-            out = self._forward([request.params.lora], cache, logits_to_keep=1, **prefill.inputs)
-        except Exception:
-            logger.exception("media prefill failed for %s", request.request_id)
-            self._remove(group, EngineEvent(request.request_id, error=_INTERNAL, final=True))
-            return
-        request.media = None  # the pixels / features are not needed after prefill: free them now
-        group.prefill_done = len(request.prompt_ids)
-        group.prefill_cache = None
-        self._start_sequences(group, out.logits[0, -1:, :], cache, row=0, pad=0, rope_delta=prefill.rope_delta)
-
     def _row_sampling(self, group: RequestGroup, index: int) -> RowSampling:
         params = group.request.params
         defaults = self._loaded.defaults
@@ -395,7 +273,7 @@ class Engine:
         except Exception:
             logger.exception("decode step failed; stopping the %d running requests", len(self._running))
             for group in {id(s.request): self._groups[s.request.request_id] for s in self._running}.values():
-                self._remove(group, EngineEvent(group.request.request_id, error=_INTERNAL, final=True))
+                self._remove(group, EngineEvent(group.request.request_id, error=INTERNAL_ERROR, final=True))
             return
         ended = time.perf_counter()
         batch = len(self._running)
