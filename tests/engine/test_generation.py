@@ -34,11 +34,11 @@ def test_greedy_matches_generate_alone(driver: Driver) -> None:
 
 def test_greedy_in_a_batch_matches_generate_for_every_request(driver: Driver) -> None:
     prompts = [f"request {i}: " + "the software is provided as is " * (i + 1) for i in range(8)]
-    expected = [decode(driver, generate_greedy(driver, p, 20)) for p in prompts]
+    expected = [decode(driver, generate_greedy(driver, p, 64)) for p in prompts]
     collected = []
     for prompt in prompts:  # requests join while earlier ones are decoding
-        collected.append(driver.submit(prompt, temperature=0, max_tokens=20, ignore_eos=True))
-        time.sleep(0.02)
+        collected.append(driver.submit(prompt, temperature=0, max_tokens=64, ignore_eos=True))
+        time.sleep(0.005)
     texts = [c.wait().text() for c in collected]
     assert texts == expected
     batch_sizes = [max(c.last().usage.batch_size) for c in collected]
