@@ -11,19 +11,26 @@ from engine_driver import Driver, make_engine
 from python_backend.contract import ContractError
 
 
-def test_cancel_frees_the_slot_and_ends_with_one_final_event(driver: Driver) -> None:
-    flag = threading.Event()
-    got = driver.submit("cancel me", temperature=0, max_tokens=60, ignore_eos=True, cancelled=flag.is_set)
-    deadline = time.monotonic() + 10
-    while len(got.deltas) < 3 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert driver.engine.stats().running_sequences == 1
-    flag.set()
-    got.wait()
-    assert sum(1 for e in got.events if e.final) == 1
-    assert got.events[-1].delta is None  # the client is gone: no more text
-    driver.wait_idle()
-    assert driver.engine.stats().kv_cache_bytes == 0
+def test_cancel_frees_the_slot_and_ends_with_one_final_event(tiny_loaded) -> None:
+    # Room for thousands of tokens: the request must still be running when it is cancelled.
+    engine = make_engine(tiny_loaded, max_iter_times=20000)
+    driver = Driver(engine, tiny_loaded)
+    try:
+        flag = threading.Event()
+        got = driver.submit("cancel me", temperature=0, max_tokens=20000, ignore_eos=True, cancelled=flag.is_set)
+        deadline = time.monotonic() + 10
+        while len(got.deltas) < 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert driver.engine.stats().running_sequences == 1
+        flag.set()
+        got.wait()
+        assert sum(1 for e in got.events if e.final) == 1
+        assert got.events[-1].delta is None  # the client is gone: no more text
+        assert sum(len(d.text) > 0 for d in got.deltas) < 20000
+        driver.wait_idle()
+        assert driver.engine.stats().kv_cache_bytes == 0
+    finally:
+        engine.stop()
 
 
 def test_cancel_by_id_while_waiting(tiny_loaded) -> None:
