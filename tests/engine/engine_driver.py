@@ -87,7 +87,7 @@ class Driver:
 
 
 def make_engine(loaded: LoadedModel, **overrides: Any) -> Engine:
-    settings = EngineSettings(model_path="unused", dtype="float32", device="cpu", max_iter_times=64, **overrides)
+    settings = EngineSettings(model_path="unused", dtype="float32", device="cpu", **{"max_iter_times": 64, **overrides})
     engine = Engine(loaded, settings)
     engine.start()
     return engine
