@@ -15,7 +15,7 @@ from types import FrameType
 import uvicorn
 
 from openai_frontend.app import create_app
-from openai_frontend.launcher.cli import FrontendOptions, uvicorn_tls
+from openai_frontend.launcher.options import FrontendOptions, uvicorn_tls
 from openai_frontend.media.policy import MediaSettings
 from openai_frontend.settings import FrontendSettings
 

@@ -23,7 +23,6 @@ from types import FrameType
 from typing import Any
 
 from openai_frontend.launcher.cache import cache_root
-from openai_frontend.launcher.cli import ServeOptions, engine_settings, uvicorn_tls
 from openai_frontend.launcher.demo_model import DEMO_SERVED_NAME, DemoModelError, ensure_demo_model
 from openai_frontend.launcher.model_repo import (
     MODEL_NAME,
@@ -32,6 +31,7 @@ from openai_frontend.launcher.model_repo import (
     write_model_repository,
 )
 from openai_frontend.launcher.network import bind_listening_socket, is_loopback
+from openai_frontend.launcher.options import ServeOptions, engine_settings, uvicorn_tls
 from openai_frontend.launcher.triton_install import TritonInstallError, locate_tritonserver
 from openai_frontend.launcher.tritonserver import TritonServerError, TritonServerProcess
 from python_backend.settings import SettingsError

@@ -17,7 +17,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from openai_frontend.launcher import demo_model, triton_install
-from openai_frontend.launcher.cli import ServeOptions, engine_settings, parse_serve_args
+from openai_frontend.launcher.cli import parse_serve_args
 from openai_frontend.launcher.model_repo import (
     MODEL_NAME,
     backend_python_path,
@@ -26,6 +26,7 @@ from openai_frontend.launcher.model_repo import (
     write_model_repository,
 )
 from openai_frontend.launcher.network import is_loopback
+from openai_frontend.launcher.options import ServeOptions, engine_settings
 from openai_frontend.launcher.serve import run_serve
 from openai_frontend.launcher.triton_install import TritonInstall
 from openai_frontend.launcher.tritonserver import TritonEndpoints, TritonServerProcess

@@ -74,7 +74,8 @@ def test_byte_fallback_tokens_report_their_byte() -> None:
 
 
 def test_trust_remote_code_is_off_unless_asked(tmp_path: Path) -> None:
-    from openai_frontend.launcher.cli import engine_settings, parse_serve_args
+    from openai_frontend.launcher.cli import parse_serve_args
+    from openai_frontend.launcher.options import engine_settings
 
     assert EngineSettings().trust_remote_code is False
     assert EngineSettings.from_parameters({"trust_remote_code": "true"}).trust_remote_code is True

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from openai_frontend.launcher.cli import engine_settings, parse_serve_args
+from openai_frontend.launcher.cli import parse_serve_args
+from openai_frontend.launcher.options import engine_settings
 
 
 def write(tmp_path: Path, data: dict) -> Path:

@@ -1,0 +1,92 @@
+"""What the ``triton-chat`` subcommands were asked to do, and how that becomes settings.
+
+Owns the parsed-options dataclasses (``ServeOptions``, ``FrontendOptions``, ``TlsFiles``), the
+mapping from options to the model's ``EngineSettings`` and to uvicorn's TLS arguments. Parsing
+itself is in ``cli.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from python_backend.settings import EngineSettings
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    cert: str
+    key: str
+    client_ca: str | None  # set: clients must present a certificate signed by it (mTLS)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Everything ``triton-chat serve`` was asked to do."""
+
+    model: Path | None  # local Hugging Face folder; None: the SmolLM2 demo model
+    served_model_name: str | None  # None: the folder's name (or the demo's name)
+    host: str
+    port: int
+    allow_external: bool
+    dtype: str
+    device: str
+    engine_overrides: dict[str, int]  # EngineSettings integer fields given on the command line
+    lora_modules: dict[str, str]  # adapter name -> local PEFT adapter folder (MindIE LoraModules)
+    tool_call_parser: str
+    reasoning_parser: str
+    trust_remote_code: bool
+    openai_mode: str
+    full_text: bool
+    api_keys: tuple[str, ...]
+    strict_params: bool
+    ready_timeout_s: float
+    triton_log: Path | None  # None: <cache>/logs/tritonserver-<port>.log
+    tls: TlsFiles | None = None  # HTTPS for the frontend
+
+
+@dataclass(frozen=True)
+class FrontendOptions:
+    """Everything ``triton-chat frontend`` was asked to do."""
+
+    triton_url: str
+    triton_model: str
+    served_model_name: str
+    host: str
+    port: int
+    openai_mode: str
+    full_text: bool
+    api_keys: tuple[str, ...]
+    strict_params: bool
+    tls: TlsFiles | None = None
+
+
+def uvicorn_tls(tls: TlsFiles | None) -> dict[str, Any]:
+    """uvicorn.Config keyword arguments for HTTPS (and mutual TLS when a client CA is given)."""
+    if tls is None:
+        return {}
+    import ssl
+
+    options: dict[str, Any] = {"ssl_certfile": tls.cert, "ssl_keyfile": tls.key}
+    if tls.client_ca:
+        options.update(ssl_ca_certs=tls.client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
+    return options
+
+
+def engine_settings(options: ServeOptions, model_dir: Path, served_model_name: str) -> EngineSettings:
+    """The model's settings for these options (raises ``SettingsError`` naming a bad value)."""
+    values: dict[str, Any] = dict(options.engine_overrides)
+    return EngineSettings(
+        # Absolute: tritonserver and its stub do not share the launcher's working directory.
+        model_path=str(model_dir.expanduser().resolve()),
+        served_model_name=served_model_name,
+        dtype=options.dtype,
+        device=options.device,
+        lora_modules=json.dumps(options.lora_modules) if options.lora_modules else "",
+        tool_call_parser=options.tool_call_parser,
+        reasoning_parser=options.reasoning_parser,
+        trust_remote_code=options.trust_remote_code,
+        **values,
+    )
