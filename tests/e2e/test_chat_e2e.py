@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import TritonHandle
+from tests.e2e.processes import start_frontend, stop, wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -179,39 +180,19 @@ def test_concurrent_requests_share_decode_steps(triton_server: TritonHandle, fro
 
 
 def test_frontend_subcommand_serves_an_existing_triton(triton_server: TritonHandle) -> None:
-    import os
-    import signal
-
-    from openai_frontend.launcher.network import free_port
-
-    port = free_port()
-    cmd = [
-        sys.executable, "-m", "openai_frontend.launcher", "frontend", "--triton-url", triton_server.grpc_url,
-        "--served-model-name", triton_server.served_model_name, "--port", str(port),
-    ]  # fmt: skip
-    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    process, port = start_frontend(triton_server.grpc_url, triton_server.served_model_name)
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None and time.monotonic() < deadline
-            try:
-                if httpx.get(f"{url}/health/ready", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        while wait_for(process, f"{url}/health/ready").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
         reply = client_for(url).chat.completions.create(
             model=triton_server.served_model_name, messages=QUESTION, max_tokens=4
         )
         assert reply.usage.completion_tokens <= 4
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            code = process.wait(timeout=30)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        code = stop(process)
     assert code == 0
 
 
@@ -254,36 +235,15 @@ def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
 
 @pytest.mark.skipif(subprocess.run(["which", "openssl"], capture_output=True).returncode != 0, reason="no openssl")
 def test_frontend_serves_https(triton_server: TritonHandle, tmp_path: Path) -> None:
-    import os
-    import signal
-
-    from openai_frontend.launcher.network import free_port
-
     cert, key = _self_signed(tmp_path)
-    port = free_port()
-    cmd = [
-        sys.executable, "-m", "openai_frontend.launcher", "frontend", "--triton-url", triton_server.grpc_url,
-        "--served-model-name", triton_server.served_model_name, "--port", str(port),
-        "--tls-cert", str(cert), "--tls-key", str(key),
-    ]  # fmt: skip
-    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    process, port = start_frontend(
+        triton_server.grpc_url, triton_server.served_model_name, "--tls-cert", str(cert), "--tls-key", str(key)
+    )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None and time.monotonic() < deadline
-            try:
-                reply = httpx.get(f"https://127.0.0.1:{port}/health", verify=str(cert), timeout=5)
-                break
-            except httpx.ConnectError:
-                time.sleep(0.2)
+        reply = wait_for(process, f"https://127.0.0.1:{port}/health", verify=str(cert))
         assert reply.status_code == 200
         with pytest.raises(httpx.HTTPError):  # plain HTTP on the TLS port is refused
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        code = stop(process)
+    assert code == 0

@@ -9,8 +9,6 @@ scripts/setup.sh installs the wheel, so CI checks what the README promises.
 from __future__ import annotations
 
 import importlib.metadata
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +18,7 @@ import openai
 import pytest
 
 from openai_frontend.launcher.network import free_port
+from tests.e2e.processes import stop
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 600.0
@@ -69,11 +68,5 @@ def test_demo_model_names_paris_streaming_and_not(tmp_path: Path) -> None:
         )
         assert "Paris" in "".join(chunk.choices[0].delta.content or "" for chunk in stream)
     finally:
-        launcher.send_signal(signal.SIGTERM)
-        try:
-            code = launcher.wait(timeout=90)
-        finally:
-            if launcher.poll() is None:
-                os.killpg(launcher.pid, signal.SIGKILL)
-                launcher.wait()
+        code = stop(launcher, timeout=90)
     assert code == 0, log.read_text()

@@ -24,6 +24,7 @@ import tritonclient.grpc as grpcclient
 from openai_frontend.launcher.network import free_port
 from python_backend import contract
 from tests.e2e.conftest import TritonHandle
+from tests.e2e.processes import group_pids
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,19 +87,6 @@ def test_frontend_lists_the_model_and_answers(triton_server: TritonHandle, front
         assert 1 <= data["usage"]["completion_tokens"] <= 8
 
 
-def _group_alive(pgid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                pids.append(int(entry.name))
-    return pids
-
-
 def _start_launcher(tiny_model_dir: Path, tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
     # find_spec, not import: triton_model imports triton_python_backend_utils, which only the stub has.
     for module in ("python_backend.triton_model", "openai_frontend.app"):
@@ -159,7 +147,7 @@ def test_launcher_serves_then_stops_cleanly_on_ctrl_c(tiny_model_dir: Path, tmp_
         code = _finish(launcher, signal.SIGINT, lines)
     output = "".join(lines)
     assert code == 0, output
-    assert _group_alive(_triton_pid(lines)) == []
+    assert group_pids(_triton_pid(lines)) == []
     # A clean unload needs no SIGKILL and no shm clean-up of ours. Seen failing when the frontend
     # cancels a gRPC stream after its final response: Triton 2.51's Python backend then
     # sometimes never finalizes the model on SIGTERM (reproduced with the aio client alone).
@@ -178,7 +166,7 @@ def test_launcher_stops_tritonserver_when_terminated_while_loading(tiny_model_di
     output = "".join(lines)
     assert code == 0, output
     assert "interrupted while starting" in output
-    assert _group_alive(_triton_pid(lines)) == []
+    assert group_pids(_triton_pid(lines)) == []
     assert not [p for p in Path(tempfile.gettempdir()).glob("triton-chat-*") if str(tiny_model_dir) in _read(p)]
 
 

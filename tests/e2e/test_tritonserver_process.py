@@ -17,6 +17,7 @@ import tritonclient.grpc as grpcclient
 from openai_frontend.launcher.cache import cache_root
 from openai_frontend.launcher.triton_install import locate_tritonserver
 from openai_frontend.launcher.tritonserver import SHM_DIR, SHM_PREFIX, TritonServerError, TritonServerProcess
+from tests.e2e.processes import group_pids
 
 ECHO_CONFIG = """
 backend: "python"
@@ -57,19 +58,6 @@ def _repo(root: Path, model_code: str) -> Path:
     return root
 
 
-def _group_pids(pgid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                pids.append(int(entry.name))
-    return pids
-
-
 def _stream_echo(grpc_url: str, text: bytes) -> list[tuple[bytes | None, bool]]:
     responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client = grpcclient.InferenceServerClient(grpc_url)
@@ -107,7 +95,7 @@ def test_echo_model_streams_and_stops_cleanly(tmp_path: Path) -> None:
     try:
         process.wait_ready(120, "echo")
         pgid = process.pid
-        assert pgid is not None and len(_group_pids(pgid)) >= 2  # the server and its stub
+        assert pgid is not None and len(group_pids(pgid)) >= 2  # the server and its stub
         endpoints = process.endpoints
         assert endpoints.host == "127.0.0.1"
         assert _stream_echo(endpoints.grpc_url, b"hi") == [
@@ -122,7 +110,7 @@ def test_echo_model_streams_and_stops_cleanly(tmp_path: Path) -> None:
     finally:
         code = process.stop()
     assert code == 0
-    assert _group_pids(pgid) == []
+    assert group_pids(pgid) == []
     assert not any((SHM_DIR / name).exists() for name in regions)
     assert process.stop() == 0  # idempotent
 
@@ -138,7 +126,7 @@ def test_forced_stop_kills_the_group_and_removes_its_shared_memory(tmp_path: Pat
     finally:
         # No grace period: SIGTERM then SIGKILL at once, as when the server hangs on shutdown.
         process.stop(timeout=0)
-    assert _group_pids(pgid) == []
+    assert group_pids(pgid) == []
     assert not any((SHM_DIR / name).exists() for name in regions)
     assert all(name.startswith(SHM_PREFIX) for name in regions)
 
@@ -150,4 +138,4 @@ def test_a_model_that_fails_to_load_reports_the_log(tmp_path: Path) -> None:
             process.wait_ready(120, "echo")
     finally:
         process.stop()
-    assert process.pid is not None and _group_pids(process.pid) == []
+    assert process.pid is not None and group_pids(process.pid) == []

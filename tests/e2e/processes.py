@@ -1,0 +1,62 @@
+"""Processes the e2e tests start and must stop: by PID and process group, never anything else."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from openai_frontend.launcher.network import free_port
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group ``pgid``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                pids.append(int(entry.name))
+    return pids
+
+
+def stop(process: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+    """Send ``sig``, wait; kill the process's whole group if it does not exit. Its exit status."""
+    process.send_signal(sig)
+    try:
+        return process.wait(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def start_frontend(grpc_url: str, served_model_name: str, *flags: str) -> tuple[subprocess.Popen, int]:
+    """``triton-chat frontend`` in its own session on a free port (output discarded: nobody reads it)."""
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "openai_frontend.launcher", "frontend", "--triton-url", grpc_url,
+        "--served-model-name", served_model_name, "--port", str(port), *flags,
+    ]  # fmt: skip
+    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return process, port
+
+
+def wait_for(process: subprocess.Popen, url: str, timeout: float = 60.0, verify: str | bool = True) -> httpx.Response:
+    """Poll ``url`` until it answers (any status), failing if the process exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert process.poll() is None, "the process exited"
+        assert time.monotonic() < deadline, f"{url} did not answer in time"
+        try:
+            return httpx.get(url, timeout=5, verify=verify)
+        except httpx.TransportError:
+            time.sleep(0.2)
