@@ -41,7 +41,6 @@ class SamplingDefaults:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = DEFAULT_TOP_K
-    repetition_penalty: float = 1.0
 
 
 @dataclass
@@ -99,7 +98,6 @@ def _sampling_defaults(gen: dict[str, Any], config: dict[str, Any], vocab_size: 
         temperature=temperature,
         top_p=float(gen.get("top_p", 1.0)),
         top_k=top_k,
-        repetition_penalty=float(gen.get("repetition_penalty", 1.0)),
     )
 
 
