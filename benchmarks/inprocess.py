@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from benchmarks.load import DEFAULT_PROMPT
 from python_backend.chat_template import render_prompt
+from python_backend.compute_threads import serialize_current_thread
 from python_backend.engine import Engine
 from python_backend.loader import load_model
 from python_backend.params import parse_parameters
@@ -56,12 +57,19 @@ def hf_generate(model_dir: str, dtype: str, batch: int, max_tokens: int, repeats
             model.generate(**inputs, **kwargs)
         wall = time.perf_counter() - started
     tokens = batch * max_tokens * repeats
-    return InProcessResult(f"hf-generate-bs{batch}", batch, batch * repeats, tokens, round(wall, 3), round(tokens / wall, 2))
+    return InProcessResult(
+        f"hf-generate-bs{batch}", batch, batch * repeats, tokens, round(wall, 3), round(tokens / wall, 2)
+    )
 
 
 def engine_inprocess(model_dir: str, dtype: str, concurrency: int, requests: int, max_tokens: int) -> InProcessResult:
     """Our engine called directly: ``requests`` chat requests, at most ``concurrency`` in flight."""
-    settings = EngineSettings(model_path=model_dir, dtype=dtype, max_num_seqs=max(concurrency, 1))
+    # As in the Triton model: only the engine thread runs torch in parallel (compute_threads.py).
+    # The caller's count is restored afterwards for the generate() references that run here.
+    threads = serialize_current_thread()
+    settings = EngineSettings(
+        model_path=model_dir, dtype=dtype, max_num_seqs=max(concurrency, 1), torch_threads=threads
+    )
     loaded = load_model(settings)
     engine = Engine(loaded, settings)
     engine.start()
@@ -97,6 +105,7 @@ def engine_inprocess(model_dir: str, dtype: str, concurrency: int, requests: int
         wall = time.perf_counter() - started
     finally:
         engine.stop()
+        torch.set_num_threads(threads)
     return InProcessResult(
         f"engine-c{concurrency}", concurrency, requests, tokens[0], round(wall, 3), round(tokens[0] / wall, 2)
     )

@@ -24,6 +24,7 @@ import torch
 
 from python_backend.admission import Admission, RequestGroup, rows_needed
 from python_backend.beam_search import BeamSearch
+from python_backend.compute_threads import engine_thread_count
 from python_backend.contract import FINISH_LENGTH, ContractError, ErrorInfo
 from python_backend.detokenizer import IncrementalDetokenizer
 from python_backend.kv_cache import BatchCache, KVBatch
@@ -64,15 +65,14 @@ class Engine(PrefillSteps):
         self._prefilling: RequestGroup | None = None
         self._running: list[Sequence] = []  # in KV-batch row order
         self._groups: dict[str, RequestGroup] = {}
-        self._kv = KVBatch()
+        self._kv = KVBatch(loaded.kv_dtype)
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         # transformers 5 renamed `past_key_values` to `cache`; pass whichever this version takes.
         forward_args = inspect.signature(loaded.transformers_model.forward).parameters
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
-        if settings.torch_threads and loaded.device.type == "cpu":
-            torch.set_num_threads(settings.torch_threads)
+        self._threads = engine_thread_count(settings.torch_threads)
 
     # --- public interface (any thread) ----------------------------------------------------------
     def start(self) -> None:
@@ -121,6 +121,8 @@ class Engine(PrefillSteps):
 
     # --- the loop (engine thread only) -----------------------------------------------------------
     def _loop(self) -> None:
+        # OpenMP's thread count is per thread: set it where the forward passes run (compute_threads.py).
+        torch.set_num_threads(self._threads)
         with torch.inference_mode():
             while not self._stopping.is_set():
                 self._drain_inbox()
@@ -285,7 +287,13 @@ class Engine(PrefillSteps):
         self._after_tokens(list(self._running))
 
     def _beam_advance(
-        self, group: RequestGroup, logits: torch.Tensor, rows: list[int] | None, started: float, ended: float, batch: int
+        self,
+        group: RequestGroup,
+        logits: torch.Tensor,
+        rows: list[int] | None,
+        started: float,
+        ended: float,
+        batch: int,
     ) -> None:
         """One beam-search step: pick each beam's parent and token, move the KV rows to match."""
         beam = group.beam

@@ -6,6 +6,10 @@ continuous batching needs: add a freshly prefilled request, drop finished rows, 
 
 Rows are left-padded to a common length; ``pad[i]`` says how many leading positions of row ``i``
 are padding, and ``attention_mask()`` masks them, so every row attends to its own tokens only.
+
+The running batch may store keys and values in a wider dtype than the model's (``storage_dtype``):
+on CPU, a bfloat16 model's decode attention is 2-5x faster over a float32 cache (attention.py).
+Prefill caches always hold the model's dtype; rows are converted when they join the batch.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ _MIN_SPARE = 64
 class GrowableLayer(DynamicLayer):
     """A dynamic layer whose keys/values are views into a buffer with spare length."""
 
-    def __init__(self, **kwargs: object) -> None:
+    def __init__(self, storage_dtype: torch.dtype | None = None, **kwargs: object) -> None:
         super().__init__(**kwargs)
+        self._storage_dtype = storage_dtype  # None: the dtype of the first states written
         self._buf_k: torch.Tensor | None = None
         self._buf_v: torch.Tensor | None = None
         self._len = 0
@@ -31,8 +36,9 @@ class GrowableLayer(DynamicLayer):
             return
         capacity = max(needed + _MIN_SPARE, int(needed * _GROWTH))
         shape = (like.shape[0], like.shape[1], capacity, like.shape[3])
-        new_k = torch.empty(shape, dtype=like.dtype, device=like.device)
-        new_v = torch.empty(shape, dtype=like.dtype, device=like.device)
+        dtype = self._storage_dtype or like.dtype
+        new_k = torch.empty(shape, dtype=dtype, device=like.device)
+        new_v = torch.empty(shape, dtype=dtype, device=like.device)
         if self._buf_k is not None and self._buf_v is not None and self._len:
             new_k[:, :, : self._len] = self._buf_k[:, :, : self._len]
             new_v[:, :, : self._len] = self._buf_v[:, :, : self._len]
@@ -79,8 +85,9 @@ class GrowableLayer(DynamicLayer):
 class BatchCache(Cache):
     """A cache of ``GrowableLayer``s; one per prefill, and one for the running batch."""
 
-    def __init__(self) -> None:
+    def __init__(self, storage_dtype: torch.dtype | None = None) -> None:
         super().__init__(layer_class_to_replicate=GrowableLayer)
+        self.storage_dtype = storage_dtype
 
     def layer_states(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         out = []
@@ -92,7 +99,7 @@ class BatchCache(Cache):
 
     def set_layer_states(self, states: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         while len(self.layers) < len(states):
-            self.layers.append(GrowableLayer())
+            self.layers.append(GrowableLayer(self.storage_dtype))
         for layer, (keys, values) in zip(self.layers, states, strict=True):
             if not isinstance(layer, GrowableLayer):
                 raise TypeError(f"unsupported cache layer {type(layer).__name__}")
@@ -111,8 +118,9 @@ def _left_pad(tensor: torch.Tensor, amount: int) -> torch.Tensor:
 class KVBatch:
     """The running batch's cache with per-row left padding."""
 
-    def __init__(self) -> None:
-        self.cache = BatchCache()
+    def __init__(self, storage_dtype: torch.dtype | None = None) -> None:
+        self.storage_dtype = storage_dtype
+        self.cache = BatchCache(storage_dtype)
         self.pad: list[int] = []
 
     @property
@@ -134,11 +142,15 @@ class KVBatch:
         ``pad`` leading positions of that row are padding from a batched prefill; they are
         dropped here, and the row is re-padded to the running batch's length.
         """
-        new_states = [(k[row : row + 1, :, pad:], v[row : row + 1, :, pad:]) for k, v in prefilled.layer_states()]
+        dtype = self.storage_dtype
+        new_states = [
+            (k[row : row + 1, :, pad:].to(dtype or k.dtype), v[row : row + 1, :, pad:].to(dtype or v.dtype))
+            for k, v in prefilled.layer_states()
+        ]
         new_len = new_states[0][0].shape[-2]
         if not self.pad:
             states = [(k.repeat(copies, 1, 1, 1), v.repeat(copies, 1, 1, 1)) for k, v in new_states]
-            self.cache = BatchCache()
+            self.cache = BatchCache(self.storage_dtype)
             self.cache.set_layer_states(states)
             self.pad = [0] * copies
             return
@@ -162,7 +174,7 @@ class KVBatch:
         if len(rows) == self.rows and rows == list(range(self.rows)):
             return
         if not rows:
-            self.cache = BatchCache()
+            self.cache = BatchCache(self.storage_dtype)
             self.pad = []
             return
         pad = [self.pad[i] for i in rows]

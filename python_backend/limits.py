@@ -29,7 +29,7 @@ def kv_bytes_per_token(loaded: LoadedModel) -> int:
     layers = int(config.num_hidden_layers)
     heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-    element = torch.tensor([], dtype=loaded.dtype).element_size()
+    element = torch.tensor([], dtype=loaded.kv_dtype or loaded.dtype).element_size()
     return 2 * layers * heads * head_dim * element
 
 

@@ -20,6 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from python_backend.attention import use_decode_attention
+from python_backend.cpu_linear import pack_linears, prepack_supported
 from python_backend.device import place
 from python_backend.lora import attach_adapters, parse_lora_modules
 from python_backend.multimodal.processor import AUDIO_MODEL_TYPES, VISION_MODEL_TYPES, MediaProcessor
@@ -58,6 +59,7 @@ class LoadedModel:
     base_model: PreTrainedModel | None = None  # the transformers model itself (model unwrapped)
     adapters: frozenset[str] = frozenset()  # LoRA adapter names requests may ask for
     media: MediaProcessor | None = None  # a multimodal model's prompt step; None: text only
+    kv_dtype: torch.dtype | None = None  # the running batch's KV storage; None: ``dtype``
 
     @property
     def uses_mrope(self) -> bool:
@@ -141,15 +143,20 @@ def load_model(settings: EngineSettings) -> LoadedModel:
     model_type = str(config.get("model_type") or "")
     model_class = _model_class(model_type)
     extra: dict[str, Any] = {}
+    kv_dtype: torch.dtype | None = None
     if placement.device.type == "cpu" and model_class is AutoModelForCausalLM:
         # One-query-row attention without SDPA's CPU overhead (attention.py); prefill unchanged.
         extra["attn_implementation"] = use_decode_attention()
+        if settings.kv_cache_dtype == "auto" and placement.dtype in (torch.bfloat16, torch.float16):
+            kv_dtype = torch.float32
     base = model_class.from_pretrained(
         str(folder), dtype=placement.dtype, local_files_only=True, trust_remote_code=remote, **extra
     )
     base.to(placement.device)  # type: ignore[arg-type]  # transformers' typed wrapper of nn.Module.to
     base.eval()
     model = attach_adapters(base, adapters)
+    if settings.cpu_prepack_weights and prepack_supported(placement.device, placement.dtype):
+        pack_linears(model, base.get_decoder(), base.get_output_embeddings())
     text_config = base.config.get_text_config(decoder=True)
     vocab_size = int(getattr(text_config, "vocab_size", 0) or len(tokenizer))
     eos = _as_ids(gen.get("eos_token_id")) | _as_ids(config.get("eos_token_id"))
@@ -173,4 +180,5 @@ def load_model(settings: EngineSettings) -> LoadedModel:
         base_model=base,
         adapters=frozenset(adapters),
         media=MediaProcessor.from_folder(folder, model_type, tokenizer),
+        kv_dtype=kv_dtype,
     )

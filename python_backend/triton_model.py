@@ -8,6 +8,7 @@ Every request ends with exactly one ``COMPLETE_FINAL``: on success, on error and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import queue
@@ -19,6 +20,7 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 
 from python_backend import contract
+from python_backend.compute_threads import serialize_current_thread
 from python_backend.contract import ContractError, ErrorInfo
 from python_backend.engine import Engine
 from python_backend.loader import load_model
@@ -140,6 +142,9 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException("triton-chat needs model_transaction_policy { decoupled: true }")
         raw = {key: value.get("string_value", "") for key, value in model_config.get("parameters", {}).items()}
         settings = EngineSettings.from_parameters(raw)
+        # This (stub) thread must not start an OpenMP team next to the engine's (compute_threads.py).
+        threads = serialize_current_thread()
+        settings = dataclasses.replace(settings, torch_threads=settings.torch_threads or threads)
         loaded = load_model(settings)
         self._tokenizer = loaded.tokenizer
         self._adapters = loaded.adapters

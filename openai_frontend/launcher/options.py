@@ -45,6 +45,7 @@ class ServeOptions:
     ready_timeout_s: float
     triton_log: Path | None  # None: <cache>/logs/tritonserver-<port>.log
     tls: TlsFiles | None = None  # HTTPS for the frontend
+    cpu_prepack_weights: bool = True  # EngineSettings.cpu_prepack_weights
 
 
 @dataclass(frozen=True)
@@ -88,5 +89,6 @@ def engine_settings(options: ServeOptions, model_dir: Path, served_model_name: s
         tool_call_parser=options.tool_call_parser,
         reasoning_parser=options.reasoning_parser,
         trust_remote_code=options.trust_remote_code,
+        cpu_prepack_weights=options.cpu_prepack_weights,
         **values,
     )
