@@ -19,6 +19,7 @@ from openai_frontend.launcher.options import FrontendOptions, ServeOptions, TlsF
 from openai_frontend.launcher.server_config import ConfigFileError, flag_defaults, load_server_file
 from python_backend.settings import (
     DTYPES,
+    KV_CACHE_DTYPE_CHOICES,
     REASONING_PARSER_CHOICES,
     TOOL_CALL_PARSER_CHOICES,
     EngineSettings,
@@ -106,6 +107,12 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
         "--trust-remote-code",
         action="store_true",
         help="run Python code shipped in the model folder (needed by e.g. ChatGLM3); trusted folders only",
+    )
+    model.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPE_CHOICES,
+        default="auto",
+        help="auto: float32 keys/values for a 16-bit model on CPU (faster decode attention); model: its dtype",
     )
     model.add_argument(
         "--no-cpu-prepack-weights",
@@ -262,7 +269,6 @@ def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions:
         api_keys=tuple(args.api_keys),
         strict_params=args.strict_params,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,
-        cpu_prepack_weights=args.cpu_prepack_weights,
     )
 
 
@@ -323,6 +329,8 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         ready_timeout_s=args.ready_timeout,
         triton_log=args.triton_log,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,
+        cpu_prepack_weights=args.cpu_prepack_weights,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
 
 

@@ -46,6 +46,7 @@ class ServeOptions:
     triton_log: Path | None  # None: <cache>/logs/tritonserver-<port>.log
     tls: TlsFiles | None = None  # HTTPS for the frontend
     cpu_prepack_weights: bool = True  # EngineSettings.cpu_prepack_weights
+    kv_cache_dtype: str = "auto"  # EngineSettings.kv_cache_dtype
 
 
 @dataclass(frozen=True)
@@ -90,5 +91,6 @@ def engine_settings(options: ServeOptions, model_dir: Path, served_model_name: s
         reasoning_parser=options.reasoning_parser,
         trust_remote_code=options.trust_remote_code,
         cpu_prepack_weights=options.cpu_prepack_weights,
+        kv_cache_dtype=options.kv_cache_dtype,
         **values,
     )
