@@ -44,3 +44,22 @@ def test_prefill_goes_to_sdpa() -> None:
     expected, _ = sdpa_attention_forward(module, query, key, value, None, scaling=0.25)
     got, _ = decode_attention(module, query, key, value, None, scaling=0.25)
     assert torch.equal(got, expected)
+
+
+def test_a_float32_cache_under_a_bfloat16_query() -> None:
+    """The running batch's float32 cache: the result comes back in the query's dtype, computed wide."""
+    torch.manual_seed(2)
+    batch, heads, kv_heads, length, dim = 3, 6, 2, 29, 32
+    query = torch.randn(batch, heads, 1, dim, dtype=torch.bfloat16)
+    key = torch.randn(batch, kv_heads, length, dim).bfloat16().float()  # bf16 values, stored wide
+    value = torch.randn(batch, kv_heads, length, dim).bfloat16().float()
+    module = _Module()
+    module.num_key_value_groups = heads // kv_heads
+    expected, _ = sdpa_attention_forward(module, query.float(), key, value, None, scaling=dim**-0.5)
+    got, _ = decode_attention(module, query, key, value, None, scaling=dim**-0.5)
+    assert got.dtype == torch.bfloat16
+    assert torch.allclose(got.float(), expected, atol=1e-2, rtol=1e-2)
+    # More than one query row (a prefill) goes to SDPA in the query's dtype.
+    rows = torch.randn(batch, heads, 4, dim, dtype=torch.bfloat16)
+    got_rows, _ = decode_attention(module, rows, key, value, None, scaling=dim**-0.5)
+    assert got_rows.dtype == torch.bfloat16 and got_rows.shape == (batch, 4, heads, dim)

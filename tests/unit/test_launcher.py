@@ -30,7 +30,7 @@ from openai_frontend.launcher.options import ServeOptions, engine_settings
 from openai_frontend.launcher.serve import run_serve
 from openai_frontend.launcher.triton_install import TritonInstall
 from openai_frontend.launcher.tritonserver import TritonEndpoints, TritonServerProcess
-from python_backend.settings import EngineSettings
+from python_backend.settings import EngineSettings, SettingsError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,6 +88,20 @@ def test_output_parser_flags_reach_the_engine_settings(tmp_path: Path) -> None:
     assert (settings.tool_call_parser, settings.reasoning_parser) == ("chatglm3", "none")
     defaults = engine_settings(parse_serve_args(["serve", "--model", str(tmp_path)]), tmp_path, "glm")
     assert (defaults.tool_call_parser, defaults.reasoning_parser) == ("auto", "auto")
+
+
+def test_cpu_speed_flags_reach_the_engine_settings(tmp_path: Path) -> None:
+    argv = ["serve", "--model", str(tmp_path), "--kv-cache-dtype", "model", "--no-cpu-prepack-weights"]
+    settings = engine_settings(parse_serve_args(argv), tmp_path, "m")
+    assert (settings.kv_cache_dtype, settings.cpu_prepack_weights) == ("model", False)
+    defaults = engine_settings(parse_serve_args(["serve", "--model", str(tmp_path)]), tmp_path, "m")
+    assert (defaults.kv_cache_dtype, defaults.cpu_prepack_weights) == ("auto", True)
+    assert EngineSettings.from_parameters(settings.to_parameters()) == settings
+
+
+def test_a_bad_kv_cache_dtype_names_the_setting() -> None:
+    with pytest.raises(SettingsError, match="kv_cache_dtype must be one of auto, model"):
+        EngineSettings(kv_cache_dtype="fp8")
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.10", "example.com", "10.0.0.1"])

@@ -1,0 +1,91 @@
+"""The CPU speed paths seen from outside: float32 KV for 16-bit models, and the engine's threads."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from engine_driver import Driver, make_engine
+
+from python_backend.compute_threads import serialize_current_thread
+from python_backend.kv_cache import BatchCache, KVBatch
+from python_backend.limits import Limits
+from python_backend.loader import LoadedModel, load_model
+from python_backend.params import parse_parameters
+from python_backend.sequence import EngineEvent, EngineRequest
+from python_backend.settings import EngineSettings
+
+
+def _load(model_dir: Path, dtype: str, kv_cache_dtype: str = "auto") -> LoadedModel:
+    return load_model(EngineSettings(model_path=str(model_dir), dtype=dtype, device="cpu", kv_cache_dtype=kv_cache_dtype))
+
+
+@pytest.fixture(scope="module")
+def bf16_loaded(tiny_model_dir: Path) -> LoadedModel:
+    return _load(tiny_model_dir, "bfloat16")
+
+
+def test_a_bfloat16_model_keeps_float32_keys_and_values_and_budgets_for_them(
+    tiny_model_dir: Path, bf16_loaded: LoadedModel
+) -> None:
+    as_model = _load(tiny_model_dir, "bfloat16", kv_cache_dtype="model")
+    float32 = _load(tiny_model_dir, "float32")
+    assert bf16_loaded.kv_dtype == torch.float32
+    assert as_model.kv_dtype is None and float32.kv_dtype is None
+    settings = EngineSettings(model_path="unused", kv_cache_memory_mb=64)
+    wide = Limits.resolve(settings, bf16_loaded)
+    narrow = Limits.resolve(settings, as_model)
+    assert wide.kv_bytes_per_token == 2 * narrow.kv_bytes_per_token
+    assert wide.kv_budget_tokens * 2 == pytest.approx(narrow.kv_budget_tokens, abs=2)
+
+
+def _decode_logits(loaded: LoadedModel, kv_dtype: torch.dtype | None, prompt: list[int], token: int) -> torch.Tensor:
+    """Next-token logits of one decode step over the running batch's cache, as the engine runs it."""
+    prefill = BatchCache()
+    with torch.inference_mode():
+        loaded.model(input_ids=torch.tensor([prompt]), cache=prefill, use_cache=True)
+        kv = KVBatch(kv_dtype)
+        kv.add(prefill, copies=1)
+        assert kv.cache.layer_states()[0][0].dtype == (kv_dtype or torch.bfloat16)
+        step = loaded.model(
+            input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[len(prompt)]]), cache=kv.cache, use_cache=True
+        )
+    return step.logits[0, -1].float()
+
+
+def test_decode_over_a_float32_cache_is_at_least_as_close_to_float32_as_a_bfloat16_cache(
+    tiny_loaded: LoadedModel, bf16_loaded: LoadedModel
+) -> None:
+    prompt = list(range(5, 60, 3))
+    token = 77
+    with torch.inference_mode():
+        reference = tiny_loaded.model(input_ids=torch.tensor([[*prompt, token]])).logits[0, -1].float()
+    wide = (_decode_logits(bf16_loaded, torch.float32, prompt, token) - reference).abs().max().item()
+    narrow = (_decode_logits(bf16_loaded, None, prompt, token) - reference).abs().max().item()
+    assert wide <= narrow * 1.1
+
+
+def test_the_engine_thread_runs_torch_with_its_own_thread_count(tiny_loaded: LoadedModel) -> None:
+    """The loading thread is made serial; the engine thread still computes with the threads asked for."""
+    previous = serialize_current_thread()
+    seen: list[int] = []
+    done = threading.Event()
+
+    def sink(event: EngineEvent) -> None:  # runs on the engine thread
+        seen.append(torch.get_num_threads())
+        if event.final:
+            done.set()
+
+    engine = make_engine(tiny_loaded, torch_threads=2)
+    try:
+        driver = Driver(engine, tiny_loaded)
+        parsed = parse_parameters({"temperature": 0, "max_tokens": 4, "ignore_eos": True}, stream=True)
+        engine.submit(EngineRequest("threads", driver.prompt_ids("hello"), parsed, sink))
+        assert done.wait(60)
+        assert torch.get_num_threads() == 1
+        assert seen and set(seen) == {2}
+    finally:
+        engine.stop()
+        torch.set_num_threads(previous)
