@@ -12,16 +12,22 @@ bfloat16 batched matmul copies a strided cache view before every product and bui
 primitive for each new length, while float32 goes to MKL's strided batched GEMM with neither
 (2-5x faster per layer at batch 1-16). The query is widened to the cache's dtype and the result
 narrowed back to the model's.
+
+Where the C kernel of ``native/attention_kernel.py`` could be built, a bfloat16 cache stays
+bfloat16 and one-row steps go to that kernel instead, which reads the cache in place.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from python_backend.native.attention_kernel import DecodeAttentionKernel
 
 NAME = "triton_chat_decode"
 
@@ -34,6 +40,7 @@ def decode_attention(
     attention_mask: torch.Tensor | None,
     dropout: float = 0.0,
     scaling: float | None = None,
+    kernel: DecodeAttentionKernel | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Attention for ``query`` [B, H, q, D] over ``key``/``value`` [B, KV, L, D]; returns [B, q, H, D]."""
@@ -43,9 +50,25 @@ def decode_attention(
         if key.dtype != query.dtype:
             key, value = key.to(query.dtype), value.to(query.dtype)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    scale = scaling if scaling is not None else dim**-0.5
+    if kernel is not None and kernel.handles(query, key, value):
+        keep = None
+        if attention_mask is not None:
+            if attention_mask.dtype != torch.bool:
+                return _grouped_matmul_attention(query, key, value, attention_mask, scale)
+            keep = attention_mask[:, 0, -1, : key.shape[-2]]
+        return kernel.attend(query, key, value, keep, scale), None
+    return _grouped_matmul_attention(query, key, value, attention_mask, scale)
+
+
+def _grouped_matmul_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, None]:
+    batch, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
     group = heads // kv_heads
     grouped = query.reshape(batch, kv_heads, group, dim).to(key.dtype)
-    scores = torch.matmul(grouped, key.transpose(-1, -2)).float() * (scaling if scaling is not None else dim**-0.5)
+    scores = torch.matmul(grouped, key.transpose(-1, -2)).float() * scale
     if attention_mask is not None:
         # sdpa_mask gives a boolean [B, 1, q, L] (True = attend) or an additive float mask.
         mask = attention_mask[:, :, -1, : key.shape[-2]].reshape(batch, 1, 1, -1)
@@ -55,8 +78,12 @@ def decode_attention(
     return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
 
 
-def use_decode_attention() -> str:
-    """Register the function (and SDPA's mask format for it) with transformers; returns its name."""
-    AttentionInterface.register(NAME, decode_attention)
+def use_decode_attention(kernel: DecodeAttentionKernel | None = None) -> str:
+    """Register the function (and SDPA's mask format for it) with transformers; returns its name.
+
+    transformers' registry is process-wide; every model loaded here registers the same function,
+    with the same kernel (built once per machine), so the last registration wins harmlessly.
+    """
+    AttentionInterface.register(NAME, partial(decode_attention, kernel=kernel))
     AttentionMaskInterface.register(NAME, sdpa_mask)
     return NAME

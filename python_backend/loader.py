@@ -24,6 +24,7 @@ from python_backend.cpu_linear import pack_linears, prepack_supported
 from python_backend.device import place
 from python_backend.lora import attach_adapters, parse_lora_modules
 from python_backend.multimodal.processor import AUDIO_MODEL_TYPES, VISION_MODEL_TYPES, MediaProcessor
+from python_backend.native.attention_kernel import build_kernel
 from python_backend.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
@@ -146,8 +147,11 @@ def load_model(settings: EngineSettings) -> LoadedModel:
     kv_dtype: torch.dtype | None = None
     if placement.device.type == "cpu" and model_class is AutoModelForCausalLM:
         # One-query-row attention without SDPA's CPU overhead (attention.py); prefill unchanged.
-        extra["attn_implementation"] = use_decode_attention()
-        if settings.kv_cache_dtype == "auto" and placement.dtype in (torch.bfloat16, torch.float16):
+        kernel = None
+        if settings.cpu_native_attention and placement.dtype == torch.bfloat16:
+            kernel = build_kernel()  # None (logged) without a C compiler
+        extra["attn_implementation"] = use_decode_attention(kernel)
+        if kernel is None and settings.kv_cache_dtype == "auto" and placement.dtype in (torch.bfloat16, torch.float16):
             kv_dtype = torch.float32
     base = model_class.from_pretrained(
         str(folder), dtype=placement.dtype, local_files_only=True, trust_remote_code=remote, **extra

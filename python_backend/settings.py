@@ -52,8 +52,11 @@ class EngineSettings:
     # On CPU, reorder float32/bfloat16 linear weights once into oneDNN's layout (cpu_linear.py):
     # about 2x faster linear layers. Off only to rule it out when chasing a numerical difference.
     cpu_prepack_weights: bool = True
-    # auto: the running batch keeps keys/values in float32 when a 16-bit text model runs on CPU
-    # (decode attention 2-5x faster, twice the KV memory; see attention.py); model: its own dtype.
+    # On CPU, build the C decode-attention kernel for bfloat16 text models with the machine's C
+    # compiler (native/attention_kernel.py), once, into ~/.cache/triton-chat/native.
+    cpu_native_attention: bool = True
+    # auto: the model's dtype, except that a 16-bit text model on CPU without the C kernel keeps
+    # keys/values in float32 (PyTorch's decode attention 2-5x faster, twice the KV memory).
     kv_cache_dtype: str = "auto"  # auto | model
 
     def __post_init__(self) -> None:

@@ -112,7 +112,13 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
         "--kv-cache-dtype",
         choices=KV_CACHE_DTYPE_CHOICES,
         default="auto",
-        help="auto: float32 keys/values for a 16-bit model on CPU (faster decode attention); model: its dtype",
+        help="auto: the model's dtype, or float32 for a 16-bit model on CPU without the C kernel; model: its dtype",
+    )
+    model.add_argument(
+        "--no-cpu-native-attention",
+        dest="cpu_native_attention",
+        action="store_false",
+        help="on CPU, do not build the C decode-attention kernel for bfloat16 models (PyTorch's is slower)",
     )
     model.add_argument(
         "--no-cpu-prepack-weights",
@@ -331,6 +337,7 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,
         cpu_prepack_weights=args.cpu_prepack_weights,
         kv_cache_dtype=args.kv_cache_dtype,
+        cpu_native_attention=args.cpu_native_attention,
     )
 
 

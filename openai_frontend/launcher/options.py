@@ -47,6 +47,7 @@ class ServeOptions:
     tls: TlsFiles | None = None  # HTTPS for the frontend
     cpu_prepack_weights: bool = True  # EngineSettings.cpu_prepack_weights
     kv_cache_dtype: str = "auto"  # EngineSettings.kv_cache_dtype
+    cpu_native_attention: bool = True  # EngineSettings.cpu_native_attention
 
 
 @dataclass(frozen=True)
@@ -92,5 +93,6 @@ def engine_settings(options: ServeOptions, model_dir: Path, served_model_name: s
         trust_remote_code=options.trust_remote_code,
         cpu_prepack_weights=options.cpu_prepack_weights,
         kv_cache_dtype=options.kv_cache_dtype,
+        cpu_native_attention=options.cpu_native_attention,
         **values,
     )

@@ -13,27 +13,40 @@ from python_backend.compute_threads import serialize_current_thread
 from python_backend.kv_cache import BatchCache, KVBatch
 from python_backend.limits import Limits
 from python_backend.loader import LoadedModel, load_model
+from python_backend.native.attention_kernel import build_kernel
 from python_backend.params import parse_parameters
 from python_backend.sequence import EngineEvent, EngineRequest
 from python_backend.settings import EngineSettings
 
 
-def _load(model_dir: Path, dtype: str, kv_cache_dtype: str = "auto") -> LoadedModel:
-    return load_model(EngineSettings(model_path=str(model_dir), dtype=dtype, device="cpu", kv_cache_dtype=kv_cache_dtype))
+def _load(model_dir: Path, dtype: str, kv_cache_dtype: str = "auto", native: bool = False) -> LoadedModel:
+    settings = EngineSettings(
+        model_path=str(model_dir), dtype=dtype, device="cpu", kv_cache_dtype=kv_cache_dtype, cpu_native_attention=native
+    )
+    return load_model(settings)
 
 
 @pytest.fixture(scope="module")
 def bf16_loaded(tiny_model_dir: Path) -> LoadedModel:
+    """bfloat16 without the C kernel: the running batch keeps float32 keys and values."""
     return _load(tiny_model_dir, "bfloat16")
 
 
+@pytest.fixture(scope="module")
+def bf16_native(tiny_model_dir: Path) -> LoadedModel:
+    if build_kernel() is None:
+        pytest.skip("no C compiler: the kernel cannot be built here")
+    return _load(tiny_model_dir, "bfloat16", native=True)
+
+
 def test_a_bfloat16_model_keeps_float32_keys_and_values_and_budgets_for_them(
-    tiny_model_dir: Path, bf16_loaded: LoadedModel
+    tiny_model_dir: Path, bf16_loaded: LoadedModel, bf16_native: LoadedModel
 ) -> None:
     as_model = _load(tiny_model_dir, "bfloat16", kv_cache_dtype="model")
-    float32 = _load(tiny_model_dir, "float32")
+    float32 = _load(tiny_model_dir, "float32", native=True)
     assert bf16_loaded.kv_dtype == torch.float32
-    assert as_model.kv_dtype is None and float32.kv_dtype is None
+    # The C kernel reads bfloat16 in place; float32 models never use it.
+    assert as_model.kv_dtype is None and float32.kv_dtype is None and bf16_native.kv_dtype is None
     settings = EngineSettings(model_path="unused", kv_cache_memory_mb=64)
     wide = Limits.resolve(settings, bf16_loaded)
     narrow = Limits.resolve(settings, as_model)
@@ -55,16 +68,35 @@ def _decode_logits(loaded: LoadedModel, kv_dtype: torch.dtype | None, prompt: li
     return step.logits[0, -1].float()
 
 
-def test_decode_over_a_float32_cache_is_at_least_as_close_to_float32_as_a_bfloat16_cache(
-    tiny_loaded: LoadedModel, bf16_loaded: LoadedModel
+def test_decode_over_a_float32_cache_or_the_kernel_is_at_least_as_close_to_float32(
+    tiny_loaded: LoadedModel, bf16_loaded: LoadedModel, bf16_native: LoadedModel
 ) -> None:
+    """Both CPU paths for bfloat16 are no less accurate than bfloat16 matmuls over a bfloat16 cache."""
     prompt = list(range(5, 60, 3))
     token = 77
     with torch.inference_mode():
         reference = tiny_loaded.model(input_ids=torch.tensor([[*prompt, token]])).logits[0, -1].float()
     wide = (_decode_logits(bf16_loaded, torch.float32, prompt, token) - reference).abs().max().item()
     narrow = (_decode_logits(bf16_loaded, None, prompt, token) - reference).abs().max().item()
+    native = (_decode_logits(bf16_native, None, prompt, token) - reference).abs().max().item()
     assert wide <= narrow * 1.1
+    assert native <= narrow * 1.1
+
+
+def test_bfloat16_requests_through_the_kernel_finish_with_their_length(bf16_native: LoadedModel) -> None:
+    """Padded batches (prompts of different lengths) run through the kernel's masked path."""
+    engine = make_engine(bf16_native)
+    driver = Driver(engine, bf16_native)
+    try:
+        prompts = [f"request {i}: " + "the software is provided as is " * (i + 1) for i in range(6)]
+        collected = [driver.submit(p, temperature=0, max_tokens=24, ignore_eos=True) for p in prompts]
+        for c in collected:
+            c.wait()
+            assert c.error is None and c.last().finish_reason == "length"
+            assert c.last().usage.completion_tokens == 24
+        assert max(max(c.last().usage.batch_size) for c in collected) > 1
+    finally:
+        engine.stop()
 
 
 def test_the_engine_thread_runs_torch_with_its_own_thread_count(tiny_loaded: LoadedModel) -> None:

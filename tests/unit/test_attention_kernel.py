@@ -1,0 +1,94 @@
+"""The C decode-attention kernel equals float32 attention, and building it fails over to PyTorch."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from python_backend.attention import decode_attention
+from python_backend.native import attention_kernel
+from python_backend.native.attention_kernel import DecodeAttentionKernel, build_kernel
+
+
+class _Module(torch.nn.Module):
+    is_causal = True
+
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.num_key_value_groups = groups
+
+
+@pytest.fixture(scope="module")
+def kernel() -> DecodeAttentionKernel:
+    built = build_kernel()
+    if built is None:
+        pytest.skip("no C compiler: the kernel cannot be built here")
+    return built
+
+
+def _cache_view(batch: int, kv_heads: int, length: int, dim: int) -> torch.Tensor:
+    """A view of a longer buffer, as the running batch's cache hands it to attention."""
+    return torch.randn(batch, kv_heads, length + 13, dim).bfloat16()[:, :, :length]
+
+
+@pytest.mark.parametrize(
+    ("batch", "heads", "kv_heads", "length", "dim"),
+    [(1, 9, 3, 1, 64), (4, 9, 3, 37, 64), (3, 14, 2, 70, 64), (2, 8, 8, 19, 128), (5, 6, 2, 23, 80)],
+)
+@pytest.mark.parametrize("padded", [False, True])
+def test_kernel_matches_float32_attention(
+    kernel: DecodeAttentionKernel, batch: int, heads: int, kv_heads: int, length: int, dim: int, padded: bool
+) -> None:
+    torch.manual_seed(batch * 100 + length)
+    query = torch.randn(batch, heads, 1, dim).bfloat16()
+    key, value = _cache_view(batch, kv_heads, length, dim), _cache_view(batch, kv_heads, length, dim)
+    mask = torch.ones(batch, 1, 1, length, dtype=torch.bool)
+    if padded and length > 1:
+        mask[-1, ..., : length // 2] = False  # the last row is left-padded
+    module = _Module(heads // kv_heads)
+    expected, _ = sdpa_attention_forward(
+        module, query.float(), key.float(), value.float(), mask if padded else None, scaling=dim**-0.5
+    )
+    got, _ = decode_attention(module, query, key, value, mask if padded else None, scaling=dim**-0.5, kernel=kernel)
+    assert got.dtype == torch.bfloat16 and got.shape == (batch, 1, heads, dim)
+    assert torch.allclose(got.float(), expected, atol=1e-2, rtol=1e-2)
+
+
+def test_float32_tensors_never_reach_the_kernel(kernel: DecodeAttentionKernel) -> None:
+    query, key = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 5, 16)
+    assert not kernel.handles(query, key, key)
+    assert kernel.handles(query.bfloat16(), key.bfloat16(), key.bfloat16())
+
+
+def test_the_library_is_built_once_and_reused(tmp_path: Path) -> None:
+    first = build_kernel(tmp_path)
+    if first is None:
+        pytest.skip("no C compiler")
+    libraries = list(tmp_path.glob("decode_attention-*.so"))
+    assert len(libraries) == 1
+    stamp = libraries[0].stat().st_mtime_ns
+    assert build_kernel(tmp_path) is not None
+    assert libraries[0].stat().st_mtime_ns == stamp
+
+
+def test_without_a_compiler_the_kernel_is_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(attention_kernel.shutil, "which", lambda name: None)
+    with caplog.at_level(logging.WARNING):
+        assert build_kernel(tmp_path) is None
+    assert "no C compiler" in caplog.text
+
+
+def test_a_failing_build_is_logged_and_gives_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    with caplog.at_level(logging.WARNING):
+        assert build_kernel(tmp_path) is None
+    assert "building the decode-attention kernel failed" in caplog.text
+    assert not list(tmp_path.glob("*.so"))
