@@ -13,18 +13,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.inprocess import engine_inprocess, hf_generate
+from benchmarks.inprocess import InProcessResult, engine_inprocess, hf_generate
 from benchmarks.load import DEFAULT_PROMPT, run_load
 from benchmarks.plot import bar_chart_svg
 from benchmarks.servers import PeakMemory, ServedProcess, ours, vllm
 
 CONCURRENCY = (1, 4, 16)
+
+
+def _isolated(function: Callable[..., InProcessResult], *args: Any) -> InProcessResult:
+    """Run one in-process measurement in a fresh interpreter.
+
+    Each measurement gets a process of its own: torch's OpenMP teams belong to the threads that
+    started them, and a team left by an earlier measurement in this process would compete with
+    the next one's (docs/design.md, "Only the engine thread runs torch in parallel").
+    """
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(function, *args).result()
 
 
 def _requests(concurrency: int) -> int:
@@ -120,13 +134,15 @@ def main() -> None:
 
     if "hf" not in skip:
         for batch in (1, 16):
-            result = hf_generate(args.model, args.dtype, batch, args.max_tokens)
+            result = _isolated(hf_generate, args.model, args.dtype, batch, args.max_tokens)
             _show(row := {"label": "hf-generate", "concurrency": batch, "requests": result.requests,
                           "tokens_per_s": result.tokens_per_s, "wall_s": result.wall_s})  # fmt: skip
             rows.append(row)
     if "engine" not in skip:
         for concurrency in CONCURRENCY:
-            result = engine_inprocess(args.model, args.dtype, concurrency, _requests(concurrency), args.max_tokens)
+            result = _isolated(
+                engine_inprocess, args.model, args.dtype, concurrency, _requests(concurrency), args.max_tokens
+            )
             _show(row := {"label": "engine", "concurrency": concurrency, "requests": result.requests,
                           "tokens_per_s": result.tokens_per_s, "wall_s": result.wall_s})  # fmt: skip
             rows.append(row)

@@ -55,15 +55,16 @@ def decode_attention(
         keep = None
         if attention_mask is not None:
             if attention_mask.dtype != torch.bool:
-                return _grouped_matmul_attention(query, key, value, attention_mask, scale)
+                return grouped_matmul_attention(query, key, value, attention_mask, scale)
             keep = attention_mask[:, 0, -1, : key.shape[-2]]
         return kernel.attend(query, key, value, keep, scale), None
-    return _grouped_matmul_attention(query, key, value, attention_mask, scale)
+    return grouped_matmul_attention(query, key, value, attention_mask, scale)
 
 
-def _grouped_matmul_attention(
+def grouped_matmul_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None, scale: float
 ) -> tuple[torch.Tensor, None]:
+    """One query row per sequence by two grouped matmuls; ``attention_mask`` [B, 1, q, L] or None."""
     batch, heads, _, dim = query.shape
     kv_heads = key.shape[1]
     group = heads // kv_heads

@@ -254,15 +254,19 @@ class Engine(PrefillSteps):
         device = self._loaded.device
         started = time.perf_counter()
         try:
-            out = self._forward(
-                [s.request.params.lora for s in self._running],
-                self._kv.cache,
-                input_ids=torch.tensor([[s.tokens[-1]] for s in self._running], dtype=torch.long, device=device),
-                # Without padding no mask is needed, and transformers then takes its faster path.
-                attention_mask=self._kv.attention_mask(1, device) if self._kv.padded else None,
-                position_ids=torch.tensor([[s.position] for s in self._running], dtype=torch.long, device=device),
-            )
-            logits = out.logits[:, -1, :]
+            input_ids = torch.tensor([[s.tokens[-1]] for s in self._running], dtype=torch.long, device=device)
+            position_ids = torch.tensor([[s.position] for s in self._running], dtype=torch.long, device=device)
+            # Without padding no mask is needed, and transformers then takes its faster path.
+            mask = self._kv.attention_mask(1, device) if self._kv.padded else None
+            fast = self._loaded.fast_decoder
+            if fast is not None:
+                logits = fast.logits(input_ids, position_ids, self._kv.cache, mask.bool() if mask is not None else None)
+            else:
+                adapters = [s.request.params.lora for s in self._running]
+                out = self._forward(
+                    adapters, self._kv.cache, input_ids=input_ids, attention_mask=mask, position_ids=position_ids
+                )
+                logits = out.logits[:, -1, :]
             plain: list[int] = []
             beams: dict[str, list[int]] = {}
             for i, seq in enumerate(self._running):

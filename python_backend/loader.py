@@ -22,9 +22,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from python_backend.attention import use_decode_attention
 from python_backend.cpu_linear import pack_linears, prepack_supported
 from python_backend.device import place
+from python_backend.fast_decode import FastDecoder
 from python_backend.lora import attach_adapters, parse_lora_modules
 from python_backend.multimodal.processor import AUDIO_MODEL_TYPES, VISION_MODEL_TYPES, MediaProcessor
-from python_backend.native.attention_kernel import build_kernel
+from python_backend.native.attention_kernel import DecodeAttentionKernel, build_kernel
 from python_backend.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class LoadedModel:
     adapters: frozenset[str] = frozenset()  # LoRA adapter names requests may ask for
     media: MediaProcessor | None = None  # a multimodal model's prompt step; None: text only
     kv_dtype: torch.dtype | None = None  # the running batch's KV storage; None: ``dtype``
+    fast_decoder: FastDecoder | None = None  # the lean CPU decode step (fast_decode.py), where exact
 
     @property
     def uses_mrope(self) -> bool:
@@ -145,9 +147,10 @@ def load_model(settings: EngineSettings) -> LoadedModel:
     model_class = _model_class(model_type)
     extra: dict[str, Any] = {}
     kv_dtype: torch.dtype | None = None
-    if placement.device.type == "cpu" and model_class is AutoModelForCausalLM:
+    kernel: DecodeAttentionKernel | None = None
+    cpu_text = placement.device.type == "cpu" and model_class is AutoModelForCausalLM
+    if cpu_text:
         # One-query-row attention without SDPA's CPU overhead (attention.py); prefill unchanged.
-        kernel = None
         if settings.cpu_native_attention and placement.dtype == torch.bfloat16:
             kernel = build_kernel()  # None (logged) without a C compiler
         extra["attn_implementation"] = use_decode_attention(kernel)
@@ -159,8 +162,11 @@ def load_model(settings: EngineSettings) -> LoadedModel:
     base.to(placement.device)  # type: ignore[arg-type]  # transformers' typed wrapper of nn.Module.to
     base.eval()
     model = attach_adapters(base, adapters)
+    fast = None
     if settings.cpu_prepack_weights and prepack_supported(placement.device, placement.dtype):
         pack_linears(model, base.get_decoder(), base.get_output_embeddings())
+        if cpu_text and not adapters:
+            fast = FastDecoder.build(base, kernel)  # None where it would not equal the model's forward
     text_config = base.config.get_text_config(decoder=True)
     vocab_size = int(getattr(text_config, "vocab_size", 0) or len(tokenizer))
     eos = _as_ids(gen.get("eos_token_id")) | _as_ids(config.get("eos_token_id"))
@@ -185,4 +191,5 @@ def load_model(settings: EngineSettings) -> LoadedModel:
         adapters=frozenset(adapters),
         media=MediaProcessor.from_folder(folder, model_type, tokenizer),
         kv_dtype=kv_dtype,
+        fast_decoder=fast,
     )

@@ -50,6 +50,10 @@ def _cpu_identity() -> str:
 
 
 def default_cache_dir() -> Path:
+    """``native/`` in the launcher's cache: $TRITON_CHAT_CACHE, else $XDG_CACHE_HOME/triton-chat, else ~/.cache."""
+    explicit = os.environ.get("TRITON_CHAT_CACHE")
+    if explicit:
+        return Path(explicit).expanduser() / "native"
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "triton-chat" / "native"
 
