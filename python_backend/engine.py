@@ -41,6 +41,11 @@ from python_backend.token_text import TokenTexts
 logger = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.05
+# How often each request's transport is asked whether it was cancelled. Under Triton every
+# is_cancelled() is a round trip to the server process (about 0.15 ms); asking all 16 requests
+# at every step added 2.4 ms to each step at concurrency 16. A disconnect is still seen within
+# this interval plus one step; Engine.cancel() takes effect at the next step.
+_CANCEL_POLL_S = 0.05
 _SHUTDOWN = ErrorInfo(503, "the model is shutting down", "service_unavailable", code="shutting_down")
 
 
@@ -141,8 +146,12 @@ class Engine(PrefillSteps):
 
     def _reap_cancelled(self) -> None:
         cancelled = self._admission.take_cancelled()
+        now = time.monotonic()
         for request_id, group in list(self._groups.items()):
-            if request_id in cancelled or self._polled_cancel(group):
+            poll = now >= group.next_cancel_poll
+            if poll:
+                group.next_cancel_poll = now + _CANCEL_POLL_S
+            if request_id in cancelled or (poll and self._polled_cancel(group)):
                 tokens = sum(len(s.tokens) for s in group.sequences)
                 logger.info("request %s cancelled after %d generated tokens", request_id, tokens)
                 self._remove(group, EngineEvent(request_id, final=True))
