@@ -41,7 +41,6 @@ class RequestGroup:
     prefill_started: float = 0.0
     beam: BeamSearch | None = None
     prefill_ms: float = 0.0
-    next_cancel_poll: float = 0.0  # time.monotonic() after which is_cancelled() is asked again
 
     @property
     def candidates(self) -> int:
