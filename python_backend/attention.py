@@ -51,14 +51,28 @@ def decode_attention(
             key, value = key.to(query.dtype), value.to(query.dtype)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     scale = scaling if scaling is not None else dim**-0.5
+    if attention_mask is not None and attention_mask.dtype != torch.bool:
+        return grouped_matmul_attention(query, key, value, attention_mask, scale)  # an additive mask
+    keep = attention_mask[:, 0, -1, : key.shape[-2]] if attention_mask is not None else None
+    return one_row_attention(query, key, value, keep, scale, kernel), None
+
+
+def one_row_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    keep: torch.Tensor | None,
+    scale: float,
+    kernel: DecodeAttentionKernel | None,
+) -> torch.Tensor:
+    """[B, 1, H, D] attention of one query row per sequence; ``keep`` [B, L] marks real positions.
+
+    The C kernel where it handles these tensors (a bfloat16 cache), else grouped matmuls.
+    """
     if kernel is not None and kernel.handles(query, key, value):
-        keep = None
-        if attention_mask is not None:
-            if attention_mask.dtype != torch.bool:
-                return grouped_matmul_attention(query, key, value, attention_mask, scale)
-            keep = attention_mask[:, 0, -1, : key.shape[-2]]
-        return kernel.attend(query, key, value, keep, scale), None
-    return grouped_matmul_attention(query, key, value, attention_mask, scale)
+        return kernel.attend(query, key, value, keep, scale)
+    mask = keep[:, None, None, :] if keep is not None else None
+    return grouped_matmul_attention(query, key, value, mask, scale)[0]
 
 
 def grouped_matmul_attention(

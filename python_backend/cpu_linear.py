@@ -51,14 +51,19 @@ class PackedLinear(torch.nn.Module):
         if x.dtype != self.dtype:
             # oneDNN does not mix dtypes; nn.Linear would raise here too, only later.
             raise TypeError(f"PackedLinear expects {self.dtype} input, got {x.dtype}")
+        return self.apply_unchecked(x)
+
+    def apply_unchecked(self, x: torch.Tensor) -> torch.Tensor:
+        """The product without module dispatch or the dtype check (for callers that know the dtype)."""
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.dtype}"
 
 
-def _wrapped_by_adapter(name: str, tuner_prefixes: list[str]) -> bool:
-    return any(name == prefix or name.startswith(prefix + ".") for prefix in tuner_prefixes)
+def _inside(name: str, roots: list[str]) -> bool:
+    """Whether module ``name`` is one of ``roots`` or below one of them."""
+    return any(name == root or name.startswith(root + ".") for root in roots)
 
 
 def pack_linears(model: torch.nn.Module, decoder: torch.nn.Module, head: torch.nn.Module | None) -> int:
@@ -75,9 +80,7 @@ def pack_linears(model: torch.nn.Module, decoder: torch.nn.Module, head: torch.n
     for name, module in list(model.named_modules()):
         if type(module) is not torch.nn.Linear or module.weight.dtype not in PACKABLE_DTYPES:
             continue
-        if not any(name == root or name.startswith(root + ".") for root in roots):
-            continue
-        if _wrapped_by_adapter(name, tuners):
+        if not _inside(name, roots) or _inside(name, tuners):
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

@@ -17,27 +17,16 @@ Prefill always goes through the model's own forward.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers.models.llama.modeling_llama import rotate_half
 
-from python_backend.attention import grouped_matmul_attention
+from python_backend.attention import one_row_attention
 from python_backend.cpu_linear import PackedLinear
 from python_backend.kv_cache import BatchCache
 from python_backend.native.attention_kernel import DecodeAttentionKernel
-
-logger = logging.getLogger(__name__)
-
-
-def _linear(x: torch.Tensor, layer: PackedLinear) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, layer.packed_weight, layer.bias, "none", [], "")
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 @dataclass(frozen=True)
@@ -110,24 +99,20 @@ class FastDecoder:
         hidden = self._decoder.embed_tokens(input_ids)  # [B, 1, H]
         cos, sin = self._decoder.rotary_emb(hidden, position_ids)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        mask = keep[:, None, None, :] if keep is not None else None
         for index, layer in enumerate(self._layers):
             residual = hidden
             x = layer.input_norm(hidden)
-            query = _linear(x, layer.q).view(batch, 1, -1, layer.head_dim).transpose(1, 2)
-            key = _linear(x, layer.k).view(batch, 1, -1, layer.head_dim).transpose(1, 2)
-            value = _linear(x, layer.v).view(batch, 1, -1, layer.head_dim).transpose(1, 2)
-            query = (query * cos) + (_rotate_half(query) * sin)
-            key = (key * cos) + (_rotate_half(key) * sin)
+            query = layer.q.apply_unchecked(x).view(batch, 1, -1, layer.head_dim).transpose(1, 2)
+            key = layer.k.apply_unchecked(x).view(batch, 1, -1, layer.head_dim).transpose(1, 2)
+            value = layer.v.apply_unchecked(x).view(batch, 1, -1, layer.head_dim).transpose(1, 2)
+            query = (query * cos) + (rotate_half(query) * sin)
+            key = (key * cos) + (rotate_half(key) * sin)
             keys, values = cache.update(key, value, index)
-            if self._kernel is not None and self._kernel.handles(query, keys, values):
-                attended = self._kernel.attend(query, keys, values, keep, layer.scaling)
-            else:
-                attended, _ = grouped_matmul_attention(query, keys, values, mask, layer.scaling)
-            hidden = residual + _linear(attended.reshape(batch, 1, -1).contiguous(), layer.o)
+            attended = one_row_attention(query, keys, values, keep, layer.scaling, self._kernel)
+            hidden = residual + layer.o.apply_unchecked(attended.reshape(batch, 1, -1).contiguous())
             residual = hidden
             x = layer.post_norm(hidden)
-            gated = torch.nn.functional.silu(_linear(x, layer.gate)) * _linear(x, layer.up)
-            hidden = residual + _linear(gated, layer.down)
+            gated = torch.nn.functional.silu(layer.gate.apply_unchecked(x)) * layer.up.apply_unchecked(x)
+            hidden = residual + layer.down.apply_unchecked(gated)
         hidden = self._decoder.norm(hidden)
         return self._head(hidden)[:, -1, :]
