@@ -293,3 +293,31 @@ def test_missing_model_folder_fails_clearly(tmp_path: Path, caplog: pytest.LogCa
     options: ServeOptions = replace(parse_serve_args(["serve", "--model", str(tmp_path / "nope")]), port=0)
     assert run_serve(options) == 1
     assert "is not a folder" in caplog.text
+
+
+def test_frontend_connections_send_small_writes_at_once() -> None:
+    """Accepted connections have Nagle's algorithm off, so each SSE chunk leaves when written."""
+    import asyncio
+
+    from openai_frontend.launcher.network import bind_listening_socket
+
+    async def accepted_nodelay() -> int:
+        seen: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        class Probe(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                sock = transport.get_extra_info("socket")
+                seen.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                transport.close()
+
+        listener = bind_listening_socket("127.0.0.1", 0)
+        server = await asyncio.get_running_loop().create_server(Probe, sock=listener)
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", listener.getsockname()[1])
+            value = await asyncio.wait_for(seen, 5)
+            writer.close()
+            return value
+        finally:
+            server.close()
+
+    assert asyncio.run(accepted_nodelay()) != 0
