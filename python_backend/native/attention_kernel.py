@@ -64,7 +64,11 @@ def build_kernel(cache_dir: Path | None = None) -> DecodeAttentionKernel | None:
     if compiler is None:
         logger.warning("no C compiler found (CC, cc, gcc): using PyTorch's decode attention")
         return None
-    source = SOURCE.read_bytes()
+    try:
+        source = SOURCE.read_bytes()
+    except OSError as exc:  # an install without its package data
+        logger.warning("the decode-attention kernel source is missing (%s); using PyTorch's", exc)
+        return None
     key = hashlib.sha256(source + " ".join((compiler, *FLAGS)).encode() + _cpu_identity().encode()).hexdigest()[:16]
     folder = cache_dir or default_cache_dir()
     library = folder / f"decode_attention-{key}.so"

@@ -92,3 +92,12 @@ def test_a_failing_build_is_logged_and_gives_none(
         assert build_kernel(tmp_path) is None
     assert "building the decode-attention kernel failed" in caplog.text
     assert not list(tmp_path.glob("*.so"))
+
+
+def test_a_missing_source_gives_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(attention_kernel, "SOURCE", tmp_path / "absent.c")
+    with caplog.at_level(logging.WARNING):
+        assert build_kernel(tmp_path) is None
+    assert "source is missing" in caplog.text
