@@ -8,10 +8,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from python_backend.chat_template import render_prompt
 from python_backend.contract import ChoiceDelta, ErrorInfo
 from python_backend.engine import Engine
-from python_backend.loader import LoadedModel
+from python_backend.kv_cache import BatchCache, KVBatch
+from python_backend.loader import LoadedModel, load_model
 from python_backend.params import parse_parameters
 from python_backend.sequence import EngineEvent, EngineRequest
 from python_backend.settings import EngineSettings
@@ -91,3 +94,23 @@ def make_engine(loaded: LoadedModel, **overrides: Any) -> Engine:
     engine = Engine(loaded, settings)
     engine.start()
     return engine
+
+
+def load_on_cpu(model_dir: Any, dtype: str, **settings: Any) -> LoadedModel:
+    """A model folder loaded the way the engine runs it on CPU, with these settings."""
+    return load_model(EngineSettings(model_path=str(model_dir), dtype=dtype, device="cpu", **settings))
+
+
+def running_batch(loaded: LoadedModel, prompts: list[list[int]], kv_dtype: torch.dtype | None) -> KVBatch:
+    """Prompts prefilled one by one and joined into a running batch storing ``kv_dtype``.
+
+    Prompts of different lengths make a left-padded batch, as in the engine; ``kv_dtype`` None
+    keeps the model's own dtype.
+    """
+    kv = KVBatch(kv_dtype)
+    with torch.inference_mode():
+        for prompt in prompts:
+            prefill = BatchCache()
+            loaded.model(input_ids=torch.tensor([prompt]), cache=prefill, use_cache=True)
+            kv.add(prefill, copies=1)
+    return kv

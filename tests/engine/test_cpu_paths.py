@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_driver import Driver, make_engine
+from engine_driver import Driver, load_on_cpu, make_engine, running_batch
 
 from python_backend.compute_threads import serialize_current_thread
-from python_backend.kv_cache import BatchCache, KVBatch
 from python_backend.limits import Limits
-from python_backend.loader import LoadedModel, load_model
+from python_backend.loader import LoadedModel
 from python_backend.native.attention_kernel import build_kernel
 from python_backend.params import parse_parameters
 from python_backend.sequence import EngineEvent, EngineRequest
@@ -20,10 +19,7 @@ from python_backend.settings import EngineSettings
 
 
 def _load(model_dir: Path, dtype: str, kv_cache_dtype: str = "auto", native: bool = False) -> LoadedModel:
-    settings = EngineSettings(
-        model_path=str(model_dir), dtype=dtype, device="cpu", kv_cache_dtype=kv_cache_dtype, cpu_native_attention=native
-    )
-    return load_model(settings)
+    return load_on_cpu(model_dir, dtype, kv_cache_dtype=kv_cache_dtype, cpu_native_attention=native)
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +52,9 @@ def test_a_bfloat16_model_keeps_float32_keys_and_values_and_budgets_for_them(
 
 def _decode_logits(loaded: LoadedModel, kv_dtype: torch.dtype | None, prompt: list[int], token: int) -> torch.Tensor:
     """Next-token logits of one decode step over the running batch's cache, as the engine runs it."""
-    prefill = BatchCache()
+    kv = running_batch(loaded, [prompt], kv_dtype)
+    assert kv.cache.layer_states()[0][0].dtype == (kv_dtype or torch.bfloat16)
     with torch.inference_mode():
-        loaded.model(input_ids=torch.tensor([prompt]), cache=prefill, use_cache=True)
-        kv = KVBatch(kv_dtype)
-        kv.add(prefill, copies=1)
-        assert kv.cache.layer_states()[0][0].dtype == (kv_dtype or torch.bfloat16)
         step = loaded.model(
             input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[len(prompt)]]), cache=kv.cache, use_cache=True
         )
