@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from python_backend.beam_search import BeamSearch
 from python_backend.contract import ContractError, ErrorInfo
 from python_backend.kv_cache import BatchCache
+from python_backend.prefix_cache import PrefixHit
 from python_backend.sequence import EngineRequest, Sequence
 
 
@@ -41,6 +42,8 @@ class RequestGroup:
     prefill_started: float = 0.0
     beam: BeamSearch | None = None
     prefill_ms: float = 0.0
+    prefix_hit: PrefixHit | None = None  # cached keys/values its prefill starts from
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache (usage.cached_tokens)
 
     @property
     def candidates(self) -> int:

@@ -33,6 +33,7 @@ from python_backend.limits import Limits
 from python_backend.loader import LoadedModel
 from python_backend.lora import adapter_names
 from python_backend.prefill import INTERNAL_ERROR, PrefillSteps
+from python_backend.prefix_cache import LayerStates, PrefixCache
 from python_backend.sampler import RowSampling, sample
 from python_backend.sequence import EngineEvent, EngineRequest, Sequence
 from python_backend.settings import EngineSettings
@@ -52,6 +53,8 @@ class EngineStats:
     kv_cache_bytes: int
     kv_reserved_tokens: int
     kv_budget_tokens: int
+    prefix_cache_tokens: int = 0  # token positions held by the prefix cache
+    prefix_cache_bytes: int = 0
 
 
 class Engine(PrefillSteps):
@@ -67,6 +70,7 @@ class Engine(PrefillSteps):
         self._running: list[Sequence] = []  # in KV-batch row order
         self._groups: dict[str, RequestGroup] = {}
         self._kv = KVBatch(loaded.kv_dtype)
+        self._prefix = PrefixCache(self.limits.prefix_cache_tokens)
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -121,6 +125,8 @@ class Engine(PrefillSteps):
             self._kv.bytes_used(),
             self._admission.reserved,
             self.limits.kv_budget_tokens,
+            self._prefix.tokens_held,
+            self._prefix.bytes_held,
         )
 
     # --- the loop (engine thread only) -----------------------------------------------------------
@@ -211,9 +217,8 @@ class Engine(PrefillSteps):
             else None,
         )
 
-    def _start_sequences(
-        self, group: RequestGroup, logits: torch.Tensor, cache: BatchCache, row: int, pad: int, rope_delta: int = 0
-    ) -> None:
+    def _add_sequences(self, group: RequestGroup, states: LayerStates, pad: int = 0, rope_delta: int = 0) -> None:
+        """The request's sequences join the running batch with these prompt keys/values."""
         request = group.request
         group.sequences = [
             Sequence(
@@ -230,8 +235,16 @@ class Engine(PrefillSteps):
         ]
         for seq in group.sequences:
             seq.rope_delta = rope_delta
-        self._kv.add(cache, group.candidates, row=row, pad=pad)
+            seq.cached_tokens = group.cached_tokens
+        self._kv.add_states(states, group.candidates, pad=pad)
         self._running.extend(group.sequences)
+
+    def _start_sequences(
+        self, group: RequestGroup, logits: torch.Tensor, cache: BatchCache, row: int, pad: int, rope_delta: int = 0
+    ) -> None:
+        """After its prefill: the request joins the batch and samples its first token."""
+        request = group.request
+        self._add_sequences(group, KVBatch.row_states(cache, row), pad, rope_delta)
         if request.params.use_beam_search:
             eos = frozenset() if request.params.ignore_eos else self._loaded.eos_token_ids
             group.beam = BeamSearch(group.candidates, group.max_new_tokens, eos)
@@ -255,7 +268,7 @@ class Engine(PrefillSteps):
         device = self._loaded.device
         started = time.perf_counter()
         try:
-            input_ids = torch.tensor([[s.tokens[-1]] for s in self._running], dtype=torch.long, device=device)
+            input_ids = torch.tensor([[s.next_input] for s in self._running], dtype=torch.long, device=device)
             position_ids = torch.tensor([[s.position] for s in self._running], dtype=torch.long, device=device)
             # Without padding no mask is needed, and transformers then takes its faster path.
             mask = self._kv.attention_mask(1, device) if self._kv.padded else None
@@ -328,6 +341,9 @@ class Engine(PrefillSteps):
             return str(self._loaded.tokenizer.decode(tokens, skip_special_tokens=params.skip_special_tokens))
 
         answers = group.beam.answers(params.n, len(group.request.prompt_ids), group.prefill_ms, decode)
+        for answer in answers:
+            if answer.usage is not None:
+                answer.usage.cached_tokens = group.cached_tokens
         for delta in answers:
             final = delta.index == len(answers) - 1
             self._deliver(group.request, EngineEvent(group.request.request_id, delta=delta, final=final))

@@ -106,7 +106,8 @@ class BatchCache(Cache):
             layer.set_states(keys, values)
 
 
-def _left_pad(tensor: torch.Tensor, amount: int) -> torch.Tensor:
+def left_pad(tensor: torch.Tensor, amount: int) -> torch.Tensor:
+    """``amount`` zero positions in front of [rows, heads, positions, dim] keys or values."""
     if amount == 0:
         return tensor
     zeros = torch.zeros(
@@ -136,17 +137,23 @@ class KVBatch:
             return 0
         return sum(k.numel() * k.element_size() * 2 for k, _ in self.cache.layer_states())
 
-    def add(self, prefilled: BatchCache, copies: int, row: int = 0, pad: int = 0) -> None:
-        """Append ``copies`` rows holding row ``row`` of a prefill (n > 1 shares one prefill).
+    @staticmethod
+    def row_states(prefilled: BatchCache, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Row ``row`` of a prefill cache, per layer ([1, heads, positions, dim] views)."""
+        return [(k[row : row + 1], v[row : row + 1]) for k, v in prefilled.layer_states()]
 
-        ``pad`` leading positions of that row are padding from a batched prefill; they are
-        dropped here, and the row is re-padded to the running batch's length.
+    def add(self, prefilled: BatchCache, copies: int, row: int = 0, pad: int = 0) -> None:
+        """Append ``copies`` rows holding row ``row`` of a prefill (n > 1 shares one prefill)."""
+        self.add_states(self.row_states(prefilled, row), copies, pad)
+
+    def add_states(self, states: list[tuple[torch.Tensor, torch.Tensor]], copies: int, pad: int = 0) -> None:
+        """Append ``copies`` rows holding one sequence's keys/values ([1, heads, positions, dim]).
+
+        ``pad`` leading positions are padding from a batched prefill; they are dropped here, and
+        the row is re-padded to the running batch's length.
         """
         dtype = self.storage_dtype
-        new_states = [
-            (k[row : row + 1, :, pad:].to(dtype or k.dtype), v[row : row + 1, :, pad:].to(dtype or v.dtype))
-            for k, v in prefilled.layer_states()
-        ]
+        new_states = [(k[:, :, pad:].to(dtype or k.dtype), v[:, :, pad:].to(dtype or v.dtype)) for k, v in states]
         new_len = new_states[0][0].shape[-2]
         if not self.pad:
             states = [(k.repeat(copies, 1, 1, 1), v.repeat(copies, 1, 1, 1)) for k, v in new_states]
@@ -158,12 +165,12 @@ class KVBatch:
         total = max(old_len, new_len)
         merged = []
         for (old_k, old_v), (k, v) in zip(self.cache.layer_states(), new_states, strict=True):
-            k = _left_pad(k, total - new_len).repeat(copies, 1, 1, 1)
-            v = _left_pad(v, total - new_len).repeat(copies, 1, 1, 1)
+            k = left_pad(k, total - new_len).repeat(copies, 1, 1, 1)
+            v = left_pad(v, total - new_len).repeat(copies, 1, 1, 1)
             merged.append(
                 (
-                    torch.cat([_left_pad(old_k, total - old_len), k], dim=0),
-                    torch.cat([_left_pad(old_v, total - old_len), v], dim=0),
+                    torch.cat([left_pad(old_k, total - old_len), k], dim=0),
+                    torch.cat([left_pad(old_v, total - old_len), v], dim=0),
                 )
             )
         self.pad = [p + total - old_len for p in self.pad] + [total - new_len] * copies

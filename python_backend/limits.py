@@ -22,14 +22,16 @@ logger = logging.getLogger(__name__)
 _CPU_BUDGET_SHARE = 0.25  # of physical memory, for an automatic CPU KV budget
 _CPU_BUDGET_CAP = 8 << 30
 _ACCEL_BUDGET_SHARE = 0.5  # of free device memory after the weights are loaded
+_PREFIX_SHARE = 8  # an automatic prefix cache gets this fraction (1/N) of the KV budget's bytes
 
 
-def kv_bytes_per_token(loaded: LoadedModel) -> int:
+def kv_bytes_per_token(loaded: LoadedModel, dtype: torch.dtype | None = None) -> int:
+    """Bytes of keys and values per token over all layers, stored in ``dtype`` (default: the KV's)."""
     config = loaded.model.config.get_text_config(decoder=True)
     layers = int(config.num_hidden_layers)
     heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-    element = torch.tensor([], dtype=loaded.kv_dtype or loaded.dtype).element_size()
+    element = torch.tensor([], dtype=dtype or loaded.kv_dtype or loaded.dtype).element_size()
     return 2 * layers * heads * head_dim * element
 
 
@@ -53,6 +55,7 @@ class Limits:
     max_iter_times: int  # output tokens
     kv_budget_tokens: int  # token slots the KV budget holds, over all running sequences
     kv_bytes_per_token: int
+    prefix_cache_tokens: int = 0  # token positions the prefix cache holds (0: off)
 
     @staticmethod
     def resolve(settings: EngineSettings, loaded: LoadedModel) -> Limits:
@@ -64,20 +67,30 @@ class Limits:
         per_token = kv_bytes_per_token(loaded)
         budget = settings.kv_cache_memory_mb * (1 << 20) if settings.kv_cache_memory_mb else None
         budget_bytes = budget if budget is not None else _automatic_budget(loaded.device)
+        prefix_bytes = 0
+        # Multimodal models are left out: a prompt's placeholder tokens do not say which image they
+        # stand for, and Qwen2-VL's positions depend on the media (3-D rotary positions).
+        if settings.enable_prefix_caching and loaded.media is None:
+            prefix_bytes = settings.prefix_cache_memory_mb * (1 << 20) or budget_bytes // _PREFIX_SHARE
         limits = Limits(
             max_seq_len=max_seq_len,
             max_input_tokens=max_input,
             max_iter_times=settings.max_iter_times,
             kv_budget_tokens=max(budget_bytes // per_token, 1),
             kv_bytes_per_token=per_token,
+            # Cached prefixes come from prefill caches, which hold the model's dtype.
+            prefix_cache_tokens=prefix_bytes // kv_bytes_per_token(loaded, loaded.dtype),
         )
         logger.info(
-            "limits: max_seq_len=%d max_input_tokens=%d max_iter_times=%d kv_budget=%d tokens (%.0f MiB)",
+            "limits: max_seq_len=%d max_input_tokens=%d max_iter_times=%d kv_budget=%d tokens (%.0f MiB) "
+            "prefix_cache=%d tokens (%.0f MiB)",
             limits.max_seq_len,
             limits.max_input_tokens,
             limits.max_iter_times,
             limits.kv_budget_tokens,
             budget_bytes / (1 << 20),
+            limits.prefix_cache_tokens,
+            prefix_bytes / (1 << 20),
         )
         return limits
 

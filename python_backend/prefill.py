@@ -2,8 +2,10 @@
 
 Owns the prefill half of the engine's step: short prompts prefilled together in one left-padded
 forward pass, a prompt longer than the budget in chunks across steps (so running streams keep
-decoding), and a media prompt alone with its model inputs. ``PrefillSteps`` is a base of
-``Engine`` and works on the engine's state, which it declares here; the engine thread alone runs it.
+decoding), and a media prompt alone with its model inputs. A text prompt that starts like a cached
+one (prefix_cache.py) starts from the cached keys/values and computes only the rest; every
+prefilled prompt is offered to the cache. ``PrefillSteps`` is a base of ``Engine`` and works on
+the engine's state, which it declares here; the engine thread alone runs it.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import torch
 
 from python_backend.admission import Admission, RequestGroup
 from python_backend.contract import ErrorInfo
-from python_backend.kv_cache import BatchCache
+from python_backend.kv_cache import BatchCache, left_pad
 from python_backend.loader import LoadedModel
 from python_backend.multimodal.positions import media_prefill_inputs
+from python_backend.prefix_cache import PrefixCache, PrefixHit
 from python_backend.sequence import EngineEvent, Sequence
 from python_backend.settings import EngineSettings
 
@@ -34,11 +37,13 @@ class PrefillSteps:
     _loaded: LoadedModel
     _settings: EngineSettings
     _admission: Admission
+    _prefix: PrefixCache
     _running: list[Sequence]
     _prefilling: RequestGroup | None
     _forward: Callable[..., Any]
     _remove: Callable[[RequestGroup, EngineEvent], None]
     _start_sequences: Callable[..., None]
+    _add_sequences: Callable[..., None]
 
     def _prefill_step(self) -> None:
         """Prefill within the token budget: a long prompt in chunks, short ones batched together."""
@@ -54,13 +59,18 @@ class PrefillSteps:
                 if not batch:  # media inputs are per request: its prefill runs alone, whole
                     self._prefill_media(self._admit())
                 break
-            size = len(self._admission.waiting[0].request.prompt_ids)
+            hit = self._lookup(waiting[0])
+            size = len(waiting[0].request.prompt_ids) - (hit.tokens if hit is not None else 0)
+            if size == 1 and hit is not None and not waiting[0].request.params.use_beam_search:
+                self._join_cached(self._admit(hit), hit)
+                budget -= 1
+                continue
             if size > budget:
                 if not batch:  # too long for one step: prefill it in chunks from now on
-                    self._prefilling = self._admit()
+                    self._prefilling = self._admit(hit)
                     self._prefill_chunk(self._prefilling, budget)
                 break
-            batch.append(self._admit())
+            batch.append(self._admit(hit))
             budget -= size
         if batch:
             self._prefill_batch(batch)
@@ -70,11 +80,32 @@ class PrefillSteps:
         seats = self._settings.max_num_seqs - len(self._running) - self._admitted_rows - pending_rows
         return self._admission.can_admit(group, seats)
 
-    def _admit(self) -> RequestGroup:
+    def _lookup(self, group: RequestGroup) -> PrefixHit | None:
+        return self._prefix.lookup(group.request.prompt_ids, group.request.params.lora or "")
+
+    def _admit(self, hit: PrefixHit | None = None) -> RequestGroup:
         group = self._admission.admit()
         group.prefill_cache = BatchCache()
         group.prefill_started = time.perf_counter()
+        group.prefix_hit = hit
         return group
+
+    def _join_cached(self, group: RequestGroup, hit: PrefixHit) -> None:
+        """A prompt cached up to its last token needs no forward pass of its own: it joins the
+        running batch, and the next decode step feeds that last token and samples the first
+        output token beside every other row (telemetry: that step's batch size and time)."""
+        group.prefill_done = len(group.request.prompt_ids)
+        group.prefill_cache = None
+        group.prefix_hit = None
+        group.cached_tokens = hit.tokens
+        self._add_sequences(group, hit.states)
+
+    def _offer_prefix(self, group: RequestGroup, cache: BatchCache, row: int, pad: int) -> None:
+        """Keep a prefilled prompt's keys/values for later prompts that start the same way."""
+        if not self._prefix.enabled:
+            return
+        states = [(k[row : row + 1, :, pad:], v[row : row + 1, :, pad:]) for k, v in cache.layer_states()]
+        self._prefix.insert(group.request.prompt_ids, states, group.request.params.lora or "")
 
     @property
     def _admitted_rows(self) -> int:
@@ -84,6 +115,10 @@ class PrefillSteps:
     def _prefill_chunk(self, group: RequestGroup, budget: int) -> int:
         """One chunk of a long prompt; returns the tokens it used."""
         prompt = group.request.prompt_ids
+        hit, group.prefix_hit = group.prefix_hit, None
+        if hit is not None and group.prefill_done == 0 and group.prefill_cache is not None:
+            group.prefill_cache.set_layer_states(hit.states)  # copied into the group's own cache
+            group.prefill_done = group.cached_tokens = hit.tokens
         chunk = prompt[group.prefill_done : group.prefill_done + budget]
         device = self._loaded.device
         start = group.prefill_done
@@ -107,20 +142,42 @@ class PrefillSteps:
             group.prefill_cache = None
             if cache is None:
                 raise RuntimeError("prefill finished without a cache")
+            self._offer_prefix(group, cache, row=0, pad=0)
             self._start_sequences(group, out.logits[0, -1:, :], cache, row=0, pad=0)
         return len(chunk)
 
     def _prefill_batch(self, groups: list[RequestGroup]) -> None:
-        """Prefill several short prompts in one forward pass, left-padded to a common length."""
+        """Prefill short prompts: those with a cached prefix in one pass, the others in another."""
+        hits = [g for g in groups if g.prefix_hit is not None]
+        misses = [g for g in groups if g.prefix_hit is None]
+        for part in (misses, hits):
+            if part:
+                self._prefill_rows(part)
+
+    def _prefill_rows(self, groups: list[RequestGroup]) -> None:
+        """Prefill several prompts in one forward pass, left-padded to a common length.
+
+        Every row computes the same number of new tokens (``width``: the longest uncached part);
+        a row whose uncached part is shorter recomputes the end of its cached prefix instead of
+        being padded in the middle, so each row's keys/values stay one left-padded run. Rows
+        start from ``reuse[i]`` cached positions, left-padded to ``past``.
+        """
         device = self._loaded.device
         prompts = [g.request.prompt_ids for g in groups]
-        width = max(len(p) for p in prompts)
-        pads = [width - len(p) for p in prompts]
-        input_ids = torch.tensor([[0] * pad + p for pad, p in zip(pads, prompts, strict=True)], dtype=torch.long)
+        cached = [g.prefix_hit.tokens if g.prefix_hit is not None else 0 for g in groups]
+        width = max(len(p) - c for p, c in zip(prompts, cached, strict=True))
+        reuse = [max(0, len(p) - width) for p in prompts]
+        past = max(reuse)
+        pads = [past + width - len(p) for p in prompts]
+        input_ids = torch.tensor(
+            [[0] * (width - len(p) + r) + p[r:] for p, r in zip(prompts, reuse, strict=True)], dtype=torch.long
+        )
         mask = torch.tensor([[0] * pad + [1] * len(p) for pad, p in zip(pads, prompts, strict=True)], dtype=torch.long)
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, past:]
         cache = BatchCache()
         try:
+            if past:
+                cache.set_layer_states(self._cached_rows(groups, reuse, past))
             out = self._forward(
                 [g.request.params.lora for g in groups],
                 cache,
@@ -137,7 +194,30 @@ class PrefillSteps:
         for row, group in enumerate(groups):
             group.prefill_done = len(group.request.prompt_ids)
             group.prefill_cache = None
+            group.prefix_hit = None
+            group.cached_tokens = reuse[row]
+            self._offer_prefix(group, cache, row=row, pad=pads[row])
             self._start_sequences(group, out.logits[row, -1:, :], cache, row=row, pad=pads[row])
+
+    @staticmethod
+    def _cached_rows(
+        groups: list[RequestGroup], reuse: list[int], past: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the rows' cached keys/values left-padded to ``past`` positions."""
+        template = next(g.prefix_hit for g, r in zip(groups, reuse, strict=True) if r and g.prefix_hit)
+        per_row = []
+        for group, count in zip(groups, reuse, strict=True):
+            hit = group.prefix_hit
+            if hit is not None and count:
+                per_row.append(
+                    [(left_pad(k, past - count), left_pad(v, past - count)) for k, v in hit.layer_slice(count)]
+                )
+            else:
+                per_row.append([(k.new_zeros((1, k.shape[1], past, k.shape[3])),) * 2 for k, _v in template.states])
+        return [
+            (torch.cat([row[layer][0] for row in per_row]), torch.cat([row[layer][1] for row in per_row]))
+            for layer in range(len(template.states))
+        ]
 
     def _prefill_media(self, group: RequestGroup) -> None:
         """Prefill a request with images, video or audio: batch of one, the whole prompt."""

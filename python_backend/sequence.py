@@ -89,10 +89,18 @@ class Sequence:
         self.pending_logprobs: list[TokenLogprob] = []
         self.sent_tokens = 0
         self.rope_delta = 0  # M-RoPE: next position minus prompt length after a media prompt
+        self.cached_tokens = 0  # prompt tokens its prefill took from the prefix cache
 
     @property
     def tokens(self) -> list[int]:
         return self.sampling.output_ids
+
+    @property
+    def next_input(self) -> int:
+        """The token the next decode step feeds: the last sampled one, or the prompt's last
+        when the prompt came from the prefix cache and this step gives the first output."""
+        tokens = self.sampling.output_ids
+        return tokens[-1] if tokens else self.request.prompt_ids[-1]
 
     @property
     def position(self) -> int:
@@ -178,7 +186,7 @@ class Sequence:
         return ChoiceUsage(
             prompt_tokens=prompt_tokens,
             completion_tokens=len(self.tokens),
-            cached_tokens=0,
+            cached_tokens=self.cached_tokens,
             reasoning_tokens=self.output.reasoning_tokens,
             batch_size=list(self.batch_size),
             queue_wait_time=list(self.queue_wait_us),

@@ -34,6 +34,10 @@ class EngineSettings:
     max_num_batched_tokens: int = 512  # prompt tokens prefilled per step (chunked prefill)
     max_waiting_requests: int = 256  # queued requests beyond which new ones get "overloaded"
     kv_cache_memory_mb: int = 0  # KV-cache budget; 0 = automatic (a share of free memory)
+    # Keep the keys/values of recent prompts and reuse them for prompts that start the same way
+    # (a shared system prompt, earlier turns of a chat): prefix_cache.py.
+    enable_prefix_caching: bool = True
+    prefix_cache_memory_mb: int = 0  # memory for it; 0 = automatic (an eighth of the KV budget)
     max_seq_len: int = 0  # maxSeqLen: prompt + output tokens; 0 = the model's context length
     max_input_token_len: int = 0  # maxInputTokenLen; 0 = max_seq_len - 1
     max_iter_times: int = 512  # maxIterTimes: default and cap of max_tokens
@@ -79,6 +83,7 @@ class EngineSettings:
         for name in (
             "max_waiting_requests",
             "kv_cache_memory_mb",
+            "prefix_cache_memory_mb",
             "max_seq_len",
             "max_input_token_len",
             "torch_threads",

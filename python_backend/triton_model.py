@@ -94,6 +94,7 @@ _GAUGES = (
         "KV-cache token slots reserved by admitted requests",
         "kv_reserved_tokens",
     ),
+    ("triton_chat_prefix_cache_bytes", "Bytes held by cached prompt prefixes", "prefix_cache_bytes"),
 )
 _METRICS_PERIOD_S = 0.2
 

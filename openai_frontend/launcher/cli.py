@@ -36,6 +36,7 @@ ENGINE_INT_FLAGS = (
     "max_num_batched_tokens",
     "max_waiting_requests",
     "kv_cache_memory_mb",
+    "prefix_cache_memory_mb",
     "max_seq_len",
     "max_input_token_len",
     "max_iter_times",
@@ -154,6 +155,19 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
     )
     engine.add_argument(
         "--kv-cache-memory-mb", type=_non_negative_int, metavar="MB", help="KV-cache budget; 0 = automatic"
+    )
+    engine.add_argument(
+        "--prefix-cache-memory-mb",
+        type=_non_negative_int,
+        metavar="MB",
+        help="memory for the keys/values of recent prompts, reused by prompts that start the same way; "
+        "0 = automatic (an eighth of the KV-cache budget)",
+    )
+    engine.add_argument(
+        "--no-enable-prefix-caching",
+        dest="enable_prefix_caching",
+        action="store_false",
+        help="recompute every prompt in full instead of reusing the keys/values of a cached prefix",
     )
     engine.add_argument(
         "--max-seq-len",
@@ -338,6 +352,7 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         cpu_prepack_weights=args.cpu_prepack_weights,
         kv_cache_dtype=args.kv_cache_dtype,
         cpu_native_attention=args.cpu_native_attention,
+        enable_prefix_caching=args.enable_prefix_caching,
     )
 
 

@@ -145,3 +145,16 @@ def test_cancellations_under_load_leave_no_sequence_behind(triton_server: Triton
     assert running_sequences(triton_server) == 0
     # The server is healthy afterwards.
     assert client_for(frontend_url).chat.completions.create(model=model, messages=[{"role": "user", "content": "ok"}], max_tokens=2)
+
+
+def test_a_repeated_prompt_reuses_its_cached_prefix(triton_server: TritonHandle, frontend_url: str, reference) -> None:
+    content = "a prompt long enough to fill whole blocks of the prefix cache, " * 3 + "asked twice"
+    expected = reference(content, 24)
+    replies = [
+        chat(frontend_url, triton_server.served_model_name, content, temperature=0, max_tokens=24, ignore_eos=True)
+        for _ in range(2)
+    ]
+    prompt_tokens = replies[0]["usage"]["prompt_tokens"]
+    assert replies[0]["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert replies[1]["usage"]["prompt_tokens_details"]["cached_tokens"] == prompt_tokens - 1
+    assert [r["choices"][0]["message"]["content"] for r in replies] == [expected, expected]

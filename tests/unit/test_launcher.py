@@ -99,6 +99,17 @@ def test_cpu_speed_flags_reach_the_engine_settings(tmp_path: Path) -> None:
     assert EngineSettings.from_parameters(settings.to_parameters()) == settings
 
 
+def test_prefix_cache_flags_reach_the_engine_settings(tmp_path: Path) -> None:
+    argv = ["serve", "--model", str(tmp_path), "--no-enable-prefix-caching", "--prefix-cache-memory-mb", "64"]
+    settings = engine_settings(parse_serve_args(argv), tmp_path, "m")
+    assert (settings.enable_prefix_caching, settings.prefix_cache_memory_mb) == (False, 64)
+    defaults = engine_settings(parse_serve_args(["serve", "--model", str(tmp_path)]), tmp_path, "m")
+    assert (defaults.enable_prefix_caching, defaults.prefix_cache_memory_mb) == (True, 0)
+    assert EngineSettings.from_parameters(settings.to_parameters()) == settings
+    with pytest.raises(SettingsError, match="prefix_cache_memory_mb must be >= 0"):
+        EngineSettings(prefix_cache_memory_mb=-1)
+
+
 def test_a_bad_kv_cache_dtype_names_the_setting() -> None:
     with pytest.raises(SettingsError, match="kv_cache_dtype must be one of auto, model"):
         EngineSettings(kv_cache_dtype="fp8")
