@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-import httpx
+from benchmarks.http_stream import HttpError, StreamingConnection
 
 DEFAULT_PROMPT = "Write a short story about a lighthouse keeper."
 
@@ -54,26 +54,28 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-async def one_request(client: httpx.AsyncClient, url: str, body: dict[str, object]) -> RequestResult:
+async def one_request(connection: StreamingConnection, body: dict[str, object], timeout_s: float) -> RequestResult:
     started = time.perf_counter()
     stamps: list[float] = []
     tokens = 0
+
+    async def consume() -> None:
+        nonlocal tokens
+        async for line in connection.post_lines(body):
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage")
+            if usage and usage.get("completion_tokens"):
+                tokens = int(usage["completion_tokens"])
+            for choice in chunk.get("choices", []):
+                if (choice.get("delta") or {}).get("content"):
+                    stamps.append(time.perf_counter())
+
     try:
-        async with client.stream("POST", url, json=body) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")
-                return RequestResult(False, error=f"HTTP {response.status_code}: {text[:200]}")
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                usage = chunk.get("usage")
-                if usage and usage.get("completion_tokens"):
-                    tokens = int(usage["completion_tokens"])
-                for choice in chunk.get("choices", []):
-                    if (choice.get("delta") or {}).get("content"):
-                        stamps.append(time.perf_counter())
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        await asyncio.wait_for(consume(), timeout_s)
+    except (HttpError, OSError, ValueError, asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
+        await connection.close()  # whatever is left of that response must not reach the next one
         return RequestResult(False, error=f"{type(exc).__name__}: {exc}")
     if not stamps:
         return RequestResult(False, error="no content chunks")
@@ -97,6 +99,7 @@ async def run_load(
     timeout_s: float = 300.0,
     deadline_s: float = 900.0,
     force_length: bool = True,
+    api_key: str | None = None,
 ) -> LoadReport:
     url = base_url.rstrip("/") + "/chat/completions"
     body: dict[str, object] = {
@@ -111,21 +114,28 @@ async def run_load(
     }
     if force_length:
         body.update({"ignore_eos": True, "min_tokens": max_tokens})
-    limits = httpx.Limits(max_connections=concurrency + 2)
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
-        warm = await one_request(client, url, body)  # not timed: first-request costs
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    # One keep-alive connection per concurrent stream, as a pool of clients would hold.
+    connections = [StreamingConnection(url, headers) for _ in range(concurrency)]
+    try:
+        warm = await one_request(connections[0], body, timeout_s)  # not timed: first-request costs
         if not warm.ok and force_length and "HTTP 4" in warm.error:
             body.pop("ignore_eos")
             body.pop("min_tokens")
-        semaphore = asyncio.Semaphore(concurrency)
+        remaining = list(range(requests))
+        results: list[RequestResult] = []
 
-        async def bounded() -> RequestResult:
-            async with semaphore:
-                return await one_request(client, url, body)
+        async def worker(connection: StreamingConnection) -> None:
+            while remaining:
+                remaining.pop()
+                results.append(await one_request(connection, body, timeout_s))
 
         started = time.perf_counter()
-        results = await asyncio.wait_for(asyncio.gather(*(bounded() for _ in range(requests))), deadline_s)
+        await asyncio.wait_for(asyncio.gather(*(worker(c) for c in connections)), deadline_s)
         wall = time.perf_counter() - started
+    finally:
+        for connection in connections:
+            await connection.close()
     good = [r for r in results if r.ok]
     tokens = sum(r.tokens for r in good)
     return LoadReport(
@@ -155,6 +165,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--deadline", type=float, default=900.0)
     parser.add_argument("--no-force-length", action="store_true", help="do not send ignore_eos/min_tokens")
+    parser.add_argument("--api-key", default=None, help="sent as a Bearer token")
     args = parser.parse_args()
     report = asyncio.run(
         run_load(
@@ -168,6 +179,7 @@ def main() -> None:
             args.timeout,
             args.deadline,
             not args.no_force_length,
+            args.api_key,
         )
     )
     sys.stdout.write(json.dumps(asdict(report)) + "\n")

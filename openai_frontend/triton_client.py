@@ -105,8 +105,11 @@ class TritonBackend:
                     finished = True  # an error response is the request's last
                     raise BackendError(contract.ErrorInfo.from_wire(str(error)))
                 final = _is_final(result)
-                if len(result.get_response().outputs) > 0:
-                    delta = contract.decode_delta({name: result.as_numpy(name) for name in contract.OUTPUT_NAMES})
+                outputs = result.get_response().outputs
+                if len(outputs) > 0:
+                    # Only the outputs this response carries (an absent one reads as empty): each
+                    # as_numpy() call scans the outputs, and this runs once per streamed token.
+                    delta = contract.decode_delta({o.name: result.as_numpy(o.name) for o in outputs})
                     finished = final
                     yield delta
                 finished = finished or final

@@ -50,7 +50,14 @@ def run_frontend(options: FrontendOptions) -> int:
         options.triton_url,
         options.triton_model,
     )
-    config = uvicorn.Config(app, host=options.host, port=options.port, log_level="info", **uvicorn_tls(options.tls))
+    config = uvicorn.Config(
+        app,
+        host=options.host,
+        port=options.port,
+        log_level="info",
+        loop="asyncio",  # the loop grpc.aio is built and tested on (uvloop, if installed, would be picked)
+        **uvicorn_tls(options.tls),
+    )
     server = uvicorn.Server(config)
 
     def stop(signum: int, frame: FrameType | None) -> None:

@@ -186,7 +186,12 @@ def _make_uvicorn(options: ServeOptions, grpc_url: str, served_name: str) -> Any
         }
     )
     config = uvicorn.Config(
-        create_app(settings), host=options.host, port=options.port, log_level="info", **uvicorn_tls(options.tls)
+        create_app(settings),
+        host=options.host,
+        port=options.port,
+        log_level="info",
+        loop="asyncio",  # the loop grpc.aio is built and tested on (uvloop, if installed, would be picked)
+        **uvicorn_tls(options.tls),
     )
     return uvicorn.Server(config)
 
