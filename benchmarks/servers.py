@@ -67,11 +67,13 @@ class ServedProcess:
             self.process.wait()
 
 
-def ours(model_dir: str, dtype: str, log: Path, max_num_seqs: int = 32) -> ServedProcess:
+def ours(
+    model_dir: str, dtype: str, log: Path, max_num_seqs: int = 32, extra_args: tuple[str, ...] = ()
+) -> ServedProcess:
     port = free_port()
     command = [
         sys.executable, "-m", "openai_frontend.launcher", "serve", "--model", model_dir, "--port", str(port),
-        "--dtype", dtype, "--max-num-seqs", str(max_num_seqs), "--served-model-name", "bench",
+        "--dtype", dtype, "--max-num-seqs", str(max_num_seqs), "--served-model-name", "bench", *extra_args,
     ]  # fmt: skip
     return ServedProcess("triton-chat", command, dict(os.environ), port, log)
 
