@@ -19,6 +19,8 @@ import logging
 
 import torch
 
+from python_backend.fused_projections import fuse_projections
+
 logger = logging.getLogger(__name__)
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
@@ -67,11 +69,14 @@ def _inside(name: str, roots: list[str]) -> bool:
 
 
 def pack_linears(model: torch.nn.Module, decoder: torch.nn.Module, head: torch.nn.Module | None) -> int:
-    """Replace the ``nn.Linear`` layers of ``decoder`` (and ``head``) inside ``model``; returns how many.
+    """Replace the ``nn.Linear`` layers of ``decoder`` (and ``head``) inside ``model``; returns how many
+    (merged projections included).
 
     ``model`` is the module tree to edit (it may be a PEFT wrapper); ``decoder`` and ``head`` are
     found in it by identity, so the wrapper's own naming does not matter.
     """
+    # q/k/v and gate/up of the same input become one product each (fused_projections.py).
+    merged = fuse_projections(decoder, PACKABLE_DTYPES)
     targets = {id(decoder), id(head)} if head is not None else {id(decoder)}
     roots = [name for name, module in model.named_modules() if id(module) in targets]
     # PEFT's tuner layers keep the original Linear as ``base_layer`` and read its weight.
@@ -86,5 +91,5 @@ def pack_linears(model: torch.nn.Module, decoder: torch.nn.Module, head: torch.n
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, PackedLinear(module))
         replaced += 1
-    logger.info("prepacked %d linear layers for oneDNN", replaced)
-    return replaced
+    logger.info("prepacked %d linear layers for oneDNN (and %d merged ones)", replaced, merged)
+    return replaced + merged

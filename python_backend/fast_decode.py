@@ -11,7 +11,7 @@ the tests check in float32 and bfloat16.
 
 It is used only where that equality is known to hold: exactly the ``LlamaDecoderLayer`` or
 ``Qwen2DecoderLayer`` classes, full attention in every layer (no sliding window), SiLU MLPs, every
-projection prepacked, and no LoRA adapters (the engine falls back to the model's own forward).
+projection prepacked and merged, and no LoRA adapters (the engine falls back to the model's own forward).
 Prefill always goes through the model's own forward.
 """
 
@@ -25,6 +25,7 @@ from transformers.models.llama.modeling_llama import rotate_half
 
 from python_backend.attention import one_row_attention
 from python_backend.cpu_linear import PackedLinear
+from python_backend.fused_projections import FusedProjections, ProjectionSlice, merge_eligible_layer_types
 from python_backend.kv_cache import BatchCache
 from python_backend.native.attention_kernel import DecodeAttentionKernel
 
@@ -32,23 +33,25 @@ from python_backend.native.attention_kernel import DecodeAttentionKernel
 @dataclass(frozen=True)
 class _Layer:
     input_norm: torch.nn.Module
-    q: PackedLinear
-    k: PackedLinear
-    v: PackedLinear
+    qkv: FusedProjections
     o: PackedLinear
     post_norm: torch.nn.Module
-    gate: PackedLinear
-    up: PackedLinear
+    gate_up: FusedProjections
     down: PackedLinear
     head_dim: int
     scaling: float
 
 
-def _eligible_layer_types() -> tuple[type, ...]:
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
-
-    return (LlamaDecoderLayer, Qwen2DecoderLayer)
+def _merged(projections: tuple[Any, ...]) -> FusedProjections | None:
+    """The group these projections were merged into, in this order, or None."""
+    if not all(type(p) is ProjectionSlice for p in projections):
+        return None
+    group = projections[0].group
+    if len(group.widths) != len(projections) or any(
+        p.group is not group or p.index != i for i, p in enumerate(projections)
+    ):
+        return None
+    return group  # type: ignore[no-any-return]
 
 
 class FastDecoder:
@@ -73,21 +76,31 @@ class FastDecoder:
             return None
         if head is None:
             return None
-        eligible = _eligible_layer_types()
+        eligible = merge_eligible_layer_types()
         layers = []
         for layer in decoder.layers:
             if type(layer) not in eligible:
                 return None
             attention, mlp = layer.self_attn, layer.mlp
-            projections = (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
-                           mlp.gate_proj, mlp.up_proj, mlp.down_proj)  # fmt: skip
-            if not all(type(p) is PackedLinear for p in projections):
+            qkv = _merged((attention.q_proj, attention.k_proj, attention.v_proj))
+            gate_up = _merged((mlp.gate_proj, mlp.up_proj))
+            if qkv is None or gate_up is None:
+                return None
+            if not (type(attention.o_proj) is PackedLinear and type(mlp.down_proj) is PackedLinear):
                 return None
             if getattr(attention, "sliding_window", None) is not None:
                 return None
             layers.append(
-                _Layer(layer.input_layernorm, *projections[:4], layer.post_attention_layernorm, *projections[4:],
-                       head_dim=int(attention.head_dim), scaling=float(attention.scaling))  # fmt: skip
+                _Layer(
+                    layer.input_layernorm,
+                    qkv,
+                    attention.o_proj,
+                    layer.post_attention_layernorm,
+                    gate_up,
+                    mlp.down_proj,
+                    head_dim=int(attention.head_dim),
+                    scaling=float(attention.scaling),
+                )  # fmt: skip
             )
         return FastDecoder(decoder, head, layers, kernel)
 
@@ -102,9 +115,10 @@ class FastDecoder:
         for index, layer in enumerate(self._layers):
             residual = hidden
             x = layer.input_norm(hidden)
-            query = layer.q.apply_unchecked(x).view(batch, 1, -1, layer.head_dim).transpose(1, 2)
-            key = layer.k.apply_unchecked(x).view(batch, 1, -1, layer.head_dim).transpose(1, 2)
-            value = layer.v.apply_unchecked(x).view(batch, 1, -1, layer.head_dim).transpose(1, 2)
+            query, key, value = (
+                part.view(batch, 1, -1, layer.head_dim).transpose(1, 2)
+                for part in layer.qkv.split(layer.qkv.apply_unchecked(x))
+            )
             query = (query * cos) + (rotate_half(query) * sin)
             key = (key * cos) + (rotate_half(key) * sin)
             keys, values = cache.update(key, value, index)
@@ -112,7 +126,8 @@ class FastDecoder:
             hidden = residual + layer.o.apply_unchecked(attended.reshape(batch, 1, -1).contiguous())
             residual = hidden
             x = layer.post_norm(hidden)
-            gated = torch.nn.functional.silu(layer.gate.apply_unchecked(x)) * layer.up.apply_unchecked(x)
+            gate, up = layer.gate_up.split(layer.gate_up.apply_unchecked(x))
+            gated = torch.nn.functional.silu(gate) * up
             hidden = residual + layer.down.apply_unchecked(gated)
         hidden = self._decoder.norm(hidden)
         return self._head(hidden)[:, -1, :]

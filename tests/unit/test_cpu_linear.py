@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from python_backend.cpu_linear import PackedLinear, pack_linears, prepack_supported
+from python_backend.fused_projections import ProjectionSlice
 from python_backend.lora import attach_adapters
 
 pytestmark = pytest.mark.skipif(
@@ -69,6 +70,9 @@ def test_pack_linears_replaces_every_decoder_layer_and_the_head(tiny_model_dir: 
     layers = _config(tiny_model_dir)["num_hidden_layers"]
     assert replaced == 7 * layers + 1  # q, k, v, o, gate, up, down per layer, and lm_head
     assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    attention = model.get_decoder().layers[0].self_attn
+    assert {type(attention.q_proj), type(attention.k_proj), type(attention.v_proj)} == {ProjectionSlice}
+    assert attention.q_proj.group is attention.v_proj.group  # one product for q, k and v
     assert isinstance(model.get_input_embeddings(), torch.nn.Embedding)  # a tied head keeps its embedding
     with torch.inference_mode():
         after = model(input_ids=ids).logits
