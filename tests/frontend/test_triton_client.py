@@ -63,8 +63,13 @@ class _Param:
 
 
 @dataclass
+class _Output:
+    name: str
+
+
+@dataclass
 class _Response:
-    outputs: list[str]
+    outputs: list[_Output]  # like ModelInferResponse.outputs: one entry per tensor, with its name
     parameters: dict[str, _Param]
 
 
@@ -73,7 +78,7 @@ class _Result:
 
     def __init__(self, delta: ChoiceDelta | None, final: bool) -> None:
         self._arrays = contract.encode_delta(delta) if delta is not None else {}
-        self._response = _Response(list(self._arrays), {"triton_final_response": _Param(final)})
+        self._response = _Response([_Output(n) for n in self._arrays], {"triton_final_response": _Param(final)})
 
     def get_response(self) -> _Response:
         return self._response
