@@ -15,7 +15,7 @@ import torch
 from python_backend.contract import ContractError, ErrorInfo
 from python_backend.loader import LoadedModel
 from python_backend.params import GenerationParams
-from python_backend.settings import EngineSettings
+from python_backend.settings import EngineSettings, SettingsError
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +72,17 @@ class Limits:
         # stand for, and Qwen2-VL's positions depend on the media (3-D rotary positions).
         if settings.enable_prefix_caching and loaded.media is None:
             prefix_bytes = settings.prefix_cache_memory_mb * (1 << 20) or budget_bytes // _PREFIX_SHARE
+            if prefix_bytes > budget_bytes // 2:
+                raise SettingsError(
+                    f"prefix_cache_memory_mb ({prefix_bytes >> 20} MiB) must be at most half of the KV-cache "
+                    f"budget ({budget_bytes >> 20} MiB); raise kv_cache_memory_mb or lower it"
+                )
         limits = Limits(
             max_seq_len=max_seq_len,
             max_input_tokens=max_input,
             max_iter_times=settings.max_iter_times,
-            kv_budget_tokens=max(budget_bytes // per_token, 1),
+            # The prefix cache's keys/values come out of the same budget: together they stay in it.
+            kv_budget_tokens=max((budget_bytes - prefix_bytes) // per_token, 1),
             kv_bytes_per_token=per_token,
             # Cached prefixes come from prefill caches, which hold the model's dtype.
             prefix_cache_tokens=prefix_bytes // kv_bytes_per_token(loaded, loaded.dtype),
@@ -88,7 +94,7 @@ class Limits:
             limits.max_input_tokens,
             limits.max_iter_times,
             limits.kv_budget_tokens,
-            budget_bytes / (1 << 20),
+            (budget_bytes - prefix_bytes) / (1 << 20),
             limits.prefix_cache_tokens,
             prefix_bytes / (1 << 20),
         )

@@ -9,6 +9,8 @@ import pytest
 from engine_driver import Driver, make_engine
 
 from python_backend.contract import ContractError
+from python_backend.engine import Engine
+from python_backend.settings import EngineSettings, SettingsError
 
 
 def test_cancel_frees_the_slot_and_ends_with_one_final_event(tiny_loaded) -> None:
@@ -103,13 +105,24 @@ def test_kv_budget_refuses_a_request_that_can_never_fit(tiny_loaded) -> None:
     engine = make_engine(tiny_loaded, kv_cache_memory_mb=1)
     try:
         driver = Driver(engine, tiny_loaded)
-        # 1 MiB holds 2048 tokens of this model (512 bytes each); 32 choices of 64 + prompt cannot fit.
-        assert engine.limits.kv_budget_tokens == 2048
+        # 1 MiB holds 2048 tokens of this model (512 bytes each); an eighth goes to the prefix
+        # cache, which leaves 1792 for running sequences: 32 choices of 64 + prompt cannot fit.
+        assert engine.limits.kv_budget_tokens == 1792
+        assert engine.limits.prefix_cache_tokens == 256
         with pytest.raises(ContractError) as caught:
             driver.submit("x", n=32, temperature=1.0, max_tokens=64)
         assert caught.value.info.status == 400 and caught.value.info.code == "kv_cache_exceeded"
     finally:
         engine.stop()
+
+
+def test_a_prefix_cache_larger_than_half_the_kv_budget_is_refused(tiny_loaded) -> None:
+    settings = EngineSettings(model_path="unused", device="cpu", kv_cache_memory_mb=8, prefix_cache_memory_mb=5)
+    with pytest.raises(SettingsError, match="prefix_cache_memory_mb .* at most half of the KV-cache budget"):
+        Engine(tiny_loaded, settings)
+    without = EngineSettings(model_path="unused", device="cpu", kv_cache_memory_mb=8, enable_prefix_caching=False)
+    limits = Engine(tiny_loaded, without).limits
+    assert (limits.kv_budget_tokens, limits.prefix_cache_tokens) == (8 * 2048, 0)
 
 
 def test_stop_fails_pending_requests_with_503(tiny_loaded) -> None:
