@@ -35,9 +35,44 @@ logger = logging.getLogger("triton_chat")
 _INTERNAL = ErrorInfo(500, "internal error while reading the request", "internal_error")
 
 
+class _ResponseLink:
+    """One request's response sender, safe to ask about cancellation from any thread.
+
+    Triton frees a request's response factory once its final response is sent; asking
+    ``is_cancelled()`` after that reads freed memory in the server (a crash seen when the
+    cancellation watcher asked about a request that had just finished). The final send and every
+    cancellation question take this lock, and nothing is asked once the final response went out.
+    """
+
+    def __init__(self, sender: Any) -> None:
+        self._sender = sender  # pb_utils.InferenceResponseSender
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def is_cancelled(self) -> bool:
+        with self._lock:
+            return False if self._closed else bool(self._sender.is_cancelled())
+
+    def send(self, response: Any = None, flags: int = 0) -> None:
+        if not flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self._send(response, flags)
+            return
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the final response was already sent")
+            self._closed = True  # even if the send fails: the request is over either way
+            self._send(response, flags)
+
+    def _send(self, response: Any, flags: int) -> None:
+        if response is None:
+            self._sender.send(flags=flags)  # a flags-only response: the end of the stream
+        else:
+            self._sender.send(response, flags=flags)
+
+
 @dataclass
 class _Outgoing:
-    sender: Any  # pb_utils.InferenceResponseSender
+    sender: _ResponseLink
     event: EngineEvent
     echo_prompt: str
 
@@ -167,7 +202,7 @@ class TritonPythonModel:
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            sender = request.get_response_sender()
+            sender = _ResponseLink(request.get_response_sender())
             request_id = request.request_id() or uuid.uuid4().hex
             try:
                 self._submit(request, sender, request_id)
@@ -178,7 +213,7 @@ class TritonPythonModel:
                 self._fail(sender, request_id, _INTERNAL)
         return None
 
-    def _submit(self, request: Any, sender: Any, request_id: str) -> None:
+    def _submit(self, request: Any, sender: _ResponseLink, request_id: str) -> None:
         def get(name: str) -> Any:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             return None if tensor is None else tensor.as_numpy()
@@ -205,7 +240,7 @@ class TritonPythonModel:
             )
         )
 
-    def _fail(self, sender: Any, request_id: str, info: ErrorInfo) -> None:
+    def _fail(self, sender: _ResponseLink, request_id: str, info: ErrorInfo) -> None:
         self._sender.put(_Outgoing(sender, EngineEvent(request_id, error=info, final=True), ""))
 
     def finalize(self) -> None:
