@@ -42,6 +42,7 @@ class FusedProjections(torch.nn.Module):
         self.dtype = weight.dtype
         self.in_features = linears[0].in_features
         self.widths = [linear.out_features for linear in linears]
+        self._starts = [sum(self.widths[:i]) for i in range(len(linears))]
         self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight), persistent=False)
         bias = None
         if any(linear.bias is not None for linear in linears):
@@ -71,7 +72,7 @@ class FusedProjections(torch.nn.Module):
         self._taken += 1
         # Dropped once every part was taken, so neither tensor outlives the layer's forward.
         self._memo = None if self._taken >= len(self.widths) else memo
-        start = sum(self.widths[:index])
+        start = self._starts[index]
         return memo[1][..., start : start + self.widths[index]]
 
 

@@ -142,12 +142,9 @@ class KVBatch:
         """Row ``row`` of a prefill cache, per layer ([1, heads, positions, dim] views)."""
         return [(k[row : row + 1], v[row : row + 1]) for k, v in prefilled.layer_states()]
 
-    def add(self, prefilled: BatchCache, copies: int, row: int = 0, pad: int = 0) -> None:
-        """Append ``copies`` rows holding row ``row`` of a prefill (n > 1 shares one prefill)."""
-        self.add_states(self.row_states(prefilled, row), copies, pad)
-
     def add_states(self, states: list[tuple[torch.Tensor, torch.Tensor]], copies: int, pad: int = 0) -> None:
-        """Append ``copies`` rows holding one sequence's keys/values ([1, heads, positions, dim]).
+        """Append ``copies`` rows holding one sequence's keys/values ([1, heads, positions, dim]);
+        n > 1 choices share one prefill.
 
         ``pad`` leading positions are padding from a batched prefill; they are dropped here, and
         the row is re-padded to the running batch's length.

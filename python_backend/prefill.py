@@ -19,7 +19,7 @@ import torch
 
 from python_backend.admission import Admission, RequestGroup
 from python_backend.contract import ErrorInfo
-from python_backend.kv_cache import BatchCache, left_pad
+from python_backend.kv_cache import BatchCache, KVBatch, left_pad
 from python_backend.loader import LoadedModel
 from python_backend.multimodal.positions import media_prefill_inputs
 from python_backend.prefix_cache import PrefixCache, PrefixHit
@@ -104,7 +104,7 @@ class PrefillSteps:
         """Keep a prefilled prompt's keys/values for later prompts that start the same way."""
         if not self._prefix.enabled:
             return
-        states = [(k[row : row + 1, :, pad:], v[row : row + 1, :, pad:]) for k, v in cache.layer_states()]
+        states = [(k[:, :, pad:], v[:, :, pad:]) for k, v in KVBatch.row_states(cache, row)]
         self._prefix.insert(group.request.prompt_ids, states, group.request.params.lora or "")
 
     @property

@@ -34,7 +34,7 @@ class PrefixHit:
 
     def layer_slice(self, count: int) -> LayerStates:
         """The keys/values of the first ``count`` (<= tokens) positions."""
-        return [(k[:, :, :count], v[:, :, :count]) for k, v in self.states]
+        return _first(self.states, count)
 
 
 @dataclass(eq=False)
@@ -53,6 +53,10 @@ def _chain_keys(namespace: str, tokens: tuple[int, ...] | list[int], limit: int)
         key = hash((key, tuple(tokens[start : start + BLOCK])))
         keys.append(key)
     return keys
+
+
+def _first(states: LayerStates, count: int) -> LayerStates:
+    return [(k[:, :, :count], v[:, :, :count]) for k, v in states]
 
 
 def _nbytes(states: LayerStates) -> int:
@@ -99,7 +103,7 @@ class PrefixCache:
             return None
         matched = _common_length(found.tokens, prompt, blocks * BLOCK, min(limit, len(found.tokens)))
         self._entries.move_to_end((found.namespace, found.tokens))
-        return PrefixHit(matched, [(k[:, :, :matched], v[:, :, :matched]) for k, v in found.states])
+        return PrefixHit(matched, _first(found.states, matched))
 
     def insert(self, tokens: list[int], states: LayerStates, namespace: str = "") -> None:
         """Keep ``states`` (per layer [1, heads, len(tokens), dim]; copied) for ``tokens``."""
@@ -136,9 +140,3 @@ class PrefixCache:
                 del self._index[chain_key]
         self.tokens_held -= len(entry.tokens)
         self.bytes_held -= _nbytes(entry.states)
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self._index.clear()
-        self.tokens_held = 0
-        self.bytes_held = 0

@@ -112,5 +112,5 @@ def running_batch(loaded: LoadedModel, prompts: list[list[int]], kv_dtype: torch
         for prompt in prompts:
             prefill = BatchCache()
             loaded.model(input_ids=torch.tensor([prompt]), cache=prefill, use_cache=True)
-            kv.add(prefill, copies=1)
+            kv.add_states(KVBatch.row_states(prefill, 0), copies=1)
     return kv
