@@ -37,7 +37,16 @@ def _cache_view(batch: int, kv_heads: int, length: int, dim: int) -> torch.Tenso
 
 @pytest.mark.parametrize(
     ("batch", "heads", "kv_heads", "length", "dim"),
-    [(1, 9, 3, 1, 64), (4, 9, 3, 37, 64), (3, 14, 2, 70, 64), (2, 8, 8, 19, 128), (5, 6, 2, 23, 80)],
+    [
+        (1, 9, 3, 1, 64),
+        (4, 9, 3, 37, 64),
+        (3, 14, 2, 70, 64),
+        (2, 8, 8, 19, 128),
+        (5, 6, 2, 23, 80),
+        # Several 16-position score blocks, a partial last one, padding across block boundaries.
+        (2, 9, 3, 150, 64),
+        (3, 16, 4, 33, 128),
+    ],
 )
 @pytest.mark.parametrize("padded", [False, True])
 def test_kernel_matches_float32_attention(
@@ -56,6 +65,35 @@ def test_kernel_matches_float32_attention(
     got, _ = decode_attention(module, query, key, value, mask if padded else None, scaling=dim**-0.5, kernel=kernel)
     assert got.dtype == torch.bfloat16 and got.shape == (batch, 1, heads, dim)
     assert torch.allclose(got.float(), expected, atol=1e-2, rtol=1e-2)
+
+
+def test_a_row_with_every_position_masked_gets_zeros(kernel: DecodeAttentionKernel) -> None:
+    torch.manual_seed(7)
+    query = torch.randn(2, 9, 1, 64).bfloat16()
+    key, value = _cache_view(2, 3, 40, 64), _cache_view(2, 3, 40, 64)
+    keep = torch.ones(2, 40, dtype=torch.bool)
+    keep[1] = False
+    got = kernel.attend(query, key, value, keep, 0.125)
+    assert torch.equal(got[1], torch.zeros_like(got[1]))
+    assert torch.isfinite(got.float()).all()
+
+
+def test_a_score_does_not_depend_on_where_padding_puts_it(kernel: DecodeAttentionKernel) -> None:
+    """The same sequence behind different amounts of left padding attends bit-identically.
+
+    Each score has its own reduction tree and the weighted sum skips masked positions, so where the
+    16-position blocks fall does not change a row's result (a batch's padding must not change it).
+    """
+    torch.manual_seed(3)
+    query = torch.randn(1, 9, 1, 64).bfloat16()
+    key, value = _cache_view(1, 3, 45, 64), _cache_view(1, 3, 45, 64)
+    alone = kernel.attend(query, key, value, None, 0.125)
+    for pad in (1, 7, 16, 21):
+        padded_key = torch.cat([torch.zeros(1, 3, pad, 64, dtype=torch.bfloat16), key], dim=2)
+        padded_value = torch.cat([torch.zeros(1, 3, pad, 64, dtype=torch.bfloat16), value], dim=2)
+        keep = torch.ones(1, pad + 45, dtype=torch.bool)
+        keep[0, :pad] = False
+        assert torch.equal(kernel.attend(query, padded_key, padded_value, keep, 0.125), alone)
 
 
 def test_float32_tensors_never_reach_the_kernel(kernel: DecodeAttentionKernel) -> None:
