@@ -65,12 +65,21 @@ class Driver:
     def prompt_ids(self, content: str, **params: Any) -> list[int]:
         return render_prompt(self.loaded.tokenizer, [{"role": "user", "content": content}], parse_parameters(params))
 
-    def submit(self, content: str, stream: bool = True, cancelled: Any = None, **params: Any) -> Collected:
+    def submit(
+        self,
+        content: str,
+        stream: bool = True,
+        cancelled: Any = None,
+        history: list[dict[str, str]] | None = None,
+        **params: Any,
+    ) -> Collected:
+        """A chat request whose last user message is ``content``, after ``history`` (earlier turns)."""
         out = Collected()
         parsed = parse_parameters(params, stream=stream)
+        messages = [*(history or []), {"role": "user", "content": content}]
         request = EngineRequest(
             request_id=f"req-{next(self._ids)}",
-            prompt_ids=render_prompt(self.loaded.tokenizer, [{"role": "user", "content": content}], parsed),
+            prompt_ids=render_prompt(self.loaded.tokenizer, messages, parsed),
             params=parsed,
             sink=out.sink,
             stream=stream,

@@ -63,7 +63,8 @@ def test_a_repeated_prompt_reuses_all_but_its_last_token(cached: Driver, uncache
     assert_same_answer(first, reference)
     assert_same_answer(second, reference)
     stats = cached.engine.stats()
-    assert stats.prefix_cache_tokens == prompt_tokens and stats.prefix_cache_bytes > 0
+    # One entry: the prompt and the answer's tokens but the last (the prompt alone is a prefix of it).
+    assert stats.prefix_cache_tokens == prompt_tokens + GREEDY["max_tokens"] - 1 and stats.prefix_cache_bytes > 0
     assert uncached.engine.stats().prefix_cache_tokens == 0
 
 
@@ -130,3 +131,17 @@ def test_beam_search_reports_its_cached_tokens(cached: Driver, uncached: Driver)
     expected = uncached.submit(SYSTEM + "beam", **params).wait()
     assert [d.text for d in got.deltas] == [d.text for d in expected.deltas]
     assert all(d.usage is not None and d.usage.cached_tokens > 0 for d in got.deltas)
+
+
+def test_the_next_turn_of_a_chat_reuses_the_previous_answer(cached: Driver, uncached: Driver) -> None:
+    first = cached.submit(SYSTEM + "first question", temperature=0, max_tokens=24, ignore_eos=True).wait()
+    history = [{"role": "user", "content": SYSTEM + "first question"}, {"role": "assistant", "content": first.text()}]
+    turn_one_tokens = len(cached.prompt_ids(SYSTEM + "first question"))
+    got = cached.submit("and a follow-up", history=history, **GREEDY).wait()
+    expected = uncached.submit("and a follow-up", history=history, **GREEDY).wait()
+    # Beyond the first prompt: the answer's tokens were cached when it finished.
+    assert got.last().usage.cached_tokens > turn_one_tokens
+    assert got.text() == expected.text()
+    for (lp, top), (ref_lp, ref_top) in zip(logprobs(got), logprobs(expected), strict=True):
+        assert top == ref_top
+        assert abs(lp - ref_lp) < 1e-4
