@@ -379,25 +379,6 @@ class Engine(PrefillSteps):
             self._running = [self._running[i] for i in keep]
             self._kv.keep(keep)
 
-    def _offer_finished(self, rows: list[int]) -> None:
-        """Keep a finished answer's keys/values, prompt and output, for the conversation's next
-        turn: its prompt repeats this one and the answer (prefix_cache.py)."""
-        if not self._prefix.enabled:
-            return
-        states = self._kv.cache.layer_states()
-        for i in rows:
-            seq = self._running[i]
-            request = seq.request
-            if request.params.use_beam_search or rows_needed(request) != 1:
-                continue  # beams move between rows; best_of keeps only some candidates
-            tokens = request.prompt_ids + seq.tokens[:-1]  # the last token was never fed back
-            pad = self._kv.pad[i]
-            # Stored in the model's dtype, as prefill caches are (the batch may keep float32).
-            row = [(k[i : i + 1, :, pad:].to(self._loaded.dtype), v[i : i + 1, :, pad:].to(self._loaded.dtype))
-                   for k, v in states]  # fmt: skip
-            if row[0][0].shape[-2] == len(tokens):
-                self._prefix.insert(tokens, row, request.params.lora or "")
-
     def _send_best(self, group: RequestGroup) -> None:
         ranked = sorted(group.sequences, key=lambda s: s.cumulative_logprob, reverse=True)
         chosen = ranked[: group.request.params.n]

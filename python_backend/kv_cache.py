@@ -138,9 +138,10 @@ class KVBatch:
         return sum(k.numel() * k.element_size() * 2 for k, _ in self.cache.layer_states())
 
     @staticmethod
-    def row_states(prefilled: BatchCache, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Row ``row`` of a prefill cache, per layer ([1, heads, positions, dim] views)."""
-        return [(k[row : row + 1], v[row : row + 1]) for k, v in prefilled.layer_states()]
+    def row_states(cache: BatchCache, row: int, pad: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Row ``row`` of a cache without its ``pad`` leading positions, per layer
+        ([1, heads, positions, dim] views)."""
+        return [(k[row : row + 1, :, pad:], v[row : row + 1, :, pad:]) for k, v in cache.layer_states()]
 
     def add_states(self, states: list[tuple[torch.Tensor, torch.Tensor]], copies: int, pad: int = 0) -> None:
         """Append ``copies`` rows holding one sequence's keys/values ([1, heads, positions, dim]);

@@ -2,10 +2,11 @@
 
 Owns the prefill half of the engine's step: short prompts prefilled together in one left-padded
 forward pass, a prompt longer than the budget in chunks across steps (so running streams keep
-decoding), and a media prompt alone with its model inputs. A text prompt that starts like a cached
-one (prefix_cache.py) starts from the cached keys/values and computes only the rest; every
-prefilled prompt is offered to the cache. ``PrefillSteps`` is a base of ``Engine`` and works on
-the engine's state, which it declares here; the engine thread alone runs it.
+decoding), and a media prompt alone with its model inputs; and the prefix cache's traffic. A text
+prompt that starts like a cached one (prefix_cache.py) starts from the cached keys/values and
+computes only the rest; every prefilled prompt, and every finished one-choice answer, is offered
+to the cache. ``PrefillSteps`` is a base of ``Engine`` and works on the engine's state, which it
+declares here; the engine thread alone runs it.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from typing import Any
 
 import torch
 
-from python_backend.admission import Admission, RequestGroup
+from python_backend.admission import Admission, RequestGroup, rows_needed
 from python_backend.contract import ErrorInfo
 from python_backend.kv_cache import BatchCache, KVBatch, left_pad
 from python_backend.loader import LoadedModel
 from python_backend.multimodal.positions import media_prefill_inputs
-from python_backend.prefix_cache import PrefixCache, PrefixHit
-from python_backend.sequence import EngineEvent, Sequence
+from python_backend.prefix_cache import LayerStates, PrefixCache, PrefixHit
+from python_backend.sequence import EngineEvent, EngineRequest, Sequence
 from python_backend.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class PrefillSteps:
     _settings: EngineSettings
     _admission: Admission
     _prefix: PrefixCache
+    _kv: KVBatch
     _running: list[Sequence]
     _prefilling: RequestGroup | None
     _forward: Callable[..., Any]
@@ -81,7 +83,7 @@ class PrefillSteps:
         return self._admission.can_admit(group, seats)
 
     def _lookup(self, group: RequestGroup) -> PrefixHit | None:
-        return self._prefix.lookup(group.request.prompt_ids, group.request.params.lora or "")
+        return self._prefix.lookup(group.request.prompt_ids, _namespace(group.request))
 
     def _admit(self, hit: PrefixHit | None = None) -> RequestGroup:
         group = self._admission.admit()
@@ -102,10 +104,28 @@ class PrefillSteps:
 
     def _offer_prefix(self, group: RequestGroup, cache: BatchCache, row: int, pad: int) -> None:
         """Keep a prefilled prompt's keys/values for later prompts that start the same way."""
+        if self._prefix.enabled:
+            request = group.request
+            self._prefix.insert(request.prompt_ids, KVBatch.row_states(cache, row, pad), _namespace(request))
+
+    def _offer_finished(self, rows: list[int]) -> None:
+        """Keep finished answers' keys/values, prompt and output, for the conversation's next
+        turn: its prompt repeats this one and the answer. ``rows`` index the running batch."""
         if not self._prefix.enabled:
             return
-        states = [(k[:, :, pad:], v[:, :, pad:]) for k, v in KVBatch.row_states(cache, row)]
-        self._prefix.insert(group.request.prompt_ids, states, group.request.params.lora or "")
+        for i in rows:
+            seq = self._running[i]
+            request = seq.request
+            if request.params.use_beam_search or rows_needed(request) != 1:
+                continue  # beams move between rows; best_of keeps only some candidates
+            tokens = request.prompt_ids + seq.tokens[:-1]  # the last token was never fed back
+            # Stored in the model's dtype, as prefill caches are (the batch may keep float32).
+            dtype = self._loaded.dtype
+            states: LayerStates = [
+                (k.to(dtype), v.to(dtype)) for k, v in KVBatch.row_states(self._kv.cache, i, self._kv.pad[i])
+            ]
+            if states[0][0].shape[-2] == len(tokens):
+                self._prefix.insert(tokens, states, _namespace(request))
 
     @property
     def _admitted_rows(self) -> int:
@@ -243,3 +263,8 @@ class PrefillSteps:
         group.prefill_done = len(request.prompt_ids)
         group.prefill_cache = None
         self._start_sequences(group, out.logits[0, -1:, :], cache, row=0, pad=0, rope_delta=prefill.rope_delta)
+
+
+def _namespace(request: EngineRequest) -> str:
+    """Prefix-cache entries are per LoRA adapter: an adapter changes every layer's keys/values."""
+    return request.params.lora or ""
