@@ -51,8 +51,8 @@ def main() -> int:
             if response.outputs:
                 sys.stdout.write(result.as_numpy("text_output")[0].decode("utf-8"))
                 sys.stdout.flush()
-                # Outputs other than text_output, choice_index and the token counts are sent only
-                # when they say something: usage and finish_reason come with a choice's last response.
+                # Outputs other than text_output are sent only when they say something: usage,
+                # finish_reason and the token counts come with a choice's last response.
                 usage = result.as_numpy("usage")
                 if usage is not None:
                     finish = result.as_numpy("finish_reason")[0].decode("utf-8")

@@ -34,6 +34,7 @@ class PreparedRequest:
     echo_prompt: str  # prepended to non-streaming text (vLLM backend's text_input behaviour)
     output: OutputPlan  # reasoning / tool-call parsing of the generated text
     media: MediaInputs | None = None  # a multimodal request's extra prefill inputs
+    counts: contract.CountOutputs = contract.CountOutputs()  # token counts in every response
 
 
 def decode_request(
@@ -90,6 +91,10 @@ def decode_request(
             echo = text
     if plan.tool_parser is not None and formats.keeps_special_tokens_for_tools:
         params = replace(params, skip_special_tokens=False)
+    counts = contract.CountOutputs(
+        input_tokens=contract.read_bool(get(contract.RETURN_NUM_INPUT_TOKENS), default=False),
+        output_tokens=contract.read_bool(get(contract.RETURN_NUM_OUTPUT_TOKENS), default=False),
+    )
     return PreparedRequest(
-        prompt_ids=prompt_ids, params=params, stream=stream, echo_prompt=echo, output=plan, media=media
+        prompt_ids=prompt_ids, params=params, stream=stream, echo_prompt=echo, output=plan, media=media, counts=counts
     )

@@ -74,7 +74,8 @@ class _ResponseLink:
 class _Outgoing:
     sender: _ResponseLink
     event: EngineEvent
-    echo_prompt: str
+    echo_prompt: str = ""
+    counts: contract.CountOutputs = contract.CountOutputs()
 
 
 class _ResponseSender:
@@ -116,7 +117,7 @@ def _send(item: _Outgoing) -> None:
     delta = event.delta
     if item.echo_prompt:
         delta.text = item.echo_prompt + delta.text
-    tensors = [pb_utils.Tensor(name, array) for name, array in contract.encode_delta(delta).items()]
+    tensors = [pb_utils.Tensor(name, array) for name, array in contract.encode_delta(delta, item.counts).items()]
     item.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=flags)
 
 
@@ -221,10 +222,10 @@ class TritonPythonModel:
         prepared = decode_request(get, self._tokenizer, self._adapters, self._formats, self._media)
         response_format = prepared.params.response_format
         grammar = self._grammars.compile(response_format) if response_format is not None else None
-        echo = prepared.echo_prompt
+        echo, counts = prepared.echo_prompt, prepared.counts
 
         def sink(event: EngineEvent) -> None:
-            self._sender.put(_Outgoing(sender, event, echo))
+            self._sender.put(_Outgoing(sender, event, echo, counts))
 
         self._engine.submit(
             EngineRequest(
@@ -241,7 +242,7 @@ class TritonPythonModel:
         )
 
     def _fail(self, sender: _ResponseLink, request_id: str, info: ErrorInfo) -> None:
-        self._sender.put(_Outgoing(sender, EngineEvent(request_id, error=info, final=True), ""))
+        self._sender.put(_Outgoing(sender, EngineEvent(request_id, error=info, final=True)))
 
     def finalize(self) -> None:
         self._metrics.stop()

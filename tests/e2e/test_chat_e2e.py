@@ -96,6 +96,54 @@ def test_tritonclient_example_script_talks_to_the_model_directly(triton_server: 
     assert usage["completion_tokens"] <= 5 and len(usage["batch_size"]) == usage["completion_tokens"]
 
 
+def stream_text_input(triton: TritonHandle, flags: dict[str, bool]) -> list[dict[str, object]]:
+    """A vLLM-backend style tritonclient stream (``text_input``); each response's outputs."""
+    import queue
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    def tensor(name: str, value: object, datatype: str) -> grpcclient.InferInput:
+        array = np.array([value], dtype=np.object_ if datatype == "BYTES" else bool)
+        entry = grpcclient.InferInput(name, [1], datatype)
+        entry.set_data_from_numpy(array)
+        return entry
+
+    inputs = [
+        tensor("text_input", b"Once upon a time", "BYTES"),
+        tensor("sampling_parameters", json.dumps({"max_tokens": 4, "ignore_eos": True}).encode(), "BYTES"),
+        tensor("stream", True, "BOOL"),
+        *(tensor(name, value, "BOOL") for name, value in flags.items()),
+    ]
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(triton.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    responses = []
+    try:
+        client.async_stream_infer(triton.model_name, inputs, enable_empty_final_response=True)
+        for _ in range(100):  # bounded: four tokens and a final flag
+            result, error = got.get(timeout=120)
+            assert error is None, error
+            response = result.get_response()
+            responses.append({o.name: result.as_numpy(o.name)[0] for o in response.outputs})
+            if response.parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    return [r for r in responses if r]
+
+
+def test_token_counts_come_last_or_with_every_response_when_asked(triton_server: TritonHandle) -> None:
+    plain = stream_text_input(triton_server, {})
+    assert len(plain) == 4 and plain[-1]["finish_reason"] == b"length"
+    assert all(set(r) == {"text_output"} for r in plain[:-1])  # a streamed token is one tensor
+    assert plain[-1]["num_output_tokens"] == 4 and plain[-1]["num_input_tokens"] > 0
+    counted = stream_text_input(triton_server, {"return_num_output_tokens": True})
+    assert [r["num_output_tokens"] for r in counted] == [1, 2, 3, 4]
+    assert all("num_input_tokens" not in r for r in counted[:-1])
+
+
 def running_sequences(triton_server: TritonHandle) -> float:
     """The engine's running-batch gauge, as Triton's /metrics publishes it."""
     metrics_url = triton_server.process.endpoints.metrics_url

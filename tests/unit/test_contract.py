@@ -20,9 +20,29 @@ def test_delta_round_trip() -> None:
     )
     tensors = contract.encode_delta(delta)
     assert set(tensors) == set(contract.OUTPUT_NAMES)
-    sparse = contract.encode_delta(ChoiceDelta(index=1, text="x"))
-    assert set(sparse) == {contract.TEXT_OUTPUT, contract.CHOICE_INDEX, contract.NUM_INPUT_TOKENS, contract.NUM_OUTPUT_TOKENS}
     assert contract.decode_delta(tensors) == delta
+
+
+def test_a_streamed_token_carries_only_its_text() -> None:
+    # One tensor per streamed token: each costs IPC, a Triton output buffer and a gRPC field.
+    running = ChoiceDelta(index=0, text="x", num_input_tokens=7, num_output_tokens=3)
+    assert set(contract.encode_delta(running)) == {contract.TEXT_OUTPUT}
+    decoded = contract.decode_delta(contract.encode_delta(running))
+    assert (decoded.index, decoded.text, decoded.num_output_tokens) == (0, "x", 0)
+    second_choice = contract.encode_delta(ChoiceDelta(index=1, text="y"))
+    assert set(second_choice) == {contract.TEXT_OUTPUT, contract.CHOICE_INDEX}
+    assert contract.decode_delta(second_choice).index == 1
+
+
+def test_token_counts_on_the_last_response_or_every_one_when_asked() -> None:
+    last = ChoiceDelta(index=0, text="", finish_reason="stop", num_input_tokens=7, num_output_tokens=3)
+    decoded = contract.decode_delta(contract.encode_delta(last))
+    assert (decoded.num_input_tokens, decoded.num_output_tokens) == (7, 3)
+    running = ChoiceDelta(index=0, text="x", num_input_tokens=7, num_output_tokens=2)
+    only_output = contract.encode_delta(running, contract.CountOutputs(output_tokens=True))
+    assert set(only_output) == {contract.TEXT_OUTPUT, contract.NUM_OUTPUT_TOKENS}
+    both = contract.decode_delta(contract.encode_delta(running, contract.CountOutputs(True, True)))
+    assert (both.num_input_tokens, both.num_output_tokens) == (7, 2)
 
 
 def test_empty_fields_decode_as_absent() -> None:
