@@ -47,9 +47,12 @@ class ChatCall:
     created: int = field(default_factory=lambda: int(time.time()))
 
     def backend_request(self) -> BackendRequest:
+        # A non-streaming answer is asked for whole: one response per choice instead of one per
+        # token saves every serving process its per-token work (IPC, gRPC, decoding).
         return BackendRequest(
-            self.request_id, self.chat.messages, dict(self.chat.parameters), stream=True, media=list(self.media)
-        )
+            self.request_id, self.chat.messages, dict(self.chat.parameters), stream=self.chat.stream,
+            media=list(self.media),
+        )  # fmt: skip
 
     @property
     def pseudo_stream(self) -> bool:

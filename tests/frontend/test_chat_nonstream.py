@@ -59,10 +59,10 @@ async def test_single_choice_body_shape() -> None:
     assert len(usage["batch_size"]) == len(PIECES)
     _check_invariants(usage, body["decode_time_arr"])
     assert body["prefill_time"] > 0
-    # The backend got the allow-listed parameters, and always in stream mode.
+    # The backend got the allow-listed parameters, and was asked for the whole answer at once.
     request = backend.requests[0]
     assert request.parameters == {"max_tokens": 16}
-    assert request.stream is True
+    assert request.stream is False
     assert request.request_id == body["id"]
     assert backend.endings == ["finished"]
 
