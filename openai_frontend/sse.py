@@ -30,9 +30,14 @@ DONE_EVENT = b"data: [DONE]\n\n"
 EARLY_END_MESSAGE = "model backend ended the response early"
 
 
+# Compact JSON, as in the reference's examples. One configured encoder (it holds no state between
+# calls): json.dumps with these options builds a new encoder for every streamed token.
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def sse_event(payload: dict[str, Any]) -> bytes:
-    """One SSE event; compact JSON, as in the reference's examples."""
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
+    """One SSE event."""
+    return b"data: " + _JSON.encode(payload).encode("utf-8") + b"\n\n"
 
 
 @dataclass(frozen=True)
@@ -57,11 +62,19 @@ class StreamFormatter:
         self._choices: dict[int, ChoiceAccumulator] = {}
         self._role_sent: set[int] = set()
         self._closed = False
+        # Every chunk opens with the same four fields: serialized once per stream (without the
+        # closing brace), so a token's event only serializes its ``choices``.
+        head = _JSON.encode(self._head())
+        self._choices_prefix = b"data: " + head[:-1].encode("utf-8") + b',"choices":'
 
     def _choice(self, index: int) -> ChoiceAccumulator:
         if index not in self._choices:
             self._choices[index] = ChoiceAccumulator(index)
         return self._choices[index]
+
+    def _choices_event(self, entry: dict[str, Any]) -> bytes:
+        """``sse_event({**self._head(), "choices": [entry]})``, without re-serializing the head."""
+        return self._choices_prefix + _JSON.encode([entry]).encode("utf-8") + b"}\n\n"
 
     def _head(self) -> dict[str, Any]:
         return {"id": self._o.request_id, "object": OBJECT_CHUNK, "created": self._o.created, "model": self._o.model}
@@ -94,17 +107,18 @@ class StreamFormatter:
         if self._logprobs_key:
             entry["logprobs"] = self._logprobs_value(delta)
         entry["finish_reason"] = delta.finish_reason
+        if not final:
+            return [self._choices_event(entry)]
         chunk = self._head()
-        if final:
-            if self._o.full_text:
-                chunk["full_text"] = choice.text
-            chunk["usage"] = choice_usage(choice.final_usage())
+        if self._o.full_text:
+            chunk["full_text"] = choice.text
+        chunk["usage"] = choice_usage(choice.final_usage())
         chunk["choices"] = [entry]
         return [sse_event(chunk)]
 
     def _openai_chunk(self, index: int, body: dict[str, Any], logprobs: Any, finish: str | None) -> bytes:
         entry = {"index": index, "delta": body, "logprobs": logprobs, "finish_reason": finish}
-        return sse_event({**self._head(), "choices": [entry]})
+        return self._choices_event(entry)
 
     def _openai_delta(self, delta: ChoiceDelta) -> list[bytes]:
         events = []

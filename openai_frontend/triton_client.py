@@ -64,6 +64,36 @@ def _rpc_error(exc: grpc.RpcError) -> BackendError:
     return backend_unavailable()
 
 
+def _single_bytes(raw: bytes) -> bytes | None:
+    """The element of a one-element BYTES tensor in Triton's raw layout (4-byte little-endian
+    length, then the bytes); None when the buffer holds anything else."""
+    if len(raw) < 4:
+        return None
+    length = int.from_bytes(raw[:4], "little")
+    return raw[4:] if len(raw) == 4 + length else None
+
+
+def _outputs(result: Any) -> dict[str, np.ndarray | None]:
+    """The response's outputs by name, read in one pass over the raw buffers.
+
+    This runs once per streamed token; ``InferResult.as_numpy`` scans every output for each name
+    it is asked for and deserializes BYTES tensors through a general loop. One-element BYTES
+    tensors (all but ``media``-sized ones) are sliced directly; anything else goes through
+    ``as_numpy``.
+    """
+    response = result.get_response()
+    raw = response.raw_output_contents
+    arrays: dict[str, np.ndarray | None] = {}
+    for index, output in enumerate(response.outputs):
+        if index < len(raw) and output.datatype == "BYTES" and list(output.shape) == [1]:
+            value = _single_bytes(raw[index])
+            if value is not None:
+                arrays[output.name] = np.array([value], dtype=np.object_)
+                continue
+        arrays[output.name] = result.as_numpy(output.name)
+    return arrays
+
+
 def _is_final(result: Any) -> bool:
     params = result.get_response().parameters
     return "triton_final_response" in params and bool(params["triton_final_response"].bool_param)
@@ -107,9 +137,7 @@ class TritonBackend:
                 final = _is_final(result)
                 outputs = result.get_response().outputs
                 if len(outputs) > 0:
-                    # Only the outputs this response carries (an absent one reads as empty): each
-                    # as_numpy() call scans the outputs, and this runs once per streamed token.
-                    delta = contract.decode_delta({o.name: result.as_numpy(o.name) for o in outputs})
+                    delta = contract.decode_delta(_outputs(result))
                     finished = final
                     yield delta
                 finished = finished or final

@@ -184,3 +184,23 @@ async def test_backend_ending_mid_stream_ends_unfinished_choices_with_err_msg() 
     assert last["choices"][0]["index"] == 0 and last["choices"][0]["finish_reason"] == "stop"
     assert last["err_msg"] == "model backend ended the response early"
     assert sum("err_msg" in c for c in chunks) == 1  # choice 1 had finished normally
+
+
+def test_a_running_chunk_is_exact_compact_json() -> None:
+    from openai_frontend.sse import StreamFormatter, StreamOptions
+
+    options = StreamOptions("chatcmpl-1", 1700000000, "m\"1", 1, False, True, False, False)
+    formatter = StreamFormatter(options)
+    event = formatter.on_delta(ChoiceDelta(0, text='é "q"\n'))
+    assert event == [
+        'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"m\\"1",'
+        '"choices":[{"index":0,"delta":{"role":"assistant","content":"é \\"q\\"\\n"},"finish_reason":null}]}\n\n'
+        .encode()
+    ]
+    openai = StreamFormatter(StreamOptions("c", 1, "m", 1, False, False, False, False))
+    role, text = openai.on_delta(ChoiceDelta(0, text="x"))
+    assert json.loads(role[6:]) == {
+        "id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}],
+    }  # fmt: skip
+    assert json.loads(text[6:])["choices"][0]["delta"] == {"content": "x"}

@@ -15,12 +15,13 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor
+from tritonclient.grpc import InferResult, service_pb2
+from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor, serialize_byte_tensor
 
 from openai_frontend.backend import BackendError, BackendRequest
 from openai_frontend.triton_client import TritonBackend, build_infer_inputs
 from python_backend import contract
-from python_backend.contract import ChoiceDelta, ChoiceUsage, ErrorInfo
+from python_backend.contract import ChoiceDelta, ChoiceUsage, ErrorInfo, TokenLogprob, TopLogprob
 
 REQUEST = BackendRequest(
     request_id="chatcmpl-abc",
@@ -57,34 +58,18 @@ def test_build_infer_inputs_with_media() -> None:
     assert _values(inputs[contract.MEDIA_TYPES]).tolist() == [b"image/png", b"audio/mpeg"]
 
 
-@dataclass
-class _Param:
-    bool_param: bool
-
-
-@dataclass
-class _Output:
-    name: str
-
-
-@dataclass
-class _Response:
-    outputs: list[_Output]  # like ModelInferResponse.outputs: one entry per tensor, with its name
-    parameters: dict[str, _Param]
-
-
-class _Result:
-    """Quacks like tritonclient.grpc.InferResult for one response."""
-
-    def __init__(self, delta: ChoiceDelta | None, final: bool) -> None:
-        self._arrays = contract.encode_delta(delta) if delta is not None else {}
-        self._response = _Response([_Output(n) for n in self._arrays], {"triton_final_response": _Param(final)})
-
-    def get_response(self) -> _Response:
-        return self._response
-
-    def as_numpy(self, name: str) -> np.ndarray | None:
-        return self._arrays.get(name)
+def _result(delta: ChoiceDelta | None, final: bool) -> InferResult:
+    """A real ``InferResult`` over the wire message Triton sends for this delta (raw buffers)."""
+    response = service_pb2.ModelInferResponse()
+    datatypes = {spec.name: spec.datatype for spec in contract.OUTPUT_SPECS}
+    for name, array in (contract.encode_delta(delta) if delta is not None else {}).items():
+        output = response.outputs.add()
+        output.name, output.datatype = name, datatypes[name]
+        output.shape.extend(array.shape)
+        raw = serialize_byte_tensor(array).item() if datatypes[name] == "BYTES" else array.tobytes()
+        response.raw_output_contents.append(raw)
+    response.parameters["triton_final_response"].bool_param = final
+    return InferResult(response)
 
 
 @dataclass
@@ -159,7 +144,7 @@ async def _collect(backend: TritonBackend) -> list[ChoiceDelta]:
 
 async def test_stream_decodes_deltas_and_skips_empty_final() -> None:
     first, second = _deltas()
-    client = _Client([(_Result(first, False), None), (_Result(second, False), None), (_Result(None, True), None)])
+    client = _Client([(_result(first, False), None), (_result(second, False), None), (_result(None, True), None)])
     backend = TritonBackend(client, "triton_chat", request_timeout_s=30)
     got = await _collect(backend)
     assert [d.text for d in got] == ["He", "llo"]
@@ -173,8 +158,8 @@ async def test_stream_decodes_deltas_and_skips_empty_final() -> None:
 
 async def test_final_flag_on_a_data_response_ends_the_stream() -> None:
     first, second = _deltas()
-    never = (_Result(ChoiceDelta(0, text="never"), False), None)
-    client = _Client([(_Result(first, False), None), (_Result(second, True), None), never])
+    never = (_result(ChoiceDelta(0, text="never"), False), None)
+    client = _Client([(_result(first, False), None), (_result(second, True), None), never])
     got = await _collect(TritonBackend(client, "m", 30))
     assert [d.text for d in got] == ["He", "llo"]
 
@@ -210,7 +195,7 @@ async def test_grpc_failures_are_mapped_without_details(code: grpc.StatusCode, s
 
 
 async def test_consumer_leaving_cancels_the_grpc_call() -> None:
-    deltas = [(_Result(ChoiceDelta(0, text=str(i)), False), None) for i in range(10)]
+    deltas = [(_result(ChoiceDelta(0, text=str(i)), False), None) for i in range(10)]
     client = _Client(deltas, delay_s=0.01)
     stream = TritonBackend(client, "m", 30).generate(REQUEST)
     assert (await anext(stream)).text == "0"
@@ -219,7 +204,7 @@ async def test_consumer_leaving_cancels_the_grpc_call() -> None:
 
 
 async def test_task_cancellation_cancels_the_grpc_call() -> None:
-    deltas = [(_Result(ChoiceDelta(0, text=str(i)), False), None) for i in range(10)]
+    deltas = [(_result(ChoiceDelta(0, text=str(i)), False), None) for i in range(10)]
     client = _Client(deltas, delay_s=0.2)
     task = asyncio.create_task(_collect(TritonBackend(client, "m", 30)))
     await asyncio.sleep(0.05)
@@ -234,3 +219,28 @@ async def test_is_ready() -> None:
     assert not await TritonBackend(_Client([], ready=False), "m", 30).is_ready()
     failing = _Client([], ready=InferenceServerException(msg="connection refused"))
     assert not await TritonBackend(failing, "m", 30).is_ready()
+
+
+@pytest.mark.parametrize(
+    "delta",
+    [
+        ChoiceDelta(0, text=""),
+        ChoiceDelta(0, text="Grüß 你好 \x00\n"),
+        ChoiceDelta(
+            2,
+            text="x",
+            reasoning="hm",
+            tool_calls=[{"index": 0, "function": {"name": "f", "arguments": "{}"}}],
+            finish_reason="tool_calls",
+            logprobs=[TokenLogprob("x", -0.5, [120], [TopLogprob("x", -0.5, [120])])],
+            usage=ChoiceUsage(3, 1, batch_size=[4], queue_wait_time=[7]),
+            num_input_tokens=3,
+            num_output_tokens=1,
+        ),
+    ],
+    ids=["empty", "unicode", "every-output"],
+)
+async def test_every_output_reads_back_from_the_raw_wire_buffers(delta: ChoiceDelta) -> None:
+    client = _Client([(_result(delta, True), None)])
+    got = await _collect(TritonBackend(client, "triton_chat", request_timeout_s=30))
+    assert got == [delta]
