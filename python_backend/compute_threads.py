@@ -1,6 +1,9 @@
 """Which thread runs PyTorch's parallel CPU work, and with how many OpenMP threads.
 
-Owns ``serialize_current_thread`` and ``engine_thread_count``. PyTorch's CPU build uses GNU
+Owns ``serialize_current_thread``, ``engine_thread_count``, ``use_compute_threads`` (the engine
+thread's team: its size, and on CPU its threads pinned one per core, ``native/thread_binding.py``)
+and ``confine_serving_threads`` (in a process that only serves the model, every other thread
+shares the engine thread's core). PyTorch's CPU build uses GNU
 OpenMP, which gives every thread that enters a parallel region its own team of worker threads.
 When the thread that loaded the model (Triton's stub thread) has a team and the engine thread
 starts a second one, libgomp counts more threads than cores and switches every team to
@@ -13,7 +16,14 @@ thread (which runs every forward pass) uses several threads.
 
 from __future__ import annotations
 
+import logging
+import os
+
 import torch
+
+from python_backend.native.thread_binding import bind_team, compute_cpus
+
+logger = logging.getLogger(__name__)
 
 
 def engine_thread_count(requested: int) -> int:
@@ -31,3 +41,37 @@ def serialize_current_thread() -> int:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     return threads
+
+
+def pinned_cpus(threads: int, on_cpu: bool, bind: bool) -> list[int] | None:
+    """The CPUs to pin the engine's team to (one per physical core), or None to leave it unpinned:
+    not on CPU, binding off, a single thread, or fewer cores than threads."""
+    if not (on_cpu and bind) or threads < 2:
+        return None
+    cpus = compute_cpus(threads)
+    if cpus is None:
+        logger.info("%d compute threads and fewer cores to pin them to: left unpinned", threads)
+    return cpus
+
+
+def use_compute_threads(threads: int, cpus: list[int] | None) -> None:
+    """On the engine thread: run torch with ``threads`` OpenMP threads, pinned to ``cpus``."""
+    torch.set_num_threads(threads)
+    if cpus is not None:
+        bind_team(cpus)
+
+
+def confine_serving_threads(cpu: int) -> None:
+    """Pin every thread of this process to ``cpu``, the core the engine thread will be pinned to.
+
+    For the Triton stub, a process that only serves the model: call it after loading and before
+    the engine, sender and watcher threads start (they inherit it); the engine thread then pins its
+    team one thread per core, so the stub's own threads (reading requests, sending responses,
+    asking about cancellations) share the engine thread's core and leave the other compute threads
+    alone (measured in docs/benchmarks.md).
+    """
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), {cpu})
+        except OSError as exc:  # a thread that ended meanwhile, or a restricted container
+            logger.debug("thread %s keeps its CPUs: %s", task, exc)

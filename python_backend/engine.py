@@ -25,7 +25,7 @@ import torch
 from python_backend.admission import Admission, RequestGroup, rows_needed
 from python_backend.beam_search import BeamSearch
 from python_backend.cancel_watch import CancelWatcher, Watched
-from python_backend.compute_threads import engine_thread_count
+from python_backend.compute_threads import engine_thread_count, pinned_cpus, use_compute_threads
 from python_backend.contract import FINISH_LENGTH, ContractError, ErrorInfo
 from python_backend.detokenizer import IncrementalDetokenizer
 from python_backend.kv_cache import BatchCache, KVBatch
@@ -60,7 +60,8 @@ class EngineStats:
 class Engine(PrefillSteps):
     """The engine; its prefill steps are in ``prefill.py`` (they share this state)."""
 
-    def __init__(self, loaded: LoadedModel, settings: EngineSettings) -> None:
+    def __init__(self, loaded: LoadedModel, settings: EngineSettings, compute_cpus: list[int] | None = None) -> None:
+        """``compute_cpus``: where to pin the engine thread's team (default: chosen here, on CPU)."""
         self._loaded = loaded
         self._settings = settings
         self.limits = Limits.resolve(settings, loaded)
@@ -78,6 +79,9 @@ class Engine(PrefillSteps):
         forward_args = inspect.signature(loaded.transformers_model.forward).parameters
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
         self._threads = engine_thread_count(settings.torch_threads)
+        on_cpu = loaded.device.type == "cpu"
+        bind = settings.cpu_bind_threads
+        self._cpus = compute_cpus if compute_cpus is not None else pinned_cpus(self._threads, on_cpu, bind)
         self._watcher = CancelWatcher(self.cancel)
 
     # --- public interface (any thread) ----------------------------------------------------------
@@ -131,8 +135,8 @@ class Engine(PrefillSteps):
 
     # --- the loop (engine thread only) -----------------------------------------------------------
     def _loop(self) -> None:
-        # OpenMP's thread count is per thread: set it where the forward passes run (compute_threads.py).
-        torch.set_num_threads(self._threads)
+        # OpenMP's team is per thread: size (and on CPU pin) it where the forward passes run.
+        use_compute_threads(self._threads, self._cpus)
         with torch.inference_mode():
             while not self._stopping.is_set():
                 self._drain_inbox()

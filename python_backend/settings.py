@@ -59,6 +59,11 @@ class EngineSettings:
     # On CPU, build the C decode-attention kernel for bfloat16 text models with the machine's C
     # compiler (native/attention_kernel.py), once, into ~/.cache/triton-chat/native.
     cpu_native_attention: bool = True
+    # On CPU, pin the engine's compute threads one per physical core, and the Triton stub's other
+    # threads to the first of them (native/thread_binding.py, as vLLM's VLLM_CPU_OMP_THREADS_BIND).
+    # Off by default: on the 2-core test machine it made no difference beyond the noise
+    # (docs/benchmarks.md), and two model instances on one host would pin to the same cores.
+    cpu_bind_threads: bool = False
     # auto: the model's dtype, except that a 16-bit text model on CPU without the C kernel keeps
     # keys/values in float32 (PyTorch's decode attention 2-5x faster, twice the KV memory).
     kv_cache_dtype: str = "auto"  # auto | model

@@ -20,7 +20,7 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 
 from python_backend import contract
-from python_backend.compute_threads import serialize_current_thread
+from python_backend.compute_threads import confine_serving_threads, pinned_cpus, serialize_current_thread
 from python_backend.contract import ContractError, ErrorInfo
 from python_backend.engine import Engine
 from python_backend.loader import load_model
@@ -195,7 +195,11 @@ class TritonPythonModel:
             "<think>" if self._formats.reasoning else "none",
         )
         self._grammars = GrammarCompiler(loaded.tokenizer, loaded.vocab_size)
-        self._engine = Engine(loaded, settings)
+        cpus = pinned_cpus(settings.torch_threads, loaded.device.type == "cpu", settings.cpu_bind_threads)
+        if cpus is not None:
+            confine_serving_threads(cpus[0])
+            logger.info("compute threads pinned to CPUs %s; the stub's other threads share CPU %d", cpus, cpus[0])
+        self._engine = Engine(loaded, settings, compute_cpus=cpus)
         self._sender = _ResponseSender()
         self._engine.start()
         self._metrics = _MetricsReporter(self._engine, loaded.name)

@@ -122,6 +122,11 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
         help="on CPU, do not build the C decode-attention kernel for bfloat16 models (PyTorch's is slower)",
     )
     model.add_argument(
+        "--cpu-bind-threads",
+        action="store_true",
+        help="on CPU, pin the engine's compute threads one per physical core (the stub's other threads to the first)",
+    )
+    model.add_argument(
         "--no-cpu-prepack-weights",
         dest="cpu_prepack_weights",
         action="store_false",
@@ -352,6 +357,7 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         cpu_prepack_weights=args.cpu_prepack_weights,
         kv_cache_dtype=args.kv_cache_dtype,
         cpu_native_attention=args.cpu_native_attention,
+        cpu_bind_threads=args.cpu_bind_threads,
         enable_prefix_caching=args.enable_prefix_caching,
     )
 

@@ -48,6 +48,7 @@ class ServeOptions:
     cpu_prepack_weights: bool = True  # EngineSettings.cpu_prepack_weights
     kv_cache_dtype: str = "auto"  # EngineSettings.kv_cache_dtype
     cpu_native_attention: bool = True  # EngineSettings.cpu_native_attention
+    cpu_bind_threads: bool = False  # EngineSettings.cpu_bind_threads
     enable_prefix_caching: bool = True  # EngineSettings.enable_prefix_caching
 
 
@@ -95,6 +96,7 @@ def engine_settings(options: ServeOptions, model_dir: Path, served_model_name: s
         cpu_prepack_weights=options.cpu_prepack_weights,
         kv_cache_dtype=options.kv_cache_dtype,
         cpu_native_attention=options.cpu_native_attention,
+        cpu_bind_threads=options.cpu_bind_threads,
         enable_prefix_caching=options.enable_prefix_caching,
         **values,
     )

@@ -1,97 +1,45 @@
 """The C decode-attention kernel for bfloat16 KV caches on CPU: building, loading and calling it.
 
-Owns ``build_kernel`` (compile ``decode_attention.c`` once per source, flags and CPU into the
-user's cache, reuse it after) and ``DecodeAttentionKernel`` (the loaded function, called on torch
-tensors). Why a kernel of our own: PyTorch has no CPU attention for one query row that reads a
+Owns ``build_kernel`` (``decode_attention.c`` through ``native/build.py``: compiled once per
+source, flags and CPU into the user's cache) and ``DecodeAttentionKernel`` (the loaded function,
+called on torch tensors). Why a kernel of our own: PyTorch has no CPU attention for one query row that reads a
 strided bfloat16 cache in place. Its bfloat16 batched matmul copies the cache view before every
 product and builds a new oneDNN primitive for every new length, and SDPA's CPU kernel is slower
 still for one row; widening the cache to float32 doubles the bytes each step reads. The kernel
 reads the bfloat16 rows where they are (measured in docs/benchmarks.md).
 
-The library is built with ``-march=native`` and linked against ``libgomp.so.1``: in a process
-where torch has loaded its own copy, the dynamic loader reuses that one (same soname), so the
-kernel's parallel regions run on the engine thread's OpenMP team. Without a compiler, or when the
-build fails, ``build_kernel`` returns None and the engine keeps its PyTorch attention.
+The kernel's parallel regions run on the engine thread's OpenMP team (``native/build.py``).
+Without a compiler, or when the build fails, ``build_kernel`` returns None and the engine keeps its
+PyTorch attention.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
+from python_backend.native.build import build_library
+
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-shared")
 _SYMBOL = "triton_chat_decode_attention_bf16"
-_BUILD_TIMEOUT_S = 120
 
 
 class KernelError(RuntimeError):
     """The kernel refused its arguments (a shape it does not handle, or no memory)."""
 
 
-def _cpu_identity() -> str:
-    """The CPU model and feature flags: a library built with -march=native is only for this CPU."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return os.uname().machine
-    wanted = [line for line in text.splitlines() if line.startswith(("model name", "flags"))]
-    return "\n".join(sorted(set(wanted)))
-
-
-def default_cache_dir() -> Path:
-    """``native/`` in the launcher's cache: $TRITON_CHAT_CACHE, else $XDG_CACHE_HOME/triton-chat, else ~/.cache."""
-    explicit = os.environ.get("TRITON_CHAT_CACHE")
-    if explicit:
-        return Path(explicit).expanduser() / "native"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "triton-chat" / "native"
-
-
 def build_kernel(cache_dir: Path | None = None) -> DecodeAttentionKernel | None:
     """Compile (or reuse) and load the kernel; None, with the reason logged, when it cannot be built."""
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if compiler is None:
-        logger.warning("no C compiler found (CC, cc, gcc): using PyTorch's decode attention")
+    library = build_library(SOURCE, cache_dir)
+    if library is None:
+        logger.warning("the decode-attention kernel is not available: using PyTorch's decode attention")
         return None
-    try:
-        source = SOURCE.read_bytes()
-    except OSError as exc:  # an install without its package data
-        logger.warning("the decode-attention kernel source is missing (%s); using PyTorch's", exc)
-        return None
-    key = hashlib.sha256(source + " ".join((compiler, *FLAGS)).encode() + _cpu_identity().encode()).hexdigest()[:16]
-    folder = cache_dir or default_cache_dir()
-    library = folder / f"decode_attention-{key}.so"
-    if not library.is_file():
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=folder) as scratch:
-                built = Path(scratch) / library.name
-                command = [compiler, *FLAGS, "-o", str(built), str(SOURCE), "-lm"]
-                result = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S, check=False)
-                if result.returncode != 0:
-                    logger.warning("building the decode-attention kernel failed; using PyTorch's:\n%s", result.stderr)
-                    return None
-                os.replace(built, library)  # atomic: a concurrent loader sees no half-written file
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            logger.warning("building the decode-attention kernel failed (%s); using PyTorch's", exc)
-            return None
-        logger.info("built the decode-attention kernel %s", library)
-    try:
-        return DecodeAttentionKernel(ctypes.CDLL(str(library)))
-    except OSError as exc:
-        logger.warning("loading %s failed (%s); using PyTorch's decode attention", library, exc)
-        return None
+    return DecodeAttentionKernel(library)
 
 
 _I64 = ctypes.c_int64

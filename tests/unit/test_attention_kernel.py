@@ -10,7 +10,7 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from python_backend.attention import decode_attention
-from python_backend.native import attention_kernel
+from python_backend.native import attention_kernel, build
 from python_backend.native.attention_kernel import DecodeAttentionKernel, build_kernel
 
 
@@ -116,7 +116,7 @@ def test_the_library_is_built_once_and_reused(tmp_path: Path) -> None:
 def test_without_a_compiler_the_kernel_is_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(attention_kernel.shutil, "which", lambda name: None)
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
     with caplog.at_level(logging.WARNING):
         assert build_kernel(tmp_path) is None
     assert "no C compiler" in caplog.text
@@ -128,7 +128,7 @@ def test_a_failing_build_is_logged_and_gives_none(
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
     with caplog.at_level(logging.WARNING):
         assert build_kernel(tmp_path) is None
-    assert "building the decode-attention kernel failed" in caplog.text
+    assert "building decode_attention failed" in caplog.text
     assert not list(tmp_path.glob("*.so"))
 
 

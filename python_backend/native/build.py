@@ -1,0 +1,83 @@
+"""Compiling a C source of this package into a shared library once, and loading it.
+
+Owns ``build_library``: compile with the machine's C compiler (``$CC``, ``cc`` or ``gcc``) into
+the user's cache, keyed by the source, the flags and the CPU (the libraries are built with
+``-march=native``), reuse the file afterwards, and return None with the reason logged when there
+is no compiler or the build fails, so every caller keeps a pure-PyTorch fallback.
+
+The libraries link ``libgomp.so.1``: in a process where torch has loaded its own copy, the dynamic
+loader reuses that one (same soname), so their parallel regions run on the calling thread's
+OpenMP team, the same team torch uses on that thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-shared")
+_BUILD_TIMEOUT_S = 120
+
+
+def _cpu_identity() -> str:
+    """The CPU model and feature flags: a library built with -march=native is only for this CPU."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return os.uname().machine
+    wanted = [line for line in text.splitlines() if line.startswith(("model name", "flags"))]
+    return "\n".join(sorted(set(wanted)))
+
+
+def default_cache_dir() -> Path:
+    """``native/`` in the launcher's cache: $TRITON_CHAT_CACHE, else $XDG_CACHE_HOME/triton-chat, else ~/.cache."""
+    explicit = os.environ.get("TRITON_CHAT_CACHE")
+    if explicit:
+        return Path(explicit).expanduser() / "native"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "triton-chat" / "native"
+
+
+def build_library(source: Path, cache_dir: Path | None = None) -> ctypes.CDLL | None:
+    """Compile (or reuse) and load ``source``; None, with the reason logged, when it cannot be built."""
+    what = source.stem
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        logger.warning("no C compiler found (CC, cc, gcc): %s is not built", what)
+        return None
+    try:
+        text = source.read_bytes()
+    except OSError as exc:  # an install without its package data
+        logger.warning("%s is not built: its source is missing (%s)", what, exc)
+        return None
+    key = hashlib.sha256(text + " ".join((compiler, *FLAGS)).encode() + _cpu_identity().encode()).hexdigest()[:16]
+    folder = cache_dir or default_cache_dir()
+    library = folder / f"{what}-{key}.so"
+    if not library.is_file():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=folder) as scratch:
+                built = Path(scratch) / library.name
+                command = [compiler, *FLAGS, "-o", str(built), str(source), "-lm"]
+                result = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S, check=False)
+                if result.returncode != 0:
+                    logger.warning("building %s failed:\n%s", what, result.stderr)
+                    return None
+                os.replace(built, library)  # atomic: a concurrent loader sees no half-written file
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            logger.warning("building %s failed (%s)", what, exc)
+            return None
+        logger.info("built %s", library)
+    try:
+        return ctypes.CDLL(str(library))
+    except OSError as exc:
+        logger.warning("loading %s failed (%s)", library, exc)
+        return None
