@@ -78,8 +78,8 @@ def _outputs(result: Any) -> dict[str, np.ndarray | None]:
 
     This runs once per streamed token; ``InferResult.as_numpy`` scans every output for each name
     it is asked for and deserializes BYTES tensors through a general loop. One-element BYTES
-    tensors (all but ``media``-sized ones) are sliced directly; anything else goes through
-    ``as_numpy``.
+    tensors (every text and JSON output of the contract) are sliced directly; anything else goes
+    through ``as_numpy``.
     """
     response = result.get_response()
     raw = response.raw_output_contents
