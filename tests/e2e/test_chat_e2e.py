@@ -7,14 +7,17 @@ formats, finish reasons, usage invariants, errors, cancellation and agreement be
 from __future__ import annotations
 
 import json
+import queue
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import openai
 import pytest
+import tritonclient.grpc as grpcclient
 
 from tests.e2e.conftest import TritonHandle
 from tests.e2e.processes import start_frontend, stop, wait_for
@@ -113,10 +116,6 @@ def test_tritonclient_example_script_talks_to_the_model_directly(triton_server: 
 
 def stream_text_input(triton: TritonHandle, flags: dict[str, bool]) -> list[dict[str, object]]:
     """A vLLM-backend style tritonclient stream (``text_input``); each response's outputs."""
-    import queue
-
-    import numpy as np
-    import tritonclient.grpc as grpcclient
 
     def tensor(name: str, value: object, datatype: str) -> grpcclient.InferInput:
         array = np.array([value], dtype=np.object_ if datatype == "BYTES" else bool)
@@ -126,7 +125,9 @@ def stream_text_input(triton: TritonHandle, flags: dict[str, bool]) -> list[dict
 
     inputs = [
         tensor("text_input", b"Once upon a time", "BYTES"),
-        tensor("sampling_parameters", json.dumps({"max_tokens": 4, "ignore_eos": True, "temperature": 0}).encode(), "BYTES"),
+        tensor(
+            "sampling_parameters", json.dumps({"max_tokens": 4, "ignore_eos": True, "temperature": 0}).encode(), "BYTES"
+        ),
         tensor("stream", True, "BOOL"),
         *(tensor(name, value, "BOOL") for name, value in flags.items()),
     ]
