@@ -372,6 +372,8 @@ class Engine(PrefillSteps):
                 continue
             if not group.request.stream and seq.finish_reason is None:
                 continue  # non-streaming: one response per choice, at its end
+            if not (done or seq.due(self._settings.stream_interval)):
+                continue
             delta = seq.take_delta(len(group.request.prompt_ids))
             if delta is not None or done:
                 self._deliver(group.request, EngineEvent(group.request.request_id, delta=delta, final=done))

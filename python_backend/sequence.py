@@ -87,7 +87,7 @@ class Sequence:
         self.cumulative_logprob = 0.0
         self.output = OutputPipeline(request.output)  # holds what is produced but not yet sent
         self.pending_logprobs: list[TokenLogprob] = []
-        self.sent_tokens = 0
+        self.sent_tokens = 0  # tokens produced when a delta was last sent (stream_interval)
         self.rope_delta = 0  # M-RoPE: next position minus prompt length after a media prompt
         self.cached_tokens = 0  # prompt tokens its prefill took from the prefix cache
 
@@ -162,6 +162,11 @@ class Sequence:
             reason = FINISH_TOOL_CALLS
         self.finish_reason = reason
 
+    def due(self, interval: int) -> bool:
+        """Whether a streamed delta is due: at the end, until the first text has gone out (so the
+        time to first token does not wait), and every ``interval`` tokens after it."""
+        return self.finish_reason is not None or self.sent_tokens == 0 or len(self.tokens) - self.sent_tokens >= interval
+
     def take_delta(self, prompt_tokens: int) -> ChoiceDelta | None:
         """The delta to send now, or None when there is nothing new yet."""
         finished = self.finish_reason is not None
@@ -180,6 +185,7 @@ class Sequence:
             num_output_tokens=len(self.tokens),
         )
         self.pending_logprobs = []
+        self.sent_tokens = len(self.tokens)
         return delta
 
     def usage(self, prompt_tokens: int) -> ChoiceUsage:

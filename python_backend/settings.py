@@ -42,6 +42,11 @@ class EngineSettings:
     max_input_token_len: int = 0  # maxInputTokenLen; 0 = max_seq_len - 1
     max_iter_times: int = 512  # maxIterTimes: default and cap of max_tokens
     torch_threads: int = 0  # intra-op threads on CPU; 0 = torch's default
+    # Tokens per streamed response (vLLM's --stream-interval): a stream's first text goes out at
+    # once, then its text every N tokens, and the rest at its end. 1 sends every token; more means
+    # fewer responses through the stub, tritonserver and the frontend, at the price of a burstier
+    # stream (docs/benchmarks.md measures both).
+    stream_interval: int = 1
     # auto: hermes when the chat template writes <tool_call>, chatglm3 for model_type chatglm,
     # else none (requests with tools are then refused). See python_backend/output_formats.py.
     tool_call_parser: str = "auto"  # auto | hermes | chatglm3 | none
@@ -82,7 +87,7 @@ class EngineSettings:
         base = device.split(":", 1)[0]
         if base not in ("auto", "cpu", "cuda", "npu") or (":" in device and not device.split(":", 1)[1].isdigit()):
             raise SettingsError(f"device must be auto, cpu, cuda[:N] or npu[:N], got '{device}'")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_iter_times"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_iter_times", "stream_interval"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in (

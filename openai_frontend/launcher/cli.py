@@ -41,6 +41,7 @@ ENGINE_INT_FLAGS = (
     "max_input_token_len",
     "max_iter_times",
     "torch_threads",
+    "stream_interval",
 )
 
 
@@ -173,6 +174,12 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
         dest="enable_prefix_caching",
         action="store_false",
         help="recompute every prompt in full instead of reusing the keys/values of a cached prefix",
+    )
+    engine.add_argument(
+        "--stream-interval",
+        type=_positive_int,
+        metavar="N",
+        help="tokens per streamed response after the first (as vLLM's); 1 = every token (default)",
     )
     engine.add_argument(
         "--max-seq-len",

@@ -7,6 +7,7 @@ final response, usage is consistent, and the launcher starts and stops without l
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import queue
 import signal
@@ -87,7 +88,7 @@ def test_frontend_lists_the_model_and_answers(triton_server: TritonHandle, front
         assert 1 <= data["usage"]["completion_tokens"] <= 8
 
 
-def _start_launcher(tiny_model_dir: Path, tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
+def _start_launcher(tiny_model_dir: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], int]:
     # find_spec, not import: triton_model imports triton_python_backend_utils, which only the stub has.
     for module in ("python_backend.triton_model", "openai_frontend.app"):
         if importlib.util.find_spec(module) is None:
@@ -99,6 +100,7 @@ def _start_launcher(tiny_model_dir: Path, tmp_path: Path) -> tuple[subprocess.Po
         sys.executable, "-m", "openai_frontend.launcher", "serve", "--model", str(tiny_model_dir),
         "--served-model-name", "tiny", "--port", str(port), "--dtype", "float32", "--device", "cpu",
         "--max-iter-times", "16", "--triton-log", str(tmp_path / "tritonserver.log"), "--ready-timeout", "180",
+        *extra,
     ]  # fmt: skip
     # Its own session, like a terminal job: the launcher must stop its tritonserver itself.
     launcher = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -134,8 +136,17 @@ def _triton_pid(lines: list[str]) -> int:
     return next(int(line.split("pid ")[1].split(")")[0]) for line in lines if "started tritonserver (pid" in line)
 
 
+def _stream_chunks(http: httpx.Client, body: dict[str, object]) -> list[dict[str, object]]:
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as reply:
+        assert reply.status_code == 200, reply.read()
+        data = [line.removeprefix("data: ") for line in reply.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [json.loads(item) for item in data[:-1]]
+
+
 def test_launcher_serves_then_stops_cleanly_on_ctrl_c(tiny_model_dir: Path, tmp_path: Path) -> None:
-    launcher, port = _start_launcher(tiny_model_dir, tmp_path)
+    # Also the launcher's --stream-interval: 4 tokens per streamed response after the first.
+    launcher, port = _start_launcher(tiny_model_dir, tmp_path, "--stream-interval", "4")
     lines: list[str] = []
     try:
         _read_until(launcher, f"serving 'tiny' at http://127.0.0.1:{port}/v1 (Triton gRPC at 127.0.0.1:", lines)
@@ -143,6 +154,11 @@ def test_launcher_serves_then_stops_cleanly_on_ctrl_c(tiny_model_dir: Path, tmp_
             assert http.get("/v1/models").json()["data"][0]["id"] == "tiny"
             body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
             assert http.post("/v1/chat/completions", json=body).status_code == 200
+            body = {**body, "max_tokens": 16, "ignore_eos": True}
+            chunks = _stream_chunks(http, body)
+            # 16 tokens: the first text, then 4 tokens a response, the rest with the finish reason.
+            assert 2 <= len(chunks) <= 6, chunks
+            assert chunks[-1]["usage"]["completion_tokens"] == 16  # type: ignore[index]
     finally:
         code = _finish(launcher, signal.SIGINT, lines)
     output = "".join(lines)

@@ -56,7 +56,7 @@ def test_serve_flags_map_onto_options(tmp_path: Path) -> None:
             "--dtype", "bfloat16", "--device", "cuda:1", "--max-num-seqs", "4",
             "--max-num-batched-tokens", "256", "--max-waiting-requests", "0", "--max-seq-len", "1024",
             "--max-iter-times", "64", "--openai-mode", "openai", "--full-text",
-            "--api-key", "k1", "--api-key", "k2", "--strict-params",
+            "--api-key", "k1", "--api-key", "k2", "--strict-params", "--stream-interval", "4",
         ]
     )  # fmt: skip
     assert options.model == tmp_path and options.served_model_name == "m" and options.port == 9001
@@ -67,6 +67,7 @@ def test_serve_flags_map_onto_options(tmp_path: Path) -> None:
         "max_waiting_requests": 0,
         "max_seq_len": 1024,
         "max_iter_times": 64,
+        "stream_interval": 4,
     }
     assert options.full_text and options.strict_params and options.api_keys == ("k1", "k2")
 
