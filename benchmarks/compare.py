@@ -104,6 +104,9 @@ def _ratios(rows: list[dict[str, Any]]) -> dict[str, float | None]:
         "served_c1_over_hf_bs1 (target >= 1.0)": ratio(tps("triton-chat", 1), tps("hf-generate", 1)),
         "served_c16_over_engine_c16 (target >= 0.9)": ratio(tps("triton-chat", 16), tps("engine", 16)),
         "served_c16_over_vllm_c16 (goal > 1.0)": ratio(tps("triton-chat", 16), tps("vllm-cpu", 16)),
+        # With --stream-interval N, both servers send N tokens per streamed response.
+        "served_grouped_c16_over_engine_c16": ratio(tps("triton-chat-grouped", 16), tps("engine", 16)),
+        "served_grouped_c16_over_vllm_grouped_c16": ratio(tps("triton-chat-grouped", 16), tps("vllm-cpu-grouped", 16)),
     }
 
 
@@ -135,6 +138,13 @@ def main() -> None:
     parser.add_argument("--vllm-python", help="python of a venv with vllm-cpu (skipped when absent)")
     parser.add_argument("--out", default="benchmarks/results", help="folder for the JSON, Markdown and SVG")
     parser.add_argument("--skip", default="", help="comma list of: hf, engine, served, vllm")
+    parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also serve C=16 with N tokens per streamed response, ours and vLLM's (rows *-grouped; 0: skip)",
+    )
     parser.add_argument(
         "--vllm-arg", action="append", default=[], help="an extra vLLM argument (repeatable): --vllm-arg=--block-size"
     )
@@ -169,9 +179,17 @@ def main() -> None:
             args.model, args.dtype, out / f"{args.label}-nocache.log", extra_args=("--no-enable-prefix-caching",)
         )
         _served(uncached, "triton-chat-no-prefix-cache", args.max_tokens, rows, concurrencies=(16,))
+    grouping = ("--stream-interval", str(args.stream_interval))
+    if "served" not in skip and args.stream_interval > 0:
+        grouped = ours(args.model, args.dtype, out / f"{args.label}-grouped.log", extra_args=grouping)
+        _served(grouped, "triton-chat-grouped", args.max_tokens, rows, concurrencies=(16,))
     if "vllm" not in skip and args.vllm_python:
         server = vllm(args.vllm_python, args.model, args.dtype, out / f"{args.label}-vllm.log", tuple(args.vllm_arg))
         _served(server, "vllm-cpu", args.max_tokens, rows)
+        if args.stream_interval > 0:
+            log = out / f"{args.label}-vllm-grouped.log"
+            server = vllm(args.vllm_python, args.model, args.dtype, log, (*args.vllm_arg, *grouping))
+            _served(server, "vllm-cpu-grouped", args.max_tokens, rows, concurrencies=(16,))
 
     ratios = _ratios(rows)
     command = "python -m benchmarks.compare " + " ".join(sys.argv[1:])
