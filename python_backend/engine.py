@@ -370,9 +370,7 @@ class Engine(PrefillSteps):
                 if done:
                     self._send_best(group)
                 continue
-            if not group.request.stream and seq.finish_reason is None:
-                continue  # non-streaming: one response per choice, at its end
-            if not (done or seq.due(self._settings.stream_interval)):
+            if not (done or seq.delta_due(group.request.stream, self._settings.stream_interval)):
                 continue
             delta = seq.take_delta(len(group.request.prompt_ids))
             if delta is not None or done:

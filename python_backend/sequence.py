@@ -162,10 +162,13 @@ class Sequence:
             reason = FINISH_TOOL_CALLS
         self.finish_reason = reason
 
-    def due(self, interval: int) -> bool:
-        """Whether a streamed delta is due: at the end, until the first text has gone out (so the
-        time to first token does not wait), and every ``interval`` tokens after it."""
-        return self.finish_reason is not None or self.sent_tokens == 0 or len(self.tokens) - self.sent_tokens >= interval
+    def delta_due(self, stream: bool, interval: int) -> bool:
+        """Whether to send what is ready now. Always at the end; a non-streaming choice only then
+        (one response per choice). A stream: until its first text has gone out (so the time to
+        first token does not wait), then every ``interval`` tokens."""
+        if self.finish_reason is not None:
+            return True
+        return stream and (self.sent_tokens == 0 or len(self.tokens) - self.sent_tokens >= interval)
 
     def take_delta(self, prompt_tokens: int) -> ChoiceDelta | None:
         """The delta to send now, or None when there is nothing new yet."""

@@ -136,7 +136,7 @@ def _triton_pid(lines: list[str]) -> int:
     return next(int(line.split("pid ")[1].split(")")[0]) for line in lines if "started tritonserver (pid" in line)
 
 
-def _stream_chunks(http: httpx.Client, body: dict[str, object]) -> list[dict[str, object]]:
+def _stream_chunks(http: httpx.Client, body: dict[str, Any]) -> list[dict[str, Any]]:
     with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as reply:
         assert reply.status_code == 200, reply.read()
         data = [line.removeprefix("data: ") for line in reply.iter_lines() if line.startswith("data: ")]
@@ -158,7 +158,7 @@ def test_launcher_serves_then_stops_cleanly_on_ctrl_c(tiny_model_dir: Path, tmp_
             chunks = _stream_chunks(http, body)
             # 16 tokens: the first text, then 4 tokens a response, the rest with the finish reason.
             assert 2 <= len(chunks) <= 6, chunks
-            assert chunks[-1]["usage"]["completion_tokens"] == 16  # type: ignore[index]
+            assert chunks[-1]["usage"]["completion_tokens"] == 16
     finally:
         code = _finish(launcher, signal.SIGINT, lines)
     output = "".join(lines)
