@@ -140,3 +140,19 @@ def test_thinking_opened_by_the_prompt_starts_as_reasoning(engine: Engine, train
     # The prompt's "<think>\n" is not generated: the count starts with the thought itself.
     opened = len(trained.tokenizer.encode("<think>\n", add_special_tokens=False))
     assert usage is not None and usage.reasoning_tokens == think_tokens(trained) - opened
+
+
+def test_grouped_stream_keeps_the_call_whole_and_the_reasoning_split(trained: LoadedModel) -> None:
+    engine = make_engine(trained, stream_interval=4)  # 4 tokens per streamed response
+    try:
+        tool = run(engine, trained, TOOL_QUESTION, True, tools=[WEATHER_TOOL], temperature=0)
+        call = only_call(tool)
+        assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == ("get_weather", {"city": "Paris"})
+        assert tool.text() == "" and tool.last().finish_reason == contract.FINISH_TOOL_CALLS
+        think = run(engine, trained, THINK_QUESTION, True, temperature=0)
+        assert ("".join(d.reasoning for d in think.deltas), think.text()) == (THOUGHT, ANSWER)
+        assert all("<" not in d.reasoning + d.text and "think>" not in d.reasoning + d.text for d in think.deltas)
+        usage = think.last().usage
+        assert usage is not None and len(think.deltas) < usage.completion_tokens / 2
+    finally:
+        engine.stop()
