@@ -59,12 +59,13 @@ GENERATION_FIELDS: tuple[str, ...] = (
     "top_logprobs",
     "tools",
     "tool_choice",
+    "parallel_tool_calls",
     "chat_template_kwargs",
     "response_format",
 )
 
 # OpenAI fields that change nothing here; accepted silently (not reported as ignored).
-HARMLESS_FIELDS: tuple[str, ...] = ("user", "metadata", "parallel_tool_calls", "store", "service_tier")
+HARMLESS_FIELDS: tuple[str, ...] = ("user", "metadata", "store", "service_tier")
 
 
 class ChatCompletionRequest(BaseModel):
@@ -105,12 +106,12 @@ class ChatCompletionRequest(BaseModel):
     top_logprobs: OptInteger = Field(None, description="[0, 20] alternatives per token")
     tools: OptObjects = Field(None, description='function tools ({"type": "function", "function": {...}})')
     tool_choice: OptToolChoice = Field(None, description='"none", "auto", "required" or a named function')
+    parallel_tool_calls: OptBoolean = Field(None, description="false: at most one tool call per answer")
     chat_template_kwargs: OptObject = Field(None, description="allow-listed template switches (enable_thinking)")
     response_format: OptObject = Field(None, description='{"type": "text" | "json_object" | "json_schema"}')
 
     user: Any = Field(None, description="accepted and ignored")
     metadata: Any = Field(None, description="accepted and ignored")
-    parallel_tool_calls: Any = Field(None, description="accepted and ignored")
     store: Any = Field(None, description="accepted and ignored")
     service_tier: Any = Field(None, description="accepted and ignored")
 

@@ -154,6 +154,7 @@ def plan_output(formats: ModelFormats, params: GenerationParams, prompt: str) ->
         tool_parser=parser,
         tool_names=frozenset(str(t["function"]["name"]) for t in params.tools) if parser else frozenset(),
         tool_prefill=prefill,
+        max_tool_calls=None if params.parallel_tool_calls else 1,
         reasoning=reasoning,
         report_reasoning_tokens=formats.reasoning,
     )

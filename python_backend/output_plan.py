@@ -26,6 +26,7 @@ class OutputPlan:
     tool_parser: str | None = None  # a name from tool_parsers.TOOL_PARSERS; None: no tool calls
     tool_names: frozenset[str] = frozenset()  # the request's function names
     tool_prefill: str = ""  # call text the prompt already ends with (tool_choice required/named)
+    max_tool_calls: int | None = None  # parallel_tool_calls false: 1 (later calls are dropped)
     reasoning: str = REASONING_OFF
     report_reasoning_tokens: bool = False  # the model has a reasoning format: usage counts them
 
@@ -39,6 +40,7 @@ class OutputPipeline:
             make_tool_parser(plan.tool_parser, plan.tool_names, plan.tool_prefill) if plan.tool_parser else None
         )
         self._report_reasoning = plan.report_reasoning_tokens
+        self._max_calls = plan.max_tool_calls
         self._text = ""
         self._reasoning = ""
         self._calls: list[dict[str, Any]] = []
@@ -71,6 +73,8 @@ class OutputPipeline:
                 continue
             self._text += part.content
             for call in part.calls:
+                if self._max_calls is not None and self.call_count >= self._max_calls:
+                    break  # as vLLM: calls past the limit are dropped, not shown as text
                 self._calls.append(call.delta_form(self.call_count))
                 self.call_count += 1
 

@@ -50,6 +50,7 @@ class GenerationParams:
     top_logprobs: int = 0
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True  # false: at most one call per answer (extra calls dropped)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     response_format: dict[str, Any] | None = None
     lora: str | None = None  # adapter name; None = base model
@@ -272,6 +273,7 @@ def parse_parameters(raw: dict[str, Any] | None, *, stream: bool = False) -> Gen
         top_logprobs=top_logprobs or 0,
         tools=tools,
         tool_choice=_tool_choice(raw, tools),
+        parallel_tool_calls=_boolean(raw, "parallel_tool_calls", True),
         chat_template_kwargs=_chat_template_kwargs(raw),
         response_format=_response_format(raw),
         lora=lora,

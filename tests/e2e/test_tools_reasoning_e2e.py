@@ -25,9 +25,15 @@ def ask(question: str) -> list[Any]:
     return [{"role": "user", "content": question}]
 
 
-def test_tool_call_non_streaming(trained_triton_server: TritonHandle, trained_frontend_url: str) -> None:
+# parallel_tool_calls=False reaches the model (which would drop a second call: unit-tested).
+@pytest.mark.parametrize("parallel", [openai.NOT_GIVEN, False], ids=["default", "no-parallel-calls"])
+def test_tool_call_non_streaming(trained_triton_server: TritonHandle, trained_frontend_url: str, parallel: Any) -> None:
     reply = client_for(trained_frontend_url).chat.completions.create(
-        model=trained_triton_server.served_model_name, messages=ask(TOOL_QUESTION), tools=[WEATHER_TOOL], temperature=0
+        model=trained_triton_server.served_model_name,
+        messages=ask(TOOL_QUESTION),
+        tools=[WEATHER_TOOL],
+        temperature=0,
+        parallel_tool_calls=parallel,
     )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls"

@@ -96,6 +96,17 @@ async def test_unknown_field_is_reported_in_header_by_default() -> None:
     assert backend.requests[0].parameters == {}  # nothing unknown reaches the backend
 
 
+async def test_parallel_tool_calls_reaches_the_backend_and_must_be_a_boolean() -> None:
+    backend = FakeBackend()
+    async with client_for(backend) as client:
+        response = await client.post("/v1/chat/completions", json=chat_body(parallel_tool_calls=False))
+        assert response.status_code == 200 and "x-ignored-params" not in response.headers
+        assert backend.requests[0].parameters == {"parallel_tool_calls": False}
+        response = await client.post("/v1/chat/completions", json=chat_body(parallel_tool_calls="no"))
+    assert_envelope(response, 400)
+    assert response.json()["error"]["param"] == "parallel_tool_calls"
+
+
 async def test_unknown_field_is_400_in_strict_mode() -> None:
     async with client_for(FakeBackend(), strict_params=True) as client:
         response = await client.post("/v1/chat/completions", json=chat_body(frobnicate=1, user="u1"))

@@ -12,7 +12,7 @@ from python_backend import contract
 from python_backend.chat_template import render_prompt_text
 from python_backend.contract import ContractError
 from python_backend.output_formats import ModelFormats, plan_output, resolve_formats
-from python_backend.output_plan import REASONING_DETECT, REASONING_FORCED, REASONING_OFF
+from python_backend.output_plan import REASONING_DETECT, REASONING_FORCED, REASONING_OFF, OutputPipeline
 from python_backend.params import parse_parameters
 from python_backend.request_decoding import decode_request
 from python_backend.settings import EngineSettings, SettingsError
@@ -83,6 +83,28 @@ def test_auto_tool_choice_parses_without_prefill() -> None:
         "",
     )
     assert output.reasoning == REASONING_DETECT and output.report_reasoning_tokens
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call_only() -> None:
+    two_calls = (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    )
+
+    def calls(**params: Any) -> list[dict[str, Any]]:
+        output, _ = plan(QWEN, tools=TOOLS, **params)
+        pipeline = OutputPipeline(output)
+        for piece in (two_calls[:50], two_calls[50:]):
+            pipeline.feed(piece)
+        pipeline.finish()
+        text, _, found = pipeline.take()
+        assert text.strip() == ""  # a dropped call is not shown as text either
+        return found
+
+    assert [c["function"]["name"] for c in calls()] == ["get_weather", "get_time"]
+    assert [c["function"]["name"] for c in calls(parallel_tool_calls=False)] == ["get_weather"]
+    with pytest.raises(ContractError, match="parallel_tool_calls"):
+        parse_parameters({"parallel_tool_calls": "no"})
 
 
 def test_required_and_named_tool_choice_prefill_the_call() -> None:
