@@ -1,7 +1,7 @@
 """The FastAPI application factory.
 
-Owns: ``create_app``: routes, error handlers, middlewares (API key outermost, then the body size
-limit), and the backend's lifetime. A backend passed in (tests, embedding) belongs to the caller;
+Owns: ``create_app``: routes, error handlers, middlewares (drain outermost, then the API key, then
+the body size limit), and the backend's lifetime. A backend passed in (tests, embedding) belongs to the caller;
 without one, a ``TritonBackend`` is created in the lifespan (inside the event loop, where grpc.aio
 needs it) and closed on shutdown. ``media_network`` replaces the media fetcher's resolver and dialer
 (tests). Only ``/openapi.json`` is served as documentation.
@@ -16,6 +16,7 @@ from fastapi import FastAPI
 
 from openai_frontend.auth import ApiKeyMiddleware
 from openai_frontend.backend import ChatBackend
+from openai_frontend.drain import DrainMiddleware
 from openai_frontend.errors import install_error_handlers
 from openai_frontend.limits import BodySizeLimitMiddleware
 from openai_frontend.media.loader import MediaLoader
@@ -61,4 +62,6 @@ def create_app(
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
     if settings.api_keys:
         app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys)
+    # Outermost: while draining, new inference requests get their 503 before anything else runs.
+    app.add_middleware(DrainMiddleware, state=state.drain)
     return app

@@ -1,7 +1,7 @@
 """Per-app state shared by the routes: the settings and the backend.
 
 Owns: ``FrontendState`` (stored on ``app.state.frontend`` by ``create_app``; one per app, never a
-module global: settings, backend, media loader) and the typed accessors the routes use to reach it.
+module global: settings, backend, media loader, drain state) and the typed accessors the routes use to reach it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 
 from openai_frontend.backend import ChatBackend, backend_unavailable
+from openai_frontend.drain import DrainState
 from openai_frontend.media.loader import MediaLoader
 from openai_frontend.settings import FrontendSettings
 
@@ -25,6 +26,7 @@ class FrontendState:
     # None until the lifespan created the Triton client (or after shutdown closed it).
     backend: ChatBackend | None = None
     started_at: int = field(default_factory=lambda: int(time.time()))  # ``created`` of /v1/models entries
+    drain: DrainState = field(default_factory=DrainState)  # graceful shutdown (drain.py)
 
 
 def frontend_state(request: Request) -> FrontendState:

@@ -30,6 +30,7 @@ logger = logging.getLogger("openai_frontend.launcher")
 
 OPENAI_MODES = ("vllm", "openai")
 DEFAULT_READY_TIMEOUT_S = 600.0
+DEFAULT_DRAIN_TIMEOUT_S = 30.0  # as tritonserver's --exit-timeout-secs
 # Flags that map one to one onto EngineSettings fields of the same name; unset means its default.
 ENGINE_INT_FLAGS = (
     "max_num_seqs",
@@ -262,6 +263,14 @@ def _add_http_flags(http: Any) -> None:
     http.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate (needs --tls-key)")
     http.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
     http.add_argument("--tls-ca-cert", metavar="PEM", help="require client certificates signed by this CA (mTLS)")
+    http.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=DEFAULT_DRAIN_TIMEOUT_S,
+        metavar="S",
+        help="on SIGTERM, refuse new requests (503) and let those in flight finish for up to S seconds "
+        f"before stopping (default: {DEFAULT_DRAIN_TIMEOUT_S:.0f}; 0: stop at once)",
+    )
 
 
 def _check_http_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -276,6 +285,8 @@ def _check_http_flags(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser.error("--api-key must not be empty")
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
+    if args.drain_timeout < 0:
+        parser.error("--drain-timeout must be >= 0")
     if args.tls_ca_cert and not args.tls_cert:
         parser.error("--tls-ca-cert needs --tls-cert and --tls-key")
     for flag in ("tls_cert", "tls_key", "tls_ca_cert"):
@@ -301,6 +312,7 @@ def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions:
         api_keys=tuple(args.api_keys),
         strict_params=args.strict_params,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,
+        drain_timeout_s=args.drain_timeout,
     )
 
 
@@ -359,6 +371,7 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         api_keys=tuple(args.api_keys),
         strict_params=args.strict_params,
         ready_timeout_s=args.ready_timeout,
+        drain_timeout_s=args.drain_timeout,
         triton_log=args.triton_log,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,
         cpu_prepack_weights=args.cpu_prepack_weights,

@@ -1,7 +1,7 @@
 """``triton-chat frontend``: the HTTP frontend alone, in front of a tritonserver someone else runs.
 
 Owns turning ``FrontendOptions`` into ``FrontendSettings`` and running uvicorn until Ctrl-C or
-SIGTERM (uvicorn's own handlers). Unlike ``serve``, it starts no tritonserver: ``/health/ready``
+SIGTERM (after a drain: ``draining_server``). Unlike ``serve``, it starts no tritonserver: ``/health/ready``
 reports whether the Triton model behind it is ready.
 """
 
@@ -15,6 +15,7 @@ from types import FrameType
 import uvicorn
 
 from openai_frontend.app import create_app
+from openai_frontend.launcher.draining_server import SHUTDOWN_GRACE_S, DrainingServer
 from openai_frontend.launcher.options import FrontendOptions, uvicorn_tls
 from openai_frontend.media.policy import MediaSettings
 from openai_frontend.settings import FrontendSettings
@@ -56,9 +57,10 @@ def run_frontend(options: FrontendOptions) -> int:
         port=options.port,
         log_level="info",
         loop="asyncio",  # the loop grpc.aio is built and tested on (uvloop, if installed, would be picked)
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         **uvicorn_tls(options.tls),
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, app.state.frontend.drain, options.drain_timeout_s)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         server.should_exit = True

@@ -50,6 +50,7 @@ class ServeOptions:
     cpu_native_attention: bool = True  # EngineSettings.cpu_native_attention
     cpu_bind_threads: bool = False  # EngineSettings.cpu_bind_threads
     enable_prefix_caching: bool = True  # EngineSettings.enable_prefix_caching
+    drain_timeout_s: float = 0.0  # SIGTERM: seconds requests in flight get to finish (0: stop at once)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class FrontendOptions:
     api_keys: tuple[str, ...]
     strict_params: bool
     tls: TlsFiles | None = None
+    drain_timeout_s: float = 0.0  # SIGTERM: seconds requests in flight get to finish (0: stop at once)
 
 
 def uvicorn_tls(tls: TlsFiles | None) -> dict[str, Any]:

@@ -167,6 +167,7 @@ def _make_uvicorn(options: ServeOptions, grpc_url: str, served_name: str) -> Any
     import uvicorn
 
     from openai_frontend.app import create_app
+    from openai_frontend.launcher.draining_server import SHUTDOWN_GRACE_S, DrainingServer
     from openai_frontend.media.policy import MediaSettings
     from openai_frontend.settings import FrontendSettings
 
@@ -185,15 +186,17 @@ def _make_uvicorn(options: ServeOptions, grpc_url: str, served_name: str) -> Any
             "media": MediaSettings.from_env(os.environ),
         }
     )
+    app = create_app(settings)
     config = uvicorn.Config(
-        create_app(settings),
+        app,
         host=options.host,
         port=options.port,
         log_level="info",
         loop="asyncio",  # the loop grpc.aio is built and tested on (uvloop, if installed, would be picked)
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         **uvicorn_tls(options.tls),
     )
-    return uvicorn.Server(config)
+    return DrainingServer(config, app.state.frontend.drain, options.drain_timeout_s)
 
 
 def _watch_triton(triton: TritonServerProcess, state: _Shutdown, stop: threading.Event) -> None:

@@ -1,7 +1,8 @@
 """``GET /health`` (liveness) and ``GET /health/ready`` (readiness).
 
 Owns: the probe answers. Liveness never calls the backend (it must stay fast under load);
-readiness is 200 only when the backend says the model is ready, else the 503 envelope. Neither
+readiness is 200 only when the backend says the model is ready and the server is not draining,
+else the 503 envelope. Neither
 body carries internal details. Both are open without an API key (``auth.PUBLIC_PATHS``).
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from openai_frontend.backend import BackendError
+from openai_frontend.drain import DRAINING
 from openai_frontend.schemas import documented_errors
 from openai_frontend.state import frontend_state
 from python_backend.contract import ErrorInfo
@@ -24,7 +26,10 @@ async def liveness() -> dict[str, str]:
 
 @router.get("/health/ready", responses=documented_errors(503))
 async def readiness(request: Request) -> dict[str, str]:
-    backend = frontend_state(request).backend
+    state = frontend_state(request)
+    if state.drain.draining:  # a load balancer stops sending new work at once
+        raise BackendError(DRAINING)
+    backend = state.backend
     if backend is None or not await backend.is_ready():
         raise BackendError(ErrorInfo(503, "model backend not ready", "service_unavailable", None, "backend_not_ready"))
     return {"status": "ready"}

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,57 @@ def test_launcher_serves_then_stops_cleanly_on_ctrl_c(tiny_model_dir: Path, tmp_
     assert "tritonserver stopped (status 0)" in output, output
     assert "removing shared memory" not in output, output
     assert not [p for p in Path(tempfile.gettempdir()).glob("triton-chat-*") if str(tiny_model_dir) in _read(p)]
+
+
+def test_launcher_drains_on_sigterm(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # RELIABILITY C5: readiness and new requests 503 at once, the stream in flight ends with
+    # [DONE], then a clean exit. A long answer keeps the stream running when SIGTERM arrives.
+    launcher, port = _start_launcher(tiny_model_dir, tmp_path, "--max-iter-times", "4000", "--drain-timeout", "60")
+    lines: list[str] = []
+    finished: queue.Queue[list[str]] = queue.Queue()
+    try:
+        _read_until(launcher, f"serving 'tiny' at http://127.0.0.1:{port}/v1", lines)
+        base = f"http://127.0.0.1:{port}"
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                "max_tokens": 4000, "ignore_eos": True}  # fmt: skip
+        first_chunk = threading.Event()
+
+        def stream() -> None:
+            with httpx.Client(base_url=base, timeout=120) as http, http.stream(
+                "POST", "/v1/chat/completions", json=body
+            ) as reply:
+                got = []
+                for line in reply.iter_lines():
+                    got.append(line)
+                    first_chunk.set()
+                finished.put(got)
+
+        reader = threading.Thread(target=stream, daemon=True)
+        reader.start()
+        assert first_chunk.wait(60)
+        launcher.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        with httpx.Client(base_url=base, timeout=10) as http:
+            ready = http.get("/health/ready")
+            while ready.status_code == 200 and time.monotonic() - signalled < 5:
+                ready = http.get("/health/ready")
+            refused = http.post("/v1/chat/completions", json={**body, "stream": False, "max_tokens": 2})
+        assert finished.empty(), "the stream ended before the drain began; make it longer"
+        got = finished.get(timeout=120)
+        code = launcher.wait(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert ready.status_code == 503 and ready.json()["error"]["code"] == "server_draining"
+    assert refused.status_code == 503 and "retry-after" in refused.headers
+    data = [line.removeprefix("data: ") for line in got if line.startswith("data: ")]
+    assert data[-1] == "[DONE]" and json.loads(data[-2])["usage"]["completion_tokens"] == 4000
+    assert launcher.stderr is not None
+    output = "".join(lines) + launcher.stderr.read()
+    assert code == 0, output
+    assert "tritonserver stopped (status 0)" in output, output
+    assert group_pids(_triton_pid(lines)) == []
 
 
 def test_launcher_stops_tritonserver_when_terminated_while_loading(tiny_model_dir: Path, tmp_path: Path) -> None:

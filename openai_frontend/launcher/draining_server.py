@@ -1,0 +1,44 @@
+"""uvicorn's server with a graceful drain on SIGTERM (RELIABILITY C5).
+
+Owns ``DrainingServer``. Kubernetes (and most process managers) stop a pod with SIGTERM and give
+it a grace period. On the first SIGTERM this server keeps its socket open, turns readiness to 503
+and new inference requests to 503 with ``Retry-After`` (``openai_frontend.drain``), and lets the
+requests in flight finish; it stops once none is left or ``drain_timeout_s`` has passed. Then
+uvicorn's own shutdown runs, bounded by ``SHUTDOWN_GRACE_S``: streams still open at that point
+are cut. SIGINT (Ctrl-C) and a second signal stop at once, as before; a drain timeout of 0 turns
+the drain off.
+"""
+
+from __future__ import annotations
+
+import signal
+from types import FrameType
+
+import uvicorn
+
+from openai_frontend.drain import DrainState
+
+# uvicorn's wait for open connections once the drain is over (its default waits for every stream):
+# pass as uvicorn.Config(timeout_graceful_shutdown=...).
+SHUTDOWN_GRACE_S = 1
+
+
+class DrainingServer(uvicorn.Server):
+    """A ``uvicorn.Server`` that drains on the first SIGTERM."""
+
+    def __init__(self, config: uvicorn.Config, drain: DrainState, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self._drain = drain
+        self._drain_timeout_s = drain_timeout_s
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and self._drain_timeout_s > 0 and not (self._drain.draining or self.should_exit):
+            self._drain.begin(self._drain_timeout_s)  # on_tick stops the server when it is done
+            return
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        # Every 0.1 s: the process stops within a tick of its last request ending.
+        if self._drain.done():
+            self.should_exit = True
+        return await super().on_tick(counter)
