@@ -10,7 +10,6 @@ and when the process stops is the launcher's business (``launcher.serve``).
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 
@@ -18,8 +17,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from openai_frontend.errors import error_response
 from python_backend.contract import ErrorInfo
-
-logger = logging.getLogger(__name__)
 
 INFERENCE_PREFIX = "/v1/chat/"  # the routes that reach the model
 DRAINING = ErrorInfo(503, "server is shutting down", "service_unavailable", None, "server_draining")
@@ -38,16 +35,10 @@ class DrainState:
         if not self.draining:
             self.draining = True
             self.deadline = time.monotonic() + timeout_s
-            logger.info("draining: %d request(s) in flight, up to %.0f s", self.in_flight, timeout_s)
 
     def done(self) -> bool:
         """Draining, and nothing is left in flight or the time is up."""
-        if not self.draining:
-            return False
-        if self.in_flight and time.monotonic() >= self.deadline:
-            logger.warning("drain timeout: stopping with %d request(s) still in flight", self.in_flight)
-            return True
-        return self.in_flight == 0
+        return self.draining and (self.in_flight == 0 or time.monotonic() >= self.deadline)
 
 
 class DrainMiddleware:

@@ -11,6 +11,7 @@ the drain off.
 
 from __future__ import annotations
 
+import logging
 import signal
 from types import FrameType
 
@@ -21,6 +22,8 @@ from openai_frontend.drain import DrainState
 # uvicorn's wait for open connections once the drain is over (its default waits for every stream):
 # pass as uvicorn.Config(timeout_graceful_shutdown=...).
 SHUTDOWN_GRACE_S = 1
+
+logger = logging.getLogger("openai_frontend.launcher")  # the launcher's user-facing messages
 
 
 class DrainingServer(uvicorn.Server):
@@ -34,11 +37,18 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if sig == signal.SIGTERM and self._drain_timeout_s > 0 and not (self._drain.draining or self.should_exit):
             self._drain.begin(self._drain_timeout_s)  # on_tick stops the server when it is done
+            logger.info(
+                "SIGTERM: draining %d request(s) in flight for up to %g s (again to stop at once)",
+                self._drain.in_flight,
+                self._drain_timeout_s,
+            )
             return
         super().handle_exit(sig, frame)
 
     async def on_tick(self, counter: int) -> bool:
         # Every 0.1 s: the process stops within a tick of its last request ending.
-        if self._drain.done():
+        if self._drain.done() and not self.should_exit:
+            if self._drain.in_flight:
+                logger.warning("drain timeout: stopping with %d request(s) in flight", self._drain.in_flight)
             self.should_exit = True
         return await super().on_tick(counter)

@@ -220,6 +220,7 @@ def test_launcher_drains_on_sigterm(tiny_model_dir: Path, tmp_path: Path) -> Non
     assert launcher.stderr is not None
     output = "".join(lines) + launcher.stderr.read()
     assert code == 0, output
+    assert "SIGTERM: draining 1 request(s) in flight" in output, output
     assert "tritonserver stopped (status 0)" in output, output
     assert group_pids(_triton_pid(lines)) == []
 
