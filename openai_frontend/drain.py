@@ -4,7 +4,8 @@ Owns: ``DrainState`` (per app, on ``FrontendState``: whether the server is drain
 inference requests are in flight) and ``DrainMiddleware``, a pure ASGI middleware that counts
 inference requests from their first byte to the last byte of their response (streams included)
 and, once draining began, answers new ones 503 with ``Retry-After`` so that a load balancer sends
-them to another replica. Readiness reads the same state (``routes.health``). Who starts a drain
+them to another replica. Streams still open at the deadline end with an error event
+(``serving.events`` asks ``expired`` after each delta). Readiness reads the same state (``routes.health``). Who starts a drain
 and when the process stops is the launcher's business (``launcher.serve``).
 """
 
@@ -19,6 +20,9 @@ from openai_frontend.errors import error_response
 from python_backend.contract import ErrorInfo
 
 INFERENCE_PREFIX = "/v1/chat/"  # the routes that reach the model
+# After the deadline, streams that still produce tokens end within one (``serving.events``); a
+# stalled one gets this long before the server stops and uvicorn's shutdown cuts it.
+EXPIRY_GRACE_S = 1.0
 DRAINING = ErrorInfo(503, "server is shutting down", "service_unavailable", None, "server_draining")
 
 
@@ -36,9 +40,13 @@ class DrainState:
             self.draining = True
             self.deadline = time.monotonic() + timeout_s
 
+    def expired(self) -> bool:
+        """Draining and past the deadline: open streams end now, with an error event."""
+        return self.draining and time.monotonic() >= self.deadline
+
     def done(self) -> bool:
-        """Draining, and nothing is left in flight or the time is up."""
-        return self.draining and (self.in_flight == 0 or time.monotonic() >= self.deadline)
+        """Draining, and nothing is left in flight or the deadline's grace is over too."""
+        return self.draining and (self.in_flight == 0 or time.monotonic() >= self.deadline + EXPIRY_GRACE_S)
 
 
 class DrainMiddleware:

@@ -18,6 +18,7 @@ from typing import Any
 
 from openai_frontend.accumulate import ChoiceAccumulator
 from openai_frontend.backend import BackendError, BackendRequest, ChatBackend, close_stream
+from openai_frontend.drain import DRAINING, DrainState
 from openai_frontend.responses import completion_body
 from openai_frontend.settings import FrontendSettings
 from openai_frontend.sse import EARLY_END_MESSAGE, StreamFormatter, StreamOptions
@@ -124,17 +125,27 @@ async def start_stream(backend: ChatBackend, call: ChatCall) -> StartedStream:
     raise BackendError(EARLY_END)
 
 
-async def events(started: StartedStream) -> AsyncGenerator[bytes, None]:
-    """All SSE events of a started stream; errors from here on end the stream, not the response."""
+async def events(started: StartedStream, drain: DrainState | None = None) -> AsyncGenerator[bytes, None]:
+    """All SSE events of a started stream; errors from here on end the stream, not the response.
+
+    A stream still open when a graceful drain's time is up ends with the drain's error (and the
+    request is cancelled in the backend), so the client knows it was cut, rather than seeing the
+    connection drop.
+    """
     formatter = started.formatter
     try:
         for event in started.first_events:
             yield event
         try:
+            tail: list[bytes] | None = None
             async for delta in started.backend_stream:
                 for event in formatter.on_delta(delta):
                     yield event
-            tail = formatter.on_end()
+                if drain is not None and drain.expired():
+                    tail = formatter.on_error(DRAINING)
+                    break
+            if tail is None:
+                tail = formatter.on_end()
         except BackendError as exc:
             logger.info("stream ended by backend error: %s", exc.info.message)
             tail = formatter.on_error(exc.info)

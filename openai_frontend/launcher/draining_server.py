@@ -3,9 +3,9 @@
 Owns ``DrainingServer``. Kubernetes (and most process managers) stop a pod with SIGTERM and give
 it a grace period. On the first SIGTERM this server keeps its socket open, turns readiness to 503
 and new inference requests to 503 with ``Retry-After`` (``openai_frontend.drain``), and lets the
-requests in flight finish; it stops once none is left or ``drain_timeout_s`` has passed. Then
-uvicorn's own shutdown runs, bounded by ``SHUTDOWN_GRACE_S``: streams still open at that point
-are cut. SIGINT (Ctrl-C) and a second signal stop at once, as before; a drain timeout of 0 turns
+requests in flight finish; it stops once none is left or ``drain_timeout_s`` has passed (streams
+still open then end with an error event, ``drain.EXPIRY_GRACE_S``). Then uvicorn's own shutdown
+runs, bounded by ``SHUTDOWN_GRACE_S``: a stream still open at that point is cut. SIGINT (Ctrl-C) and a second signal stop at once, as before; a drain timeout of 0 turns
 the drain off.
 """
 

@@ -64,7 +64,7 @@ async def create_chat_completion(request: Request) -> Response:
         call = ChatCall(chat, state.settings, media)
         if chat.stream and not call.pseudo_stream:
             started = await run_until_disconnect(request, start_stream(backend, call))
-            return SSEResponse(events(started), headers=headers)
+            return SSEResponse(events(started, state.drain), headers=headers)
         result = await run_until_disconnect(request, complete(backend, call))
     except ClientDisconnected:
         return ClientGoneResponse()

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import time
 
 import httpx
 import uvicorn
-from frontend_fakes import FakeBackend, chat_body, settings
+from frontend_fakes import FakeBackend, chat_body, choice_deltas, fixed, settings
 
 from openai_frontend.app import create_app
-from openai_frontend.drain import DrainState
+from openai_frontend.drain import EXPIRY_GRACE_S, DrainState
 from openai_frontend.launcher.draining_server import DrainingServer
 
 
@@ -46,8 +48,10 @@ def test_drain_is_done_at_its_deadline_even_with_requests_in_flight() -> None:
     assert not drain.done()  # not draining at all
     drain.in_flight = 2
     drain.begin(3600)
-    assert not drain.done()
-    drain.deadline = 0.0  # the time is up
+    assert not drain.done() and not drain.expired()
+    drain.deadline = time.monotonic() - 0.5  # the time is up: open streams end now
+    assert drain.expired() and not drain.done()  # ... and get a moment to send their last event
+    drain.deadline = time.monotonic() - EXPIRY_GRACE_S
     assert drain.done()
 
 
@@ -78,3 +82,23 @@ def test_sigint_or_a_zero_drain_timeout_stops_at_once() -> None:
     server, drain = _server(0)
     server.handle_exit(signal.SIGTERM, None)
     assert server.should_exit and not drain.draining
+
+
+async def test_a_stream_open_at_the_drain_deadline_ends_with_an_error_event() -> None:
+    pieces = [f" w{i}" for i in range(200)]
+    backend = FakeBackend(script=fixed(choice_deltas(0, pieces)), delay_s=0.01)  # about 2 s of stream
+    app = create_app(settings(), backend)
+    drain = app.state.frontend.drain
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        streaming = asyncio.create_task(client.post("/v1/chat/completions", json=chat_body(stream=True)))
+        await asyncio.wait_for(backend.started.wait(), 5)
+        drain.begin(0.2)
+        reply = await asyncio.wait_for(streaming, 10)
+    data = [line.removeprefix("data: ") for line in reply.text.splitlines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    last = json.loads(data[-2])
+    assert last["err_msg"] == "server is shutting down" and last["choices"][0]["finish_reason"] == "stop"
+    assert 1 < len(data) < len(pieces)  # cut short, after some of the answer
+    assert backend.endings == ["closed"]  # the backend request was ended (Triton cancels it)
+    assert drain.in_flight == 0 and drain.done()
