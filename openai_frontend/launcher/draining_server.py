@@ -1,12 +1,13 @@
 """uvicorn's server with a graceful drain on SIGTERM (RELIABILITY C5).
 
-Owns ``DrainingServer``. Kubernetes (and most process managers) stop a pod with SIGTERM and give
-it a grace period. On the first SIGTERM this server keeps its socket open, turns readiness to 503
-and new inference requests to 503 with ``Retry-After`` (``openai_frontend.drain``), and lets the
-requests in flight finish; it stops once none is left or ``drain_timeout_s`` has passed (streams
-still open then end with an error event, ``drain.EXPIRY_GRACE_S``). Then uvicorn's own shutdown
-runs, bounded by ``SHUTDOWN_GRACE_S``: a stream still open at that point is cut. SIGINT (Ctrl-C) and a second signal stop at once, as before; a drain timeout of 0 turns
-the drain off.
+Owns ``DrainingServer`` and ``draining_server``, the one way both commands build it. Kubernetes
+(and most process managers) stop a pod with SIGTERM and give it a grace period. On the first
+SIGTERM this server keeps its socket open, turns readiness to 503 and new inference requests to
+503 with ``Retry-After`` (``openai_frontend.drain``), and lets the requests in flight finish; it
+stops once none is left or ``drain_timeout_s`` has passed (streams still open then end with an
+error event, ``drain.EXPIRY_GRACE_S``). Then uvicorn's own shutdown runs, bounded by
+``SHUTDOWN_GRACE_S``: a stream still open at that point is cut. SIGINT (Ctrl-C) and a second
+signal stop at once, as before; a drain timeout of 0 turns the drain off.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import signal
 from types import FrameType
 
 import uvicorn
+from fastapi import FastAPI
 
 from openai_frontend.drain import DrainState
+from openai_frontend.launcher.options import TlsFiles, uvicorn_tls
 
-# uvicorn's wait for open connections once the drain is over (its default waits for every stream):
-# pass as uvicorn.Config(timeout_graceful_shutdown=...).
+# uvicorn's wait for open connections once the drain is over (its default waits for every stream).
 SHUTDOWN_GRACE_S = 1
 
 logger = logging.getLogger("openai_frontend.launcher")  # the launcher's user-facing messages
@@ -52,3 +54,17 @@ class DrainingServer(uvicorn.Server):
                 logger.warning("drain timeout: stopping with %d request(s) in flight", self._drain.in_flight)
             self.should_exit = True
         return await super().on_tick(counter)
+
+
+def draining_server(app: FastAPI, host: str, port: int, tls: TlsFiles | None, drain_timeout_s: float) -> DrainingServer:
+    """The server for an app made by ``create_app`` (whose state holds the drain)."""
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="info",
+        loop="asyncio",  # the loop grpc.aio is built and tested on (uvloop, if installed, would be picked)
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        **uvicorn_tls(tls),
+    )
+    return DrainingServer(config, app.state.frontend.drain, drain_timeout_s)

@@ -12,11 +12,9 @@ import os
 import signal
 from types import FrameType
 
-import uvicorn
-
 from openai_frontend.app import create_app
-from openai_frontend.launcher.draining_server import SHUTDOWN_GRACE_S, DrainingServer
-from openai_frontend.launcher.options import FrontendOptions, uvicorn_tls
+from openai_frontend.launcher.draining_server import draining_server
+from openai_frontend.launcher.options import FrontendOptions
 from openai_frontend.media.policy import MediaSettings
 from openai_frontend.settings import FrontendSettings
 
@@ -51,16 +49,7 @@ def run_frontend(options: FrontendOptions) -> int:
         options.triton_url,
         options.triton_model,
     )
-    config = uvicorn.Config(
-        app,
-        host=options.host,
-        port=options.port,
-        log_level="info",
-        loop="asyncio",  # the loop grpc.aio is built and tested on (uvloop, if installed, would be picked)
-        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-        **uvicorn_tls(options.tls),
-    )
-    server = DrainingServer(config, app.state.frontend.drain, options.drain_timeout_s)
+    server = draining_server(app, options.host, options.port, options.tls, options.drain_timeout_s)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         server.should_exit = True

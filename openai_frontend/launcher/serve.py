@@ -31,7 +31,7 @@ from openai_frontend.launcher.model_repo import (
     write_model_repository,
 )
 from openai_frontend.launcher.network import bind_listening_socket, is_loopback
-from openai_frontend.launcher.options import ServeOptions, engine_settings, uvicorn_tls
+from openai_frontend.launcher.options import ServeOptions, engine_settings
 from openai_frontend.launcher.triton_install import TritonInstallError, locate_tritonserver
 from openai_frontend.launcher.tritonserver import TritonServerError, TritonServerProcess
 from python_backend.settings import SettingsError
@@ -164,10 +164,8 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
 
 def _make_uvicorn(options: ServeOptions, grpc_url: str, served_name: str) -> Any:
     # Imported late: uvicorn and the app are not needed until the model is ready.
-    import uvicorn
-
     from openai_frontend.app import create_app
-    from openai_frontend.launcher.draining_server import SHUTDOWN_GRACE_S, DrainingServer
+    from openai_frontend.launcher.draining_server import draining_server
     from openai_frontend.media.policy import MediaSettings
     from openai_frontend.settings import FrontendSettings
 
@@ -186,17 +184,7 @@ def _make_uvicorn(options: ServeOptions, grpc_url: str, served_name: str) -> Any
             "media": MediaSettings.from_env(os.environ),
         }
     )
-    app = create_app(settings)
-    config = uvicorn.Config(
-        app,
-        host=options.host,
-        port=options.port,
-        log_level="info",
-        loop="asyncio",  # the loop grpc.aio is built and tested on (uvloop, if installed, would be picked)
-        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-        **uvicorn_tls(options.tls),
-    )
-    return DrainingServer(config, app.state.frontend.drain, options.drain_timeout_s)
+    return draining_server(create_app(settings), options.host, options.port, options.tls, options.drain_timeout_s)
 
 
 def _watch_triton(triton: TritonServerProcess, state: _Shutdown, stop: threading.Event) -> None:
