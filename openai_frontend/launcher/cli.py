@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from openai_frontend.launcher.network import is_loopback
+from openai_frontend.launcher.http_flags import add_http_flags, check_http_flags
 from openai_frontend.launcher.options import FrontendOptions, ServeOptions, TlsFiles
 from openai_frontend.launcher.server_config import ConfigFileError, flag_defaults, load_server_file
 from python_backend.settings import (
@@ -28,9 +28,7 @@ from python_backend.settings import (
 
 logger = logging.getLogger("openai_frontend.launcher")
 
-OPENAI_MODES = ("vllm", "openai")
 DEFAULT_READY_TIMEOUT_S = 600.0
-DEFAULT_DRAIN_TIMEOUT_S = 30.0  # as tritonserver's --exit-timeout-secs
 # Flags that map one to one onto EngineSettings fields of the same name; unset means its default.
 ENGINE_INT_FLAGS = (
     "max_num_seqs",
@@ -60,13 +58,6 @@ def _non_negative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: '{text}'") from exc
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _port(text: str) -> int:
-    value = _non_negative_int(text)
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number 1-65535, got {value}")
     return value
 
 
@@ -196,7 +187,7 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
         "--torch-threads", type=_non_negative_int, metavar="N", help="CPU intra-op threads; 0 = torch's default"
     )
 
-    _add_http_flags(serve.add_argument_group("HTTP frontend"))
+    add_http_flags(serve.add_argument_group("HTTP frontend"))
     serve.add_argument(
         "--config",
         type=Path,
@@ -234,64 +225,8 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
         "--triton-model", default="triton_chat", metavar="NAME", help="the Triton model name (default: triton_chat)"
     )
     target.add_argument("--served-model-name", required=True, metavar="NAME", help="the `model` name clients send")
-    _add_http_flags(frontend.add_argument_group("HTTP frontend"))
+    add_http_flags(frontend.add_argument_group("HTTP frontend"))
     return parser
-
-
-def _add_http_flags(http: Any) -> None:
-    http.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    http.add_argument("--port", type=_port, default=8000, help="port to listen on (default: 8000)")
-    http.add_argument(
-        "--allow-external", action="store_true", help="allow a --host other machines can reach (use with --api-key)"
-    )
-    http.add_argument(
-        "--openai-mode",
-        choices=OPENAI_MODES,
-        default="vllm",
-        help="vllm: MindIE's response formats (default); openai: plain OpenAI behaviour",
-    )
-    http.add_argument("--full-text", action="store_true", help="MindIE fullTextEnabled: stream the cumulative text too")
-    http.add_argument(
-        "--api-key",
-        dest="api_keys",
-        action="append",
-        default=[],
-        metavar="KEY",
-        help="accepted Bearer key (repeatable); none = no authentication",
-    )
-    http.add_argument("--strict-params", action="store_true", help="reject unknown request fields with 400")
-    http.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate (needs --tls-key)")
-    http.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
-    http.add_argument("--tls-ca-cert", metavar="PEM", help="require client certificates signed by this CA (mTLS)")
-    http.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=DEFAULT_DRAIN_TIMEOUT_S,
-        metavar="S",
-        help="on SIGTERM, refuse new requests (503) and let those in flight finish for up to S seconds "
-        f"before stopping (default: {DEFAULT_DRAIN_TIMEOUT_S:.0f}; 0: stop at once)",
-    )
-
-
-def _check_http_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if not is_loopback(args.host) and not args.allow_external:
-        parser.error(
-            f"--host {args.host} would let other machines reach the server; "
-            "add --allow-external to confirm (and consider --api-key)"
-        )
-    if args.served_model_name is not None and not args.served_model_name.strip():
-        parser.error("--served-model-name must not be empty")
-    if any(not key for key in args.api_keys):
-        parser.error("--api-key must not be empty")
-    if bool(args.tls_cert) != bool(args.tls_key):
-        parser.error("--tls-cert and --tls-key go together")
-    if args.drain_timeout < 0:
-        parser.error("--drain-timeout must be >= 0")
-    if args.tls_ca_cert and not args.tls_cert:
-        parser.error("--tls-ca-cert needs --tls-cert and --tls-key")
-    for flag in ("tls_cert", "tls_key", "tls_ca_cert"):
-        if getattr(args, flag) and not Path(getattr(args, flag)).is_file():
-            parser.error(f"--{flag.replace('_', '-')}: '{getattr(args, flag)}' is not a file")
 
 
 def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions:
@@ -300,7 +235,7 @@ def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return parse_serve_args(argv)
-    _check_http_flags(parser, args)
+    check_http_flags(parser, args)
     return FrontendOptions(
         triton_url=args.triton_url,
         triton_model=args.triton_model,
@@ -334,7 +269,7 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
     """Parse ``serve ...`` arguments; usage errors exit with status 2 like any argparse error."""
     parser = build_parser(_config_defaults(argv))
     args = parser.parse_args(argv)
-    _check_http_flags(parser, args)
+    check_http_flags(parser, args)
     if args.ready_timeout <= 0:
         parser.error("--ready-timeout must be > 0")
     overrides = {name: getattr(args, name) for name in ENGINE_INT_FLAGS if getattr(args, name) is not None}

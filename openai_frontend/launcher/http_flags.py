@@ -1,0 +1,86 @@
+"""The HTTP frontend's command-line flags, shared by ``triton-chat serve`` and ``triton-chat frontend``.
+
+Owns: declaring them on an argument group (``add_http_flags``) and the checks across them
+(``check_http_flags``: exposure without ``--allow-external``, TLS files, the drain timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from openai_frontend.launcher.network import is_loopback
+
+OPENAI_MODES = ("vllm", "openai")
+DEFAULT_DRAIN_TIMEOUT_S = 30.0  # as tritonserver's --exit-timeout-secs
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an integer: '{text}'") from exc
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number 1-65535, got {value}")
+    return value
+
+
+def add_http_flags(http: Any) -> None:
+    """The frontend's flags, on an argument group of either command."""
+    http.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    http.add_argument("--port", type=_port, default=8000, help="port to listen on (default: 8000)")
+    http.add_argument(
+        "--allow-external", action="store_true", help="allow a --host other machines can reach (use with --api-key)"
+    )
+    http.add_argument(
+        "--openai-mode",
+        choices=OPENAI_MODES,
+        default="vllm",
+        help="vllm: MindIE's response formats (default); openai: plain OpenAI behaviour",
+    )
+    http.add_argument("--full-text", action="store_true", help="MindIE fullTextEnabled: stream the cumulative text too")
+    http.add_argument(
+        "--api-key",
+        dest="api_keys",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="accepted Bearer key (repeatable); none = no authentication",
+    )
+    http.add_argument("--strict-params", action="store_true", help="reject unknown request fields with 400")
+    http.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate (needs --tls-key)")
+    http.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    http.add_argument("--tls-ca-cert", metavar="PEM", help="require client certificates signed by this CA (mTLS)")
+    http.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=DEFAULT_DRAIN_TIMEOUT_S,
+        metavar="S",
+        help="on SIGTERM, refuse new requests (503) and let those in flight finish for up to S seconds "
+        f"before stopping (default: {DEFAULT_DRAIN_TIMEOUT_S:.0f}; 0: stop at once)",
+    )
+
+
+def check_http_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Checks across the frontend's flags; a failure exits with status 2, like argparse's own."""
+    if not is_loopback(args.host) and not args.allow_external:
+        parser.error(
+            f"--host {args.host} would let other machines reach the server; "
+            "add --allow-external to confirm (and consider --api-key)"
+        )
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        parser.error("--served-model-name must not be empty")
+    if any(not key for key in args.api_keys):
+        parser.error("--api-key must not be empty")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        parser.error("--tls-cert and --tls-key go together")
+    if args.drain_timeout < 0:
+        parser.error("--drain-timeout must be >= 0")
+    if args.tls_ca_cert and not args.tls_cert:
+        parser.error("--tls-ca-cert needs --tls-cert and --tls-key")
+    for flag in ("tls_cert", "tls_key", "tls_ca_cert"):
+        if getattr(args, flag) and not Path(getattr(args, flag)).is_file():
+            parser.error(f"--{flag.replace('_', '-')}: '{getattr(args, flag)}' is not a file")
