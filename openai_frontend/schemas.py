@@ -64,9 +64,6 @@ GENERATION_FIELDS: tuple[str, ...] = (
     "response_format",
 )
 
-# OpenAI fields that change nothing here; accepted silently (not reported as ignored).
-HARMLESS_FIELDS: tuple[str, ...] = ("user", "metadata", "store", "service_tier")
-
 
 class ChatCompletionRequest(BaseModel):
     """``POST /v1/chat/completions`` body (MindIE / vLLM / OpenAI field names).
