@@ -3,12 +3,15 @@
 Owns: the request id and timestamp, the ``BackendRequest``, non-streaming aggregation
 (``complete``), and the streaming path: ``start_stream`` pulls deltas until the first SSE event
 exists (so an error before any byte is still an HTTP error with the envelope), then ``events``
-yields the rest and turns a later error into the stream's error ending. Every path closes the
-backend stream (``close_stream``), which cancels the request in Triton when it ends early.
+yields the rest and turns a later error into the stream's error ending; ``paced`` holds a stream
+to the token timeout. Every path closes the backend stream (``close_stream``), which cancels the
+request in Triton when it ends early. A non-streaming answer arrives whole (one response per
+choice), so only the end-to-end timeout (the gRPC deadline, ``triton_client``) bounds it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -29,6 +32,39 @@ logger = logging.getLogger(__name__)
 
 INTERNAL_ERROR = ErrorInfo(500, "internal server error", "server_error", None, "internal_error")
 EARLY_END = ErrorInfo(500, EARLY_END_MESSAGE, "server_error", None, "backend_incomplete")
+
+
+def token_timeout_error(seconds: float) -> ErrorInfo:
+    """MindIE's ``tokenTimeout`` ran out: the model sent nothing for that long."""
+    return ErrorInfo(
+        504, f"the model sent nothing within the token timeout ({seconds:g} s)", "timeout", None, "token_timeout"
+    )
+
+
+async def paced(stream: AsyncGenerator[ChoiceDelta, None], timeout_s: float) -> AsyncGenerator[ChoiceDelta, None]:
+    """The backend stream's deltas, each within ``timeout_s`` of the one before (or of the start).
+
+    MindIE's ``tokenTimeout`` for streams: a backend that stops producing (a stalled engine, a
+    request left in the queue) ends the request with a 504, or the stream's error event once it
+    has started, and closing the backend stream cancels the request in Triton. Only the wait for
+    the backend counts, not the time spent writing to a slow client. With ``--stream-interval N``
+    the wait is for the next response, N tokens.
+    """
+    try:
+        while True:
+            deadline = asyncio.timeout(timeout_s)
+            try:
+                async with deadline:
+                    delta = await anext(stream)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                if not deadline.expired():
+                    raise  # not ours: the backend's own
+                raise BackendError(token_timeout_error(timeout_s)) from None
+            yield delta
+    finally:
+        await close_stream(stream)
 
 
 def new_request_id() -> str:
@@ -111,7 +147,7 @@ def _formatter(call: ChatCall) -> StreamFormatter:
 async def start_stream(backend: ChatBackend, call: ChatCall) -> StartedStream:
     """Wait for the first deltas that produce an event; backend errors here propagate (HTTP error)."""
     formatter = _formatter(call)
-    stream = backend.generate(call.backend_request())
+    stream = paced(backend.generate(call.backend_request()), call.settings.token_timeout_s)
     try:
         async for delta in stream:
             events = formatter.on_delta(delta)

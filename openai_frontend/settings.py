@@ -13,6 +13,7 @@ from openai_frontend.media.policy import MediaSettings
 
 MINDIE_MODE = "vllm"  # MindIE's ``openAiSupport`` value that selects its own (vLLM-like) formats
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024  # Triton's default; one 40 MB base64 image fits
+DEFAULT_TIMEOUT_S = 600.0  # MindIE's default tokenTimeout and e2eTimeout
 
 
 class FrontendSettings(BaseModel):
@@ -33,7 +34,14 @@ class FrontendSettings(BaseModel):
         default=False, description="reject unknown request fields with 400 instead of naming them in `x-ignored-params`"
     )
     api_keys: list[str] = Field(default_factory=list, description="accepted Bearer keys; empty = no auth")
-    request_timeout_s: float = Field(default=600.0, gt=0, description="end-to-end deadline of one backend call")
+    request_timeout_s: float = Field(
+        default=DEFAULT_TIMEOUT_S, gt=0, description="MindIE `e2eTimeout`: end-to-end deadline of one request"
+    )
+    token_timeout_s: float = Field(
+        default=DEFAULT_TIMEOUT_S,
+        gt=0,
+        description="MindIE `tokenTimeout`: longest wait for a stream's next response (its first included)",
+    )
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0, description="largest accepted request body")
     media: MediaSettings = Field(
         default_factory=MediaSettings,

@@ -55,10 +55,17 @@ def build_infer_inputs(req: BackendRequest) -> list[InferInput]:
     return inputs
 
 
-def _rpc_error(exc: grpc.RpcError) -> BackendError:
+def e2e_timeout_error(seconds: float) -> contract.ErrorInfo:
+    """MindIE's ``e2eTimeout`` ran out (the gRPC call's deadline)."""
+    return contract.ErrorInfo(
+        504, f"the request did not finish within the end-to-end timeout ({seconds:g} s)", "timeout", None, "timeout"
+    )
+
+
+def _rpc_error(exc: grpc.RpcError, timeout_s: float) -> BackendError:
     code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return BackendError(contract.ErrorInfo(504, "request timed out", "timeout", None, "timeout"))
+        return BackendError(e2e_timeout_error(timeout_s))
     # Details (addresses, Triton internals) go to the log only.
     logger.warning("Triton call failed: %s", exc)
     return backend_unavailable()
@@ -145,7 +152,7 @@ class TritonBackend:
                 # reading on to that end, rather than cancelling, matters: a cancel that reaches
                 # Triton after the final response leaves the model unable to unload at shutdown.
         except grpc.RpcError as exc:
-            raise _rpc_error(exc) from exc
+            raise _rpc_error(exc, self._timeout_s) from exc
         finally:
             if not finished:
                 # The consumer left early (client disconnect) or the call failed: tell Triton to

@@ -248,6 +248,8 @@ def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions:
         strict_params=args.strict_params,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,
         drain_timeout_s=args.drain_timeout,
+        token_timeout_s=args.token_timeout,
+        e2e_timeout_s=args.e2e_timeout,
     )
 
 
@@ -307,6 +309,8 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         strict_params=args.strict_params,
         ready_timeout_s=args.ready_timeout,
         drain_timeout_s=args.drain_timeout,
+        token_timeout_s=args.token_timeout,
+        e2e_timeout_s=args.e2e_timeout,
         triton_log=args.triton_log,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,
         cpu_prepack_weights=args.cpu_prepack_weights,

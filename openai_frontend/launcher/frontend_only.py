@@ -31,6 +31,8 @@ def frontend_settings(options: FrontendOptions) -> FrontendSettings:
             "full_text_enabled": options.full_text,
             "strict_params": options.strict_params,
             "api_keys": list(options.api_keys),
+            "token_timeout_s": options.token_timeout_s,
+            "request_timeout_s": options.e2e_timeout_s,
             # The media allow-list comes from the environment, as in MindIE (read here, at start-up).
             "media": MediaSettings.from_env(os.environ),
         }

@@ -1,7 +1,8 @@
 """The HTTP frontend's command-line flags, shared by ``triton-chat serve`` and ``triton-chat frontend``.
 
 Owns: declaring them on an argument group (``add_http_flags``) and the checks across them
-(``check_http_flags``: exposure without ``--allow-external``, TLS files, the drain timeout).
+(``check_http_flags``: exposure without ``--allow-external``, TLS files, the drain and request
+timeouts).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from openai_frontend.launcher.network import is_loopback
 
 OPENAI_MODES = ("vllm", "openai")
 DEFAULT_DRAIN_TIMEOUT_S = 30.0  # as tritonserver's --exit-timeout-secs
+DEFAULT_REQUEST_TIMEOUT_S = 600.0  # MindIE's tokenTimeout and e2eTimeout
 
 
 def _port(text: str) -> int:
@@ -63,6 +65,23 @@ def add_http_flags(http: Any) -> None:
         f"before stopping (default: {DEFAULT_DRAIN_TIMEOUT_S:.0f}; 0: stop at once)",
     )
 
+    http.add_argument(
+        "--token-timeout",
+        type=float,
+        default=DEFAULT_REQUEST_TIMEOUT_S,
+        metavar="S",
+        help="MindIE tokenTimeout: a stream whose next response (its first included) takes longer than S "
+        f"seconds ends with a timeout error and is cancelled (default: {DEFAULT_REQUEST_TIMEOUT_S:.0f})",
+    )
+    http.add_argument(
+        "--e2e-timeout",
+        type=float,
+        default=DEFAULT_REQUEST_TIMEOUT_S,
+        metavar="S",
+        help="MindIE e2eTimeout: a request not finished after S seconds ends with a timeout error (504, or an "
+        f"error event in a stream) and is cancelled (default: {DEFAULT_REQUEST_TIMEOUT_S:.0f})",
+    )
+
 
 def check_http_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Checks across the frontend's flags; a failure exits with status 2, like argparse's own."""
@@ -79,6 +98,9 @@ def check_http_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error("--tls-cert and --tls-key go together")
     if args.drain_timeout < 0:
         parser.error("--drain-timeout must be >= 0")
+    for flag in ("token_timeout", "e2e_timeout"):
+        if not getattr(args, flag) > 0:  # also refuses nan
+            parser.error(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
     if args.tls_ca_cert and not args.tls_cert:
         parser.error("--tls-ca-cert needs --tls-cert and --tls-key")
     for flag in ("tls_cert", "tls_key", "tls_ca_cert"):

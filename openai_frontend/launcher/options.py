@@ -51,6 +51,8 @@ class ServeOptions:
     cpu_bind_threads: bool = False  # EngineSettings.cpu_bind_threads
     enable_prefix_caching: bool = True  # EngineSettings.enable_prefix_caching
     drain_timeout_s: float = 0.0  # SIGTERM: seconds requests in flight get to finish (0: stop at once)
+    token_timeout_s: float = 600.0  # FrontendSettings.token_timeout_s (MindIE tokenTimeout)
+    e2e_timeout_s: float = 600.0  # FrontendSettings.request_timeout_s (MindIE e2eTimeout)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ class FrontendOptions:
     strict_params: bool
     tls: TlsFiles | None = None
     drain_timeout_s: float = 0.0  # SIGTERM: seconds requests in flight get to finish (0: stop at once)
+    token_timeout_s: float = 600.0  # FrontendSettings.token_timeout_s (MindIE tokenTimeout)
+    e2e_timeout_s: float = 600.0  # FrontendSettings.request_timeout_s (MindIE e2eTimeout)
 
 
 def uvicorn_tls(tls: TlsFiles | None) -> dict[str, Any]:

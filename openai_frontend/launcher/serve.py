@@ -180,6 +180,8 @@ def _make_uvicorn(options: ServeOptions, grpc_url: str, served_name: str) -> Any
             "full_text_enabled": options.full_text,
             "strict_params": options.strict_params,
             "api_keys": list(options.api_keys),
+            "token_timeout_s": options.token_timeout_s,
+            "request_timeout_s": options.e2e_timeout_s,
             # The media allow-list comes from the environment, as in MindIE (read here, at start-up).
             "media": MediaSettings.from_env(os.environ),
         }

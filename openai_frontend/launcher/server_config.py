@@ -8,7 +8,7 @@ flags given on the command line override the file, and the file overrides built-
       "ServerConfig": {"ipAddress": "127.0.0.1", "port": 8000, "openAiSupport": "vllm",
                        "fullTextEnabled": false, "allowAllZeroIpListening": false,
                        "httpsEnabled": false, "tlsCert": "", "tlsPk": "", "tlsCaCert": "",
-                       "apiKeys": [], "strictParams": false},
+                       "apiKeys": [], "strictParams": false, "tokenTimeout": 600, "e2eTimeout": 600},
       "ModelConfig": {"modelName": "my-model", "modelWeightPath": "/models/my-model",
                       "dtype": "auto", "device": "auto", "maxSeqLen": 0, "maxInputTokenLen": 0,
                       "maxIterTimes": 512, "maxBatchSize": 32, "maxPrefillTokens": 512,
@@ -47,6 +47,8 @@ class ServerSection(_Section):
     tlsCaCert: str = ""  # CA for client certificates: set = mutual TLS required
     apiKeys: list[str] = Field(default_factory=list)
     strictParams: bool = False  # unknown request fields: 400 instead of a header
+    tokenTimeout: float = Field(default=600.0, gt=0)  # seconds a stream may wait for its next response
+    e2eTimeout: float = Field(default=600.0, gt=0)  # seconds a request may take in all
 
 
 class ModelSection(_Section):
@@ -104,6 +106,8 @@ def flag_defaults(config: ServerFile) -> dict[str, Any]:
         "allow_external": server.allowAllZeroIpListening,
         "api_keys": list(server.apiKeys),
         "strict_params": server.strictParams,
+        "token_timeout": server.tokenTimeout,
+        "e2e_timeout": server.e2eTimeout,
         "served_model_name": model.modelName,
         "model": Path(model.modelWeightPath) if model.modelWeightPath else None,
         "dtype": model.dtype,

@@ -106,6 +106,7 @@ class FakeBackend:
     script: Script = default_script
     ready: bool = True
     delay_s: float = 0.0  # pause before each delta (lets disconnect tests catch a stream mid-way)
+    pauses: dict[int, float] = field(default_factory=dict)  # extra pause before the delta at this index
     requests: list[BackendRequest] = field(default_factory=list)
     endings: list[str] = field(default_factory=list)  # "finished" | "closed" | "cancelled" | "error"
     started: asyncio.Event = field(default_factory=asyncio.Event)
@@ -120,9 +121,9 @@ class FakeBackend:
         self.started.set()
         ending = "finished"
         try:
-            for item in self.script(req):
-                if self.delay_s:
-                    await asyncio.sleep(self.delay_s)
+            for index, item in enumerate(self.script(req)):
+                if self.delay_s or index in self.pauses:
+                    await asyncio.sleep(self.delay_s + self.pauses.get(index, 0.0))
                 if isinstance(item, BackendError):
                     ending = "error"
                     raise item

@@ -16,7 +16,7 @@ def test_defaults() -> None:
     assert settings.triton_model_name == "triton_chat"
     assert settings.mindie_mode and not settings.full_text_enabled and not settings.strict_params
     assert settings.api_keys == [] and settings.lora_names == []
-    assert settings.request_timeout_s == 600
+    assert settings.request_timeout_s == 600 and settings.token_timeout_s == 600
     assert settings.max_body_bytes == 64 * 1024 * 1024
     assert settings.model_names == ("m",)
     assert not FrontendSettings(served_model_name="m", openai_mode="openai").mindie_mode
@@ -30,6 +30,7 @@ def test_defaults() -> None:
         {"served_model_name": "m", "lora_names": ["a", "a"]},
         {"served_model_name": "m", "api_keys": [""]},
         {"served_model_name": "m", "request_timeout_s": 0},
+        {"served_model_name": "m", "token_timeout_s": -1},
         {"served_model_name": "m", "max_body_bytes": -1},
         {"served_model_name": "m", "unknown_setting": 1},
     ],

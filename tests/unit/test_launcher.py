@@ -47,6 +47,7 @@ def test_serve_defaults() -> None:
     assert (options.dtype, options.device, options.openai_mode) == ("auto", "auto", "vllm")
     assert options.engine_overrides == {}
     assert (options.full_text, options.strict_params, options.api_keys) == (False, False, ())
+    assert (options.token_timeout_s, options.e2e_timeout_s) == (600.0, 600.0)  # MindIE's defaults
 
 
 def test_serve_flags_map_onto_options(tmp_path: Path) -> None:
@@ -57,6 +58,7 @@ def test_serve_flags_map_onto_options(tmp_path: Path) -> None:
             "--max-num-batched-tokens", "256", "--max-waiting-requests", "0", "--max-seq-len", "1024",
             "--max-iter-times", "64", "--openai-mode", "openai", "--full-text",
             "--api-key", "k1", "--api-key", "k2", "--strict-params", "--stream-interval", "4",
+            "--token-timeout", "1.5", "--e2e-timeout", "90",
         ]
     )  # fmt: skip
     assert options.model == tmp_path and options.served_model_name == "m" and options.port == 9001
@@ -70,6 +72,7 @@ def test_serve_flags_map_onto_options(tmp_path: Path) -> None:
         "stream_interval": 4,
     }
     assert options.full_text and options.strict_params and options.api_keys == ("k1", "k2")
+    assert (options.token_timeout_s, options.e2e_timeout_s) == (1.5, 90.0)
 
 
 def test_engine_settings_from_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -144,6 +147,9 @@ def test_loopback_hosts_need_no_flag(host: str) -> None:
         (["--openai-mode", "mindie"], "invalid choice"),
         (["--api-key", ""], "must not be empty"),
         (["--ready-timeout", "0"], "must be > 0"),
+        (["--token-timeout", "0"], "--token-timeout must be > 0"),
+        (["--e2e-timeout", "-1"], "--e2e-timeout must be > 0"),
+        (["--e2e-timeout", "nan"], "--e2e-timeout must be > 0"),
         (["--tool-call-parser", "llama3"], "invalid choice"),
         (["--reasoning-parser", "deepseek"], "invalid choice"),
     ],

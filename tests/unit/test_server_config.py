@@ -22,7 +22,8 @@ def test_file_values_apply_and_flags_override(tmp_path: Path, tiny_model_dir: Pa
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text("{}")
     config = write(tmp_path, {
-        "ServerConfig": {"port": 9100, "openAiSupport": "openai", "fullTextEnabled": True, "apiKeys": ["k1"]},
+        "ServerConfig": {"port": 9100, "openAiSupport": "openai", "fullTextEnabled": True, "apiKeys": ["k1"],
+                         "tokenTimeout": 5, "e2eTimeout": 120},
         "ModelConfig": {"modelName": "mine", "modelWeightPath": str(tiny_model_dir), "maxIterTimes": 77,
                         "maxSeqLen": 256, "maxBatchSize": 4, "dtype": "float32"},
         "LoraModules": [{"name": "sql", "path": str(adapter)}],
@@ -30,6 +31,7 @@ def test_file_values_apply_and_flags_override(tmp_path: Path, tiny_model_dir: Pa
     options = parse_serve_args(["serve", "--config", str(config), "--port", "9200", "--max-iter-times", "5"])
     assert options.port == 9200  # the flag wins
     assert options.openai_mode == "openai" and options.full_text and options.api_keys == ("k1",)
+    assert (options.token_timeout_s, options.e2e_timeout_s) == (5, 120)
     assert options.served_model_name == "mine" and options.model == tiny_model_dir
     assert options.lora_modules == {"sql": str(adapter.resolve())}
     settings = engine_settings(options, tiny_model_dir, "mine")
@@ -43,6 +45,8 @@ def test_file_values_apply_and_flags_override(tmp_path: Path, tiny_model_dir: Pa
         ({"ServerConfig": {"port": "8000"}}, "ServerConfig.port"),
         ({"ServerConfig": {"port": 70000}}, "ServerConfig.port"),
         ({"ModelConfig": {"maxIterTimes": 0}}, "ModelConfig.maxIterTimes"),
+        ({"ServerConfig": {"tokenTimeout": 0}}, "ServerConfig.tokenTimeout"),
+        ({"ServerConfig": {"e2eTimeout": "600"}}, "ServerConfig.e2eTimeout"),
         ({"Other": {}}, "Other"),
         ({"ServerConfig": {"httpsEnabled": True}}, "tlsCert"),
         ({"ModelConfig": {"dtype": "float64"}}, "dtype"),
