@@ -14,7 +14,7 @@ from types import FrameType
 
 from openai_frontend.app import create_app
 from openai_frontend.launcher.draining_server import draining_server
-from openai_frontend.launcher.options import FrontendOptions
+from openai_frontend.launcher.options import FrontendOptions, http_settings
 from openai_frontend.media.policy import MediaSettings
 from openai_frontend.settings import FrontendSettings
 
@@ -27,12 +27,7 @@ def frontend_settings(options: FrontendOptions) -> FrontendSettings:
             "triton_grpc_url": options.triton_url,
             "triton_model_name": options.triton_model,
             "served_model_name": options.served_model_name,
-            "openai_mode": options.openai_mode,
-            "full_text_enabled": options.full_text,
-            "strict_params": options.strict_params,
-            "api_keys": list(options.api_keys),
-            "token_timeout_s": options.token_timeout_s,
-            "request_timeout_s": options.e2e_timeout_s,
+            **http_settings(options),
             # The media allow-list comes from the environment, as in MindIE (read here, at start-up).
             "media": MediaSettings.from_env(os.environ),
         }

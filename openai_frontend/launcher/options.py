@@ -1,7 +1,8 @@
 """What the ``triton-chat`` subcommands were asked to do, and how that becomes settings.
 
 Owns the parsed-options dataclasses (``ServeOptions``, ``FrontendOptions``, ``TlsFiles``), the
-mapping from options to the model's ``EngineSettings`` and to uvicorn's TLS arguments. Parsing
+mapping from options to the model's ``EngineSettings``, to the frontend's settings (``http_settings``)
+and to uvicorn's TLS arguments. Parsing
 itself is in ``cli.py``.
 """
 
@@ -106,3 +107,15 @@ def engine_settings(options: ServeOptions, model_dir: Path, served_model_name: s
         enable_prefix_caching=options.enable_prefix_caching,
         **values,
     )
+
+
+def http_settings(options: ServeOptions | FrontendOptions) -> dict[str, Any]:
+    """The ``FrontendSettings`` values that come from the HTTP flags both commands share."""
+    return {
+        "openai_mode": options.openai_mode,
+        "full_text_enabled": options.full_text,
+        "strict_params": options.strict_params,
+        "api_keys": list(options.api_keys),
+        "token_timeout_s": options.token_timeout_s,
+        "request_timeout_s": options.e2e_timeout_s,
+    }

@@ -31,7 +31,7 @@ from openai_frontend.launcher.model_repo import (
     write_model_repository,
 )
 from openai_frontend.launcher.network import bind_listening_socket, is_loopback
-from openai_frontend.launcher.options import ServeOptions, engine_settings
+from openai_frontend.launcher.options import ServeOptions, engine_settings, http_settings
 from openai_frontend.launcher.triton_install import TritonInstallError, locate_tritonserver
 from openai_frontend.launcher.tritonserver import TritonServerError, TritonServerProcess
 from python_backend.settings import SettingsError
@@ -176,12 +176,7 @@ def _make_uvicorn(options: ServeOptions, grpc_url: str, served_name: str) -> Any
             "triton_model_name": MODEL_NAME,
             "served_model_name": served_name,
             "lora_names": list(options.lora_modules),
-            "openai_mode": options.openai_mode,
-            "full_text_enabled": options.full_text,
-            "strict_params": options.strict_params,
-            "api_keys": list(options.api_keys),
-            "token_timeout_s": options.token_timeout_s,
-            "request_timeout_s": options.e2e_timeout_s,
+            **http_settings(options),
             # The media allow-list comes from the environment, as in MindIE (read here, at start-up).
             "media": MediaSettings.from_env(os.environ),
         }

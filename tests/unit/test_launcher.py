@@ -17,7 +17,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from openai_frontend.launcher import demo_model, triton_install
-from openai_frontend.launcher.cli import parse_serve_args
+from openai_frontend.launcher.cli import parse_args, parse_serve_args
+from openai_frontend.launcher.frontend_only import frontend_settings
 from openai_frontend.launcher.model_repo import (
     MODEL_NAME,
     backend_python_path,
@@ -26,7 +27,7 @@ from openai_frontend.launcher.model_repo import (
     write_model_repository,
 )
 from openai_frontend.launcher.network import is_loopback
-from openai_frontend.launcher.options import ServeOptions, engine_settings
+from openai_frontend.launcher.options import FrontendOptions, ServeOptions, engine_settings
 from openai_frontend.launcher.serve import run_serve
 from openai_frontend.launcher.triton_install import TritonInstall
 from openai_frontend.launcher.tritonserver import TritonEndpoints, TritonServerProcess
@@ -73,6 +74,17 @@ def test_serve_flags_map_onto_options(tmp_path: Path) -> None:
     }
     assert options.full_text and options.strict_params and options.api_keys == ("k1", "k2")
     assert (options.token_timeout_s, options.e2e_timeout_s) == (1.5, 90.0)
+
+
+def test_frontend_command_timeouts_reach_the_frontend_settings() -> None:
+    options = parse_args(
+        ["frontend", "--triton-url", "127.0.0.1:8001", "--served-model-name", "m",
+         "--token-timeout", "2", "--e2e-timeout", "30", "--openai-mode", "openai"]
+    )  # fmt: skip
+    assert isinstance(options, FrontendOptions)
+    settings = frontend_settings(options)
+    assert (settings.token_timeout_s, settings.request_timeout_s) == (2.0, 30.0)
+    assert not settings.mindie_mode
 
 
 def test_engine_settings_from_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
