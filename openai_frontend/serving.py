@@ -52,15 +52,15 @@ async def paced(stream: AsyncGenerator[ChoiceDelta, None], timeout_s: float) -> 
     """
     try:
         while True:
-            deadline = asyncio.timeout(timeout_s)
+            # wait_for, not a cancel scope around the await: on timeout it cancels only the wait
+            # (and lets the backend stream cancel its gRPC call) and leaves no cancellation
+            # pending in this task, whichever task is iterating (the request's, then the
+            # response's: start_stream). asyncio.timeout would be cheaper but needs Python 3.11.
             try:
-                async with deadline:
-                    delta = await anext(stream)
+                delta = await asyncio.wait_for(anext(stream), timeout_s)
             except StopAsyncIteration:
                 return
-            except TimeoutError:
-                if not deadline.expired():
-                    raise  # not ours: the backend's own
+            except asyncio.TimeoutError:
                 raise BackendError(token_timeout_error(timeout_s)) from None
             yield delta
     finally:
