@@ -1,7 +1,7 @@
 """The FastAPI application factory.
 
-Owns: ``create_app``: routes, error handlers, middlewares (drain outermost, then the API key, then
-the body size limit), and the backend's lifetime. A backend passed in (tests, embedding) belongs to the caller;
+Owns: ``create_app``: routes, error handlers, middlewares (metrics outermost, then drain, the API
+key and the body size limit), and the backend's lifetime. A backend passed in (tests, embedding) belongs to the caller;
 without one, a ``TritonBackend`` is created in the lifespan (inside the event loop, where grpc.aio
 needs it) and closed on shutdown. ``media_network`` replaces the media fetcher's resolver and dialer
 (tests). Only ``/openapi.json`` is served as documentation.
@@ -21,7 +21,8 @@ from openai_frontend.errors import install_error_handlers
 from openai_frontend.limits import BodySizeLimitMiddleware
 from openai_frontend.media.loader import MediaLoader
 from openai_frontend.media.net import Network
-from openai_frontend.routes import chat, health, models
+from openai_frontend.metrics import FrontendMetrics, MetricsMiddleware
+from openai_frontend.routes import chat, health, metrics, models
 from openai_frontend.settings import FrontendSettings
 from openai_frontend.state import FrontendState
 from openai_frontend.triton_client import TritonBackend
@@ -31,7 +32,9 @@ def create_app(
     settings: FrontendSettings, backend: ChatBackend | None = None, *, media_network: Network | None = None
 ) -> FastAPI:
     """An app serving ``settings``; with ``backend`` None it talks to Triton over gRPC."""
-    state = FrontendState(settings=settings, media=MediaLoader(settings.media, media_network), backend=backend)
+    observed = FrontendMetrics(settings.served_model_name)
+    media = MediaLoader(settings.media, media_network, on_fetch=observed.media_fetched)
+    state = FrontendState(settings=settings, media=media, metrics=observed, backend=backend)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -58,10 +61,13 @@ def create_app(
     app.include_router(chat.router)
     app.include_router(models.router)
     app.include_router(health.router)
+    app.include_router(metrics.router)
     # add_middleware wraps: the last added runs first, so the key check precedes any body read.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
     if settings.api_keys:
         app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys)
-    # Outermost: while draining, new inference requests get their 503 before anything else runs.
+    # While draining, new inference requests get their 503 before anything else runs.
     app.add_middleware(DrainMiddleware, state=state.drain)
+    # Outermost: it sees every chat request's status, the drain's and the key check's included.
+    app.add_middleware(MetricsMiddleware, metrics=observed, draining=state.drain)
     return app

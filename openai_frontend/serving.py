@@ -22,6 +22,7 @@ from typing import Any
 from openai_frontend.accumulate import ChoiceAccumulator
 from openai_frontend.backend import BackendError, BackendRequest, ChatBackend, close_stream
 from openai_frontend.drain import DRAINING, DrainState
+from openai_frontend.metrics import ChatObservation
 from openai_frontend.responses import completion_body
 from openai_frontend.settings import FrontendSettings
 from openai_frontend.sse import EARLY_END_MESSAGE, StreamFormatter, StreamOptions
@@ -79,6 +80,7 @@ class ChatCall:
 
     chat: ValidatedChat
     settings: FrontendSettings
+    observation: ChatObservation  # what the answer adds to the metrics
     media: list[tuple[bytes, str]] = field(default_factory=list)  # loaded ``chat.media``, same order
     request_id: str = field(default_factory=new_request_id)
     created: int = field(default_factory=lambda: int(time.time()))
@@ -103,12 +105,14 @@ async def complete(backend: ChatBackend, call: ChatCall) -> dict[str, Any]:
     stream = backend.generate(call.backend_request())
     try:
         async for delta in stream:
+            call.observation.on_delta(delta, streamed=False)
             choices.setdefault(delta.index, ChoiceAccumulator(delta.index)).add(delta)
     finally:
         await close_stream(stream)
     expected = set(range(call.chat.params.n))
     if not expected <= set(choices) or not all(c.finished for c in choices.values()):
         raise BackendError(EARLY_END)
+    call.observation.succeeded()
     return completion_body(
         request_id=call.request_id,
         created=call.created,
@@ -126,6 +130,7 @@ class StartedStream:
     first_events: list[bytes]
     backend_stream: AsyncGenerator[ChoiceDelta, None]
     formatter: StreamFormatter
+    observation: ChatObservation
 
 
 def _formatter(call: ChatCall) -> StreamFormatter:
@@ -150,9 +155,10 @@ async def start_stream(backend: ChatBackend, call: ChatCall) -> StartedStream:
     stream = paced(backend.generate(call.backend_request()), call.settings.token_timeout_s)
     try:
         async for delta in stream:
+            call.observation.on_delta(delta, streamed=True)
             events = formatter.on_delta(delta)
             if events:
-                return StartedStream(events, stream, formatter)
+                return StartedStream(events, stream, formatter, call.observation)
     except BaseException:
         await close_stream(stream)
         raise
@@ -168,13 +174,14 @@ async def events(started: StartedStream, drain: DrainState | None = None) -> Asy
     request is cancelled in the backend), so the client knows it was cut, rather than seeing the
     connection drop.
     """
-    formatter = started.formatter
+    formatter, observation = started.formatter, started.observation
     try:
         for event in started.first_events:
             yield event
         try:
             tail: list[bytes] | None = None
             async for delta in started.backend_stream:
+                observation.on_delta(delta, streamed=True)
                 for event in formatter.on_delta(delta):
                     yield event
                 if drain is not None and drain.expired():
@@ -191,5 +198,10 @@ async def events(started: StartedStream, drain: DrainState | None = None) -> Asy
             tail = formatter.on_error(INTERNAL_ERROR)
         for event in tail:
             yield event
+        if formatter.error is None:
+            observation.succeeded()
+        else:
+            observation.failed_in_stream(formatter.error.status)
     finally:
+        observation.cancelled_in_stream()  # unless it ended above: then this does nothing
         await close_stream(started.backend_stream)

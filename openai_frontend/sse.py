@@ -62,6 +62,7 @@ class StreamFormatter:
         self._choices: dict[int, ChoiceAccumulator] = {}
         self._role_sent: set[int] = set()
         self._closed = False
+        self.error: ErrorInfo | None = None  # what ended the stream, when an error did
         # Every chunk opens with the same four fields: serialized once per stream (without the
         # closing brace), so a token's event only serializes its ``choices``.
         head = _JSON.encode(self._head())
@@ -161,6 +162,7 @@ class StreamFormatter:
         if self._closed:
             return []
         self._closed = True
+        self.error = info
         if not self._o.mindie:
             error = {"message": info.message, "type": info.type, "param": info.param, "code": info.code}
             return [sse_event({"error": error}), DONE_EVENT]

@@ -1,7 +1,7 @@
 """Per-app state shared by the routes: the settings and the backend.
 
 Owns: ``FrontendState`` (stored on ``app.state.frontend`` by ``create_app``; one per app, never a
-module global: settings, backend, media loader, drain state) and the typed accessors the routes use to reach it.
+module global: settings, backend, media loader, metrics, drain state) and the typed accessors the routes use to reach it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from starlette.requests import Request
 from openai_frontend.backend import ChatBackend, backend_unavailable
 from openai_frontend.drain import DrainState
 from openai_frontend.media.loader import MediaLoader
+from openai_frontend.metrics import FrontendMetrics
 from openai_frontend.settings import FrontendSettings
 
 
@@ -23,6 +24,7 @@ class FrontendState:
 
     settings: FrontendSettings
     media: MediaLoader
+    metrics: FrontendMetrics
     # None until the lifespan created the Triton client (or after shutdown closed it).
     backend: ChatBackend | None = None
     started_at: int = field(default_factory=lambda: int(time.time()))  # ``created`` of /v1/models entries

@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import anyio
 
@@ -30,6 +30,11 @@ from openai_frontend.media.policy import MediaSettings
 from openai_frontend.media.sniff import check_content
 
 LoadedMedia = tuple[bytes, str]  # raw bytes and canonical MIME type: ``BackendRequest.media`` items
+FetchObserver = Callable[[str, int], None]  # (``ok`` or the failure's code, bytes): one per remote fetch
+
+
+def _ignore(_result: str, _size: int) -> None:
+    return None
 
 
 def decode_base64(text: str, cap: int) -> bytes:
@@ -55,9 +60,12 @@ def _declared_by_origin(fetched: Fetched) -> list[MediaFormat]:
 class MediaLoader:
     """Loads media parts under one ``MediaSettings``."""
 
-    def __init__(self, settings: MediaSettings, network: Network | None = None) -> None:
+    def __init__(
+        self, settings: MediaSettings, network: Network | None = None, on_fetch: FetchObserver = _ignore
+    ) -> None:
         self._settings = settings
         self._fetcher = RemoteFetcher(settings, network if network is not None else Network())
+        self._on_fetch = on_fetch  # the frontend's metrics (media_fetch_total, media_fetch_bytes)
 
     async def load(self, refs: Sequence[MediaRef]) -> list[LoadedMedia]:
         """Every item of ``refs``, in order; ``ContractError`` (400) naming the first failed part."""
@@ -84,8 +92,13 @@ class MediaLoader:
         declared = [ref.declared] if ref.declared is not None else []
         source = ref.source
         if isinstance(source, RemoteSource):
-            fetched = await self._fetcher.fetch(source.url, ref.cap, budget)  # charges while streaming
+            try:
+                fetched = await self._fetcher.fetch(source.url, ref.cap, budget)  # charges while streaming
+            except MediaError as exc:
+                self._on_fetch(exc.failure.code, 0)
+                raise
             data = fetched.data
+            self._on_fetch("ok", len(data))
             declared += _declared_by_origin(fetched)
         else:
             if isinstance(source, LocalSource):

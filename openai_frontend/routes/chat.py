@@ -8,6 +8,8 @@ SSE / the beam-search pseudo-stream, race the work against client disconnect, an
 
 from __future__ import annotations
 
+import time
+
 import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -49,6 +51,7 @@ _OPENAPI_BODY = {
 )
 async def create_chat_completion(request: Request) -> Response:
     state = frontend_state(request)
+    observation = state.metrics.observe(time.monotonic())  # TTFT and latency count from arrival
     try:
         body = await request.body()
     except ClientDisconnect:
@@ -61,7 +64,7 @@ async def create_chat_completion(request: Request) -> Response:
     headers = {IGNORED_PARAMS_HEADER: ",".join(chat.ignored)} if chat.ignored else {}
     try:
         media = await run_until_disconnect(request, state.media.load(chat.media)) if chat.media else []
-        call = ChatCall(chat, state.settings, media)
+        call = ChatCall(chat, state.settings, observation, media)
         if chat.stream and not call.pseudo_stream:
             started = await run_until_disconnect(request, start_stream(backend, call))
             return SSEResponse(events(started, state.drain), headers=headers)

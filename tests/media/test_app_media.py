@@ -86,7 +86,11 @@ async def test_all_five_formats_reach_the_backend_as_bytes(net: TestNet, media_r
     backend = FakeBackend()
     async with client(net, backend, media_root) as http:
         response = await http.post("/v1/chat/completions", json=chat(FIVE_FORMATS))
+        metrics = (await http.get("/metrics")).text
     assert response.status_code == 200, response.text
+    # Two of the parts were fetched from the origin (the others are local files or inline data).
+    assert f'media_fetch_total{{model_name="{MODEL}",result="ok"}} 2.0' in metrics
+    assert f'media_fetch_bytes_sum{{model_name="{MODEL}"}} {float(len(CAT) + len(wav()))}' in metrics
     [request] = backend.requests
     assert request.media == EXPECTED_MEDIA
     content = request.messages[0]["content"]
@@ -111,8 +115,10 @@ async def test_media_error_on_a_stream_is_a_plain_400_before_any_sse_byte(net: T
     ]
     async with client(net, backend, media_root) as http:
         response = await http.post("/v1/chat/completions", json=chat(content, stream=True))
+        metrics = (await http.get("/metrics")).text
     assert_error(response, 400, "messages.0.content.1.image_url", "media_fetch_failed")
     assert backend.requests == []
+    assert f'media_fetch_total{{model_name="{MODEL}",result="media_fetch_failed"}} 1.0' in metrics
 
 
 async def test_unauthenticated_request_never_fetches(net: TestNet) -> None:
