@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 import numpy as np
-from tritonclient.grpc import InferInput
+from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferInput, KeepAliveOptions
 from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
@@ -106,6 +106,28 @@ def _is_final(result: Any) -> bool:
     return "triton_final_response" in params and bool(params["triton_final_response"].bool_param)
 
 
+# Reconnect at most a second after tritonserver is back (gRPC's default backoff grows to 120 s):
+# the launcher restarts a tritonserver whose model process died on the same port, and the first
+# request after its model is ready should find the channel connected (RELIABILITY C6).
+RECONNECT_BACKOFF_MS = 1000
+
+
+def channel_args() -> list[tuple[str, Any]]:
+    """tritonclient's own channel options (message sizes, keepalive) plus a short reconnect backoff."""
+    keepalive = KeepAliveOptions()
+    return [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+    ]
+
+
 class TritonBackend:
     """A ``ChatBackend`` that calls one decoupled Triton model over gRPC."""
 
@@ -117,7 +139,7 @@ class TritonBackend:
     @classmethod
     def from_settings(cls, settings: FrontendSettings) -> TritonBackend:
         """Create the gRPC client; call from inside the event loop (grpc.aio channels bind to it)."""
-        client = InferenceServerClient(url=settings.triton_grpc_url)
+        client = InferenceServerClient(url=settings.triton_grpc_url, channel_args=channel_args())
         return cls(client, settings.triton_model_name, settings.request_timeout_s)
 
     def generate(self, req: BackendRequest) -> AsyncGenerator[contract.ChoiceDelta, None]:

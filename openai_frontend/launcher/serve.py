@@ -3,8 +3,9 @@
 Owns the start/stop sequence and signal handling. Order on the way up: bind the frontend port
 (fail fast), resolve the model (converting the demo once), prepare tritonserver, write a
 temporary model repository, start the server in its own process group and wait until the model
-is ready, then run uvicorn in this process. On the way down (Ctrl-C, SIGTERM, or tritonserver
-dying): stop uvicorn, stop tritonserver by its PID (SIGTERM, then SIGKILL after 30 s), and
+is ready, then run uvicorn in this process while ``supervisor.Supervisor`` watches tritonserver
+(and restarts it when the model's process dies). On the way down (Ctrl-C, SIGTERM, or
+tritonserver dying): stop uvicorn, stop tritonserver by its PID (SIGTERM, then SIGKILL after 30 s), and
 remove the temporary repository. Every step registers its undo before it can fail.
 """
 
@@ -32,6 +33,7 @@ from openai_frontend.launcher.model_repo import (
 )
 from openai_frontend.launcher.network import bind_listening_socket, is_loopback
 from openai_frontend.launcher.options import ServeOptions, engine_settings, http_settings
+from openai_frontend.launcher.supervisor import Supervisor
 from openai_frontend.launcher.triton_install import TritonInstallError, locate_tritonserver
 from openai_frontend.launcher.tritonserver import TritonServerError, TritonServerProcess
 from python_backend.settings import SettingsError
@@ -71,6 +73,12 @@ class _Shutdown:
     server: Any = None  # the uvicorn.Server once it exists
     triton_died: bool = False
     raise_on_signal: bool = True
+
+    def triton_lost(self) -> None:
+        """tritonserver is gone for good (the supervisor's verdict): stop the frontend, exit 1."""
+        self.triton_died = True
+        if self.server is not None:
+            self.server.should_exit = True
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         self.signals.append(signum)
@@ -139,8 +147,8 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
     triton.wait_ready(options.ready_timeout_s, MODEL_NAME)
 
     server = _make_uvicorn(options, endpoints.grpc_url, served_name)
-    stop_watch = threading.Event()
-    watcher = threading.Thread(target=_watch_triton, args=(triton, state, stop_watch), name="triton-watch", daemon=True)
+    supervisor = Supervisor(triton, repo, env, MODEL_NAME, options.ready_timeout_s, on_fatal=state.triton_lost)
+    watcher = threading.Thread(target=supervisor.run, name="triton-watch", daemon=True)
     # uvicorn installs its own SIGINT/SIGTERM handlers while it runs and afterwards restores
     # ours and re-raises what it caught: ours must then only record it.
     state.raise_on_signal = False
@@ -148,7 +156,7 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
     if state.signals:
         return EXIT_OK
     watcher.start()
-    undo.callback(_join, watcher, stop_watch)
+    undo.callback(_join, watcher, supervisor.stop)
     shown_host = f"[{options.host}]" if ":" in options.host else options.host
     logger.info(
         "serving '%s' at %s://%s:%d/v1 (Triton gRPC at %s)",
@@ -182,21 +190,6 @@ def _make_uvicorn(options: ServeOptions, grpc_url: str, served_name: str) -> Any
         }
     )
     return draining_server(create_app(settings), options.host, options.port, options.tls, options.drain_timeout_s)
-
-
-def _watch_triton(triton: TritonServerProcess, state: _Shutdown, stop: threading.Event) -> None:
-    """Stop the frontend if tritonserver exits on its own: a frontend without a model is no use."""
-    while not stop.is_set():
-        code = triton.wait_exit(timeout=1.0)
-        if code is not None:
-            if not stop.is_set():
-                logger.error(
-                    "tritonserver exited with status %d; stopping. End of its log:\n%s", code, triton.log_tail()
-                )
-                state.triton_died = True
-                if state.server is not None:
-                    state.server.should_exit = True
-            return
 
 
 def _join(thread: threading.Thread, stop: threading.Event) -> None:

@@ -1,4 +1,5 @@
-"""One ``tritonserver`` process: start on free loopback ports, wait until ready, stop without leftovers.
+"""One ``tritonserver`` process: start on free loopback ports, wait until ready, restart on the same
+ports, stop without leftovers.
 
 Owns ``TritonServerProcess`` (used by the launcher and by the end-to-end tests) and
 ``TritonEndpoints``. The server runs in its own session and process group so that a terminal's
@@ -31,6 +32,7 @@ logger = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
+STUB_NAME = "triton_python_backend_stub"  # the Python backend's per-instance model process
 STOP_TIMEOUT_S = 30.0
 POLL_INTERVAL_S = 0.25
 
@@ -109,12 +111,28 @@ class TritonServerProcess:
         if self._proc is not None:
             raise TritonServerError("tritonserver is already started")
         endpoints = TritonEndpoints(LOOPBACK, free_port(LOOPBACK), free_port(LOOPBACK), free_port(LOOPBACK))
+        return self._launch(repo, env, endpoints, log_mode="wb")
+
+    def restart(self, repo: Path, env: dict[str, str] | None = None) -> TritonEndpoints:
+        """Kill the server now (its requests in flight fail at once) and start a new one on the
+        same ports, so that clients reconnect to the address they know."""
+        endpoints = self.endpoints
+        if self._proc is not None:
+            self._remember_shm_regions()
+            _kill_group(self._proc.pid)
+            self._reap(self._proc)
+        self._proc = None
+        return self._launch(repo, env, endpoints, log_mode="ab")  # keep the log of the crash
+
+    def _launch(
+        self, repo: Path, env: dict[str, str] | None, endpoints: TritonEndpoints, log_mode: str
+    ) -> TritonEndpoints:
         environment = self._install.environment()
         environment.update(env or {})
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = self.command(repo, endpoints)
         logger.debug("starting %s", " ".join(cmd))
-        with open(self._log_path, "wb") as log:
+        with open(self._log_path, log_mode) as log:
             self._proc = subprocess.Popen(
                 cmd,
                 stdin=subprocess.DEVNULL,
@@ -125,6 +143,13 @@ class TritonServerProcess:
             )
         self._endpoints = endpoints
         return endpoints
+
+    def model_processes(self) -> list[int]:
+        """The live Python-backend stubs of this server (the processes that run the model)."""
+        if self._proc is None:
+            return []
+        members = _group_members(self._proc.pid, include_zombies=False)
+        return [pid for pid in members if Path((_cmdline(pid) or [""])[0]).name == STUB_NAME]
 
     def exit_code(self) -> int | None:
         """None while the server runs (or was never started), else its exit status."""
@@ -177,13 +202,16 @@ class TritonServerProcess:
             except subprocess.TimeoutExpired:
                 logger.warning("tritonserver (pid %d) did not stop in %.0f s; killing it", proc.pid, timeout)
                 _kill_group(proc.pid)
-                proc.wait()
+        self._reap(proc)
+        return proc.returncode
+
+    def _reap(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.wait()
         # A stub whose server was killed lingers for a while; the group still names it.
         if _group_alive(proc.pid):
             _kill_group(proc.pid)
             _wait_group_gone(proc.pid, timeout=5.0)
         self._remove_own_shm_regions()
-        return proc.returncode
 
     def log_tail(self, lines: int = 40) -> str:
         try:

@@ -1,0 +1,87 @@
+"""RELIABILITY C6 through the launcher: the model's process (the Python-backend stub) dies, the
+stream in flight ends with an error event, readiness and new requests answer 503 at once, and
+the launcher's supervisor restarts tritonserver, after which the model answers again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from openai_frontend.launcher.tritonserver import SHM_DIR, STUB_NAME
+from tests.e2e.processes import group_pids
+from tests.e2e.test_smoke import _finish, _read_until, _start_launcher, _triton_pid
+
+
+def _stub_of(triton_pid: int) -> tuple[int, list[str]]:
+    """The stub's pid and its shared-memory region (named on its command line)."""
+    for pid in group_pids(triton_pid):
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        if Path(args[0]).name == STUB_NAME:
+            return pid, [a for a in args if a.startswith("triton_python_backend_shm_region_")]
+    raise AssertionError("no stub process found")
+
+
+def test_a_killed_model_process_is_restarted_and_the_stream_in_flight_ends(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    launcher, port = _start_launcher(tiny_model_dir, tmp_path, "--max-iter-times", "30000", "--max-seq-len", "32768")
+    lines: list[str] = []
+    base = f"http://127.0.0.1:{port}"
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 30000, "ignore_eos": True}
+    events: list[str] = []
+    started, ended = threading.Event(), threading.Event()
+
+    def stream() -> None:
+        with httpx.Client(base_url=base, timeout=60) as http, http.stream(
+            "POST", "/v1/chat/completions", json={**body, "stream": True}
+        ) as reply:
+            for line in reply.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line.removeprefix("data: "))
+                    started.set()
+        ended.set()
+
+    try:
+        _read_until(launcher, f"serving 'tiny' at http://127.0.0.1:{port}/v1", lines)
+        stub, regions = _stub_of(_triton_pid(lines))
+        reader = threading.Thread(target=stream, daemon=True)
+        reader.start()
+        assert started.wait(60)
+        os.kill(stub, signal.SIGKILL)
+        killed = time.monotonic()
+        assert ended.wait(10)
+        stream_ended_after = time.monotonic() - killed
+        with httpx.Client(base_url=base, timeout=30) as http:
+            ready = http.get("/health/ready")
+            refused = http.post("/v1/chat/completions", json={**body, "max_tokens": 2})
+            refused_after = time.monotonic() - killed
+            answered = None
+            deadline = time.monotonic() + 120  # the tiny model loads in seconds
+            while time.monotonic() < deadline:
+                reply = http.post("/v1/chat/completions", json={**body, "max_tokens": 2})
+                if reply.status_code == 200:
+                    answered = reply
+                    break
+                time.sleep(0.25)
+        _read_until(launcher, "the model is ready again", lines, timeout=30)
+    finally:
+        code = _finish(launcher, signal.SIGINT, lines)
+    output = "".join(lines)
+    # The stream was cut short: the error event, then [DONE], within 2 s of the kill.
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["err_msg"] == "model backend unavailable"
+    assert stream_ended_after < 2.0
+    # Meanwhile: not ready, and a plain 503 with Retry-After (never Triton's "not healthy" text).
+    assert ready.status_code == 503
+    assert refused.status_code == 503 and refused.headers["retry-after"]
+    assert refused.json()["error"]["code"] == "backend_unavailable" and refused_after < 3.0
+    assert answered is not None and answered.json()["usage"]["completion_tokens"] == 2
+    assert f"the model's process (pid {stub}) died; restarting tritonserver" in output, output
+    assert not [r for r in regions if (SHM_DIR / r).exists()]  # the dead stub's shared memory is gone
+    assert code == 0, output
+    assert "tritonserver stopped (status 0)" in output, output
