@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from openai_frontend.launcher.http_flags import add_http_flags, check_http_flags
+from openai_frontend.launcher.http_flags import add_http_flags, check_http_flags, non_negative_int
 from openai_frontend.launcher.options import FrontendOptions, ServeOptions, TlsFiles
 from openai_frontend.launcher.server_config import ConfigFileError, flag_defaults, load_server_file
 from python_backend.settings import (
@@ -45,19 +45,9 @@ ENGINE_INT_FLAGS = (
 
 
 def _positive_int(text: str) -> int:
-    value = _non_negative_int(text)
+    value = non_negative_int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not an integer: '{text}'") from exc
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
@@ -147,16 +137,16 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
     )
     engine.add_argument(
         "--max-waiting-requests",
-        type=_non_negative_int,
+        type=non_negative_int,
         metavar="N",
         help="queued requests beyond which new ones are refused as overloaded",
     )
     engine.add_argument(
-        "--kv-cache-memory-mb", type=_non_negative_int, metavar="MB", help="KV-cache budget; 0 = automatic"
+        "--kv-cache-memory-mb", type=non_negative_int, metavar="MB", help="KV-cache budget; 0 = automatic"
     )
     engine.add_argument(
         "--prefix-cache-memory-mb",
-        type=_non_negative_int,
+        type=non_negative_int,
         metavar="MB",
         help="memory for the keys/values of recent prompts, reused by prompts that start the same way; "
         "0 = automatic (an eighth of the KV-cache budget)",
@@ -175,16 +165,16 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
     )
     engine.add_argument(
         "--max-seq-len",
-        type=_non_negative_int,
+        type=non_negative_int,
         metavar="N",
         help="prompt + output tokens at most; 0 = the model's context length",
     )
     engine.add_argument(
-        "--max-input-token-len", type=_non_negative_int, metavar="N", help="prompt tokens at most; 0 = max-seq-len - 1"
+        "--max-input-token-len", type=non_negative_int, metavar="N", help="prompt tokens at most; 0 = max-seq-len - 1"
     )
     engine.add_argument("--max-iter-times", type=_positive_int, metavar="N", help="default and cap of max_tokens")
     engine.add_argument(
-        "--torch-threads", type=_non_negative_int, metavar="N", help="CPU intra-op threads; 0 = torch's default"
+        "--torch-threads", type=non_negative_int, metavar="N", help="CPU intra-op threads; 0 = torch's default"
     )
 
     add_http_flags(serve.add_argument_group("HTTP frontend"))

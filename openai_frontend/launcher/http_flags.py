@@ -18,13 +18,19 @@ DEFAULT_DRAIN_TIMEOUT_S = 30.0  # as tritonserver's --exit-timeout-secs
 DEFAULT_REQUEST_TIMEOUT_S = 600.0  # MindIE's tokenTimeout and e2eTimeout
 
 
-def _port(text: str) -> int:
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0 (also the engine's integer flags, in cli.py)."""
     try:
         value = int(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not an integer: '{text}'") from exc
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = non_negative_int(text)
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be a port number 1-65535, got {value}")
     return value
