@@ -52,7 +52,7 @@ class Supervisor:
                 )
                 self.on_fatal()
                 return
-            gone = watched - set(self.triton.model_processes())
+            gone = watched - self.triton.still_running(watched)
             if not gone:
                 continue
             if not self._may_restart():

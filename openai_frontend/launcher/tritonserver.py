@@ -151,6 +151,12 @@ class TritonServerProcess:
         members = _group_members(self._proc.pid, include_zombies=False)
         return [pid for pid in members if Path((_cmdline(pid) or [""])[0]).name == STUB_NAME]
 
+    @staticmethod
+    def still_running(pids: set[int]) -> set[int]:
+        """Those of ``pids`` that still run (zombies do not): one small /proc read each, cheap
+        enough to ask several times a second, where ``model_processes`` scans every process."""
+        return {pid for pid in pids if _running(pid)}
+
     def exit_code(self) -> int | None:
         """None while the server runs (or was never started), else its exit status."""
         return self._proc.poll() if self._proc is not None else None
@@ -261,6 +267,14 @@ def _group_members(pgid: int, include_zombies: bool = True) -> list[int]:
         if len(fields) > 2 and int(fields[2]) == pgid and (include_zombies or fields[0] != "Z"):
             members.append(int(entry.name))
     return members
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False  # gone (and reaped)
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def _cmdline(pid: int) -> list[str]:

@@ -26,6 +26,9 @@ class FakeTriton:
     def model_processes(self) -> list[int]:
         return [self.stub] if self.stub else []
 
+    def still_running(self, pids: set[int]) -> set[int]:
+        return pids & set(self.model_processes())
+
     def exit_code(self) -> int | None:
         return self.code
 
