@@ -1,8 +1,8 @@
 """Timeouts through the real tritonserver (RELIABILITY C4): the client gets the timeout error
 within the timeout + 1 s, and the engine frees the request's slot (the backend saw the cancel).
 
-A stream that stalls mid-answer is tested against a scripted backend (tests/frontend/
-test_timeouts.py): stopping the real stub with SIGSTOP for a second can abort tritonserver
+A stream that stalls mid-answer is tested against a scripted backend
+(tests/frontend/test_request_timeouts.py): stopping the real stub with SIGSTOP for a second can abort tritonserver
 (its Python backend's inter-process locks time out), so no test here does that."""
 
 from __future__ import annotations
