@@ -17,11 +17,11 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from openai_frontend.cancellation import CLIENT_CLOSED_REQUEST
 from openai_frontend.drain import DrainState
 from python_backend.contract import ChoiceDelta, ChoiceUsage
 
 CHAT_PATH = "/v1/chat/completions"
-CLIENT_CLOSED_REQUEST = 499  # cancellation.ClientGoneResponse's status
 # Statuses of requests refused before any work, and the reason label each gets.
 REJECTIONS = {401: "unauthorized", 413: "too_large", 429: "overloaded"}
 

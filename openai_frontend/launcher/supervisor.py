@@ -55,16 +55,15 @@ class Supervisor:
             gone = watched - self.triton.still_running(watched)
             if not gone:
                 continue
+            pids = ", ".join(map(str, sorted(gone)))
             if not self._may_restart():
                 logger.error(
-                    "the model's process (pid %s) died, the %s time in %.0f s; stopping",
-                    ", ".join(map(str, sorted(gone))), _ordinal(MAX_RESTARTS + 1), RESTART_WINDOW_S,
+                    "the model's process (pid %s) died again after %d restarts in %.0f s; stopping",
+                    pids, MAX_RESTARTS, RESTART_WINDOW_S,
                 )  # fmt: skip
                 self.on_fatal()
                 return
-            logger.error(
-                "the model's process (pid %s) died; restarting tritonserver", ", ".join(map(str, sorted(gone)))
-            )
+            logger.error("the model's process (pid %s) died; restarting tritonserver", pids)
             try:
                 self._restart()
             except TritonServerError as exc:
@@ -97,6 +96,3 @@ class Supervisor:
                 if self.triton.exit_code() is not None or time.monotonic() >= deadline:
                     raise
 
-
-def _ordinal(n: int) -> str:
-    return {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from frontend_fakes import FakeBackend, chat_body, settings
-from starlette.types import Message
+from starlette.types import ASGIApp, Message
 
 from openai_frontend.app import create_app
 
@@ -60,15 +60,20 @@ class AsgiCall:
         return b"".join(m.get("body", b"") for m in self.sent if m["type"] == "http.response.body").decode()
 
 
-@pytest.mark.parametrize("spec_version", ["2.3", "2.4"])
-async def test_stream_disconnect_closes_backend_stream(spec_version: str) -> None:
-    backend = FakeBackend(delay_s=0.05)
-    app = create_app(settings(), backend)
+async def leave_mid_stream(app: ASGIApp, spec_version: str = "2.4") -> AsgiCall:
+    """A streaming request whose client goes away after the first bytes; returns once it is over."""
     call = AsgiCall(chat_body(stream=True), spec_version)
     task = asyncio.create_task(app(call.scope, call.receive, call.send))
     await asyncio.wait_for(call.first_body.wait(), 5)
     call.disconnect.set()
     await asyncio.wait_for(task, 5)
+    return call
+
+
+@pytest.mark.parametrize("spec_version", ["2.3", "2.4"])
+async def test_stream_disconnect_closes_backend_stream(spec_version: str) -> None:
+    backend = FakeBackend(delay_s=0.05)
+    call = await leave_mid_stream(create_app(settings(), backend), spec_version)
     await asyncio.wait_for(backend.ended.wait(), 5)
     assert backend.endings in (["cancelled"], ["closed"])
     assert "[DONE]" not in call.body_text()

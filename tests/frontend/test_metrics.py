@@ -18,7 +18,7 @@ from frontend_fakes import (
     settings,
 )
 from prometheus_client.parser import text_string_to_metric_families
-from test_disconnect import AsgiCall
+from test_disconnect import leave_mid_stream
 
 from openai_frontend.app import create_app
 from openai_frontend.backend import BackendError, BackendRequest
@@ -103,13 +103,8 @@ async def test_requests_in_flight_are_running() -> None:
 
 
 async def test_a_client_that_leaves_mid_stream_is_counted_as_cancelled() -> None:
-    backend = FakeBackend(delay_s=0.05)
-    app = create_app(settings(), backend)
-    call = AsgiCall(chat_body(stream=True), "2.4")
-    task = asyncio.create_task(app(call.scope, call.receive, call.send))
-    await asyncio.wait_for(call.first_body.wait(), 5)
-    call.disconnect.set()
-    await asyncio.wait_for(task, 5)
+    app = create_app(settings(), FakeBackend(delay_s=0.05))
+    await leave_mid_stream(app)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
         samples = await scrape(client)
