@@ -36,12 +36,16 @@ def _stream_events(reply: httpx.Response) -> list[str]:
 
 
 def _frontend(triton_server: TritonHandle, *flags: str) -> tuple[subprocess.Popen[bytes], str]:
-    """``triton-chat frontend`` as a process of its own, ready. Not a thread of this test: the
-    test reads thousands of events a second, and sharing its GIL delayed the frontend's timers."""
+    """``triton-chat frontend`` as a process of its own, ready and warm. Not a thread of this
+    test: the test reads thousands of events a second, and sharing its GIL delayed the frontend's
+    timers. Warm: its first chat request pays one-time costs (lazy imports, the first call on the
+    gRPC channel) that took seconds on a busy machine and are not what the timeouts measure."""
     process, port = start_frontend(triton_server.grpc_url, triton_server.served_model_name, *flags)
     url = f"http://127.0.0.1:{port}"
     while wait_for(process, f"{url}/health/ready").status_code != 200:
         time.sleep(0.2)
+    warm = httpx.post(f"{url}/v1/chat/completions", json={**_body(triton_server), "max_tokens": 1}, timeout=60)
+    assert warm.status_code == 200, warm.text
     return process, url
 
 
