@@ -1,9 +1,10 @@
 """``ChatBackend`` over Triton's gRPC streaming API: the only module that imports tritonclient.
 
 Owns: turning a ``BackendRequest`` into the contract's input tensors (``build_infer_inputs``),
-one ``ModelStreamInfer`` call per request, decoding each response into a ``ChoiceDelta``, mapping
-Triton and gRPC failures to ``BackendError``, and cancelling the gRPC call when the consumer stops
-early (client disconnect), so that Triton marks the request cancelled and the engine frees the slot.
+one ``ModelStreamInfer`` call per request (and per readiness probe), decoding each response into
+a ``ChoiceDelta``, mapping Triton and gRPC failures to ``BackendError``, and cancelling the gRPC
+call when the consumer stops early (client disconnect), so that Triton marks the request
+cancelled and the engine frees the slot.
 
 How the end of a request is detected: the request iterator yields one request and returns, which
 half-closes the stream; Triton finishes the stream once that request's final flag is sent, so the
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -53,6 +55,11 @@ def build_infer_inputs(req: BackendRequest) -> list[InferInput]:
         types = [mime.encode("utf-8") for _, mime in req.media]
         inputs.append(_input(contract.MEDIA_TYPES, np.array(types, dtype=np.object_)))
     return inputs
+
+
+def probe_inputs() -> list[InferInput]:
+    """The input tensors of the readiness probe (``contract.HEALTH_PROBE``)."""
+    return [_input(contract.HEALTH_PROBE, contract.bool_tensor(True))]
 
 
 def e2e_timeout_error(seconds: float) -> contract.ErrorInfo:
@@ -182,15 +189,38 @@ class TritonBackend:
                 responses.cancel()
 
     async def is_ready(self) -> bool:
+        """Whether the model answers the health probe within ``READY_TIMEOUT_S``.
+
+        A probe inference, not Triton's model readiness: Triton says READY for as long as the
+        model is loaded, also when its process hangs or its engine loop died (``liveness.py``).
+        """
         try:
-            ready = await asyncio.wait_for(
-                self._client.is_model_ready(self._model_name, client_timeout=READY_TIMEOUT_S),
-                READY_TIMEOUT_S + 0.5,
-            )
+            problem = await asyncio.wait_for(self._probe(), READY_TIMEOUT_S + 0.5)
         except (InferenceServerException, grpc.RpcError, OSError, asyncio.TimeoutError) as exc:
-            logger.info("Triton readiness probe failed: %s", exc)
-            return False
-        return bool(ready)
+            problem = repr(exc) if isinstance(exc, asyncio.TimeoutError) else str(exc)
+        if problem is not None:
+            logger.info("the model's health probe failed: %s", problem)
+        return problem is None
+
+    async def _probe(self) -> str | None:
+        """None when the model answered the probe; otherwise what went wrong."""
+
+        async def request() -> AsyncIterator[dict[str, Any]]:
+            yield {"model_name": self._model_name, "inputs": probe_inputs(), "request_id": f"probe-{uuid.uuid4().hex}"}
+
+        responses = self._client.stream_infer(request(), stream_timeout=READY_TIMEOUT_S)
+        problem: str | None = "the stream ended without an answer"
+        answered = False
+        try:
+            async for result, error in responses:
+                if answered:
+                    continue  # read on to the stream's end: no cancel after the final response
+                answered = error is not None or _is_final(result)
+                problem = None if error is None else str(error)
+        finally:
+            if not answered:
+                responses.cancel()
+        return problem
 
     async def close(self) -> None:
         await self._client.close()

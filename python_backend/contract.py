@@ -32,6 +32,12 @@ name                       dtype   shape  meaning
 ``media``                  BYTES   [-1]   raw bytes of each media item, in the order the
                                           ``messages`` parts reference them (``media_index``).
 ``media_types``            BYTES   [-1]   the MIME type of each ``media`` item.
+``health_probe``           BOOL    [1]    true: not a generation request but the readiness probe;
+                                          answered at once, outside the batch, with one final
+                                          response whose ``text_output`` is the engine's health
+                                          as JSON (``"status": "ready"``), or with a 503 error
+                                          that says why the engine does not serve. Other inputs
+                                          are ignored.
 =========================  ======  =====  ===========================================================
 
 Outputs (one response describes one choice; ``text_output`` is in every response, the others
@@ -84,6 +90,7 @@ RETURN_NUM_OUTPUT_TOKENS = "return_num_output_tokens"
 RETURN_FLAGS = (RETURN_FINISH_REASON, RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT_TOKENS)
 MEDIA = "media"
 MEDIA_TYPES = "media_types"
+HEALTH_PROBE = "health_probe"
 
 # --- output tensor names ------------------------------------------------------------------------
 TEXT_OUTPUT = "text_output"
@@ -133,6 +140,7 @@ INPUT_SPECS: tuple[TensorSpec, ...] = (
     *(TensorSpec(name, "BOOL", (1,)) for name in RETURN_FLAGS),
     TensorSpec(MEDIA, "BYTES", (-1,)),
     TensorSpec(MEDIA_TYPES, "BYTES", (-1,)),
+    TensorSpec(HEALTH_PROBE, "BOOL", (1,)),
 )
 
 OUTPUT_SPECS: tuple[TensorSpec, ...] = (

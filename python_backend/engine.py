@@ -30,6 +30,7 @@ from python_backend.contract import FINISH_LENGTH, ContractError, ErrorInfo
 from python_backend.detokenizer import IncrementalDetokenizer
 from python_backend.kv_cache import BatchCache, KVBatch
 from python_backend.limits import Limits
+from python_backend.liveness import EngineHealth, Heartbeat
 from python_backend.loader import LoadedModel
 from python_backend.lora import adapter_names
 from python_backend.prefill import INTERNAL_ERROR, PrefillSteps
@@ -44,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.05
 _SHUTDOWN = ErrorInfo(503, "the model is shutting down", "service_unavailable", code="shutting_down")
+_LOOP_FAILED = ErrorInfo(503, "the engine stopped after an internal error", "service_unavailable", code="engine_failed")
 
 
 @dataclass
@@ -75,6 +77,7 @@ class Engine(PrefillSteps):
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._heartbeat = Heartbeat()
         # transformers 5 renamed `past_key_values` to `cache`; pass whichever this version takes.
         forward_args = inspect.signature(loaded.transformers_model.forward).parameters
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
@@ -100,7 +103,7 @@ class Engine(PrefillSteps):
     def submit(self, request: EngineRequest) -> None:
         """Queue a request; raise ``ContractError`` at once if it can never run or we are full."""
         if self._stopping.is_set():
-            raise ContractError(_SHUTDOWN)
+            raise ContractError(_LOOP_FAILED if self._heartbeat.failure else _SHUTDOWN)
         params = request.params
         if params.use_beam_search and params.logprobs:
             raise ContractError(ErrorInfo(400, "'logprobs' cannot be used with 'use_beam_search'", param="logprobs"))
@@ -133,12 +136,44 @@ class Engine(PrefillSteps):
             self._prefix.bytes_held,
         )
 
+    def health(self) -> EngineHealth:
+        """A snapshot of the step loop for the readiness probe (``liveness.health_problem``)."""
+        thread = self._thread
+        return EngineHealth(
+            running=thread is not None and thread.is_alive() and not self._stopping.is_set(),
+            busy=bool(self._groups) or self._admission.queued > 0,
+            since_last_pass_s=self._heartbeat.since_last_beat(),
+            failure=self._heartbeat.failure,
+        )
+
     # --- the loop (engine thread only) -----------------------------------------------------------
     def _loop(self) -> None:
         # OpenMP's team is per thread: size (and on CPU pin) it where the forward passes run.
         use_compute_threads(self._threads, self._cpus)
+        try:
+            self._run_steps()
+        except Exception as exc:
+            # A bug outside the per-request guards of prefill and decode. Every request still gets
+            # its final response, new ones are refused, and the probe reports the engine failed,
+            # so readiness turns 503 and the launcher restarts the model (supervisor.py).
+            logger.exception("the engine loop failed; failing its %d requests", len(self._groups))
+            self._heartbeat.fail(f"{type(exc).__name__}: {exc}")
+            self._stopping.set()
+            self._abandon_all(_LOOP_FAILED)
+            return
+        self._fail_all(_SHUTDOWN)
+
+    def _abandon_all(self, error: ErrorInfo) -> None:
+        """End every request with ``error`` without touching the batch state, which may be what broke."""
+        groups = [*self._groups.values(), *self._admission.drain()]
+        self._groups.clear()
+        for group in groups:
+            self._deliver(group.request, EngineEvent(group.request.request_id, error=error, final=True))
+
+    def _run_steps(self) -> None:
         with torch.inference_mode():
             while not self._stopping.is_set():
+                self._heartbeat.beat()
                 self._drain_inbox()
                 self._reap_cancelled()
                 if not (self._admission.waiting or self._prefilling or self._running):
@@ -147,7 +182,6 @@ class Engine(PrefillSteps):
                     continue
                 self._prefill_step()
                 self._decode_step()
-        self._fail_all(_SHUTDOWN)
 
     def _drain_inbox(self) -> None:
         for group in self._admission.drain():

@@ -23,6 +23,7 @@ from python_backend import contract
 from python_backend.compute_threads import confine_serving_threads, pinned_cpus, serialize_current_thread
 from python_backend.contract import ContractError, ErrorInfo
 from python_backend.engine import Engine
+from python_backend.liveness import health_problem
 from python_backend.loader import load_model
 from python_backend.output_formats import resolve_formats
 from python_backend.request_decoding import decode_request
@@ -121,6 +122,11 @@ def _send(item: _Outgoing) -> None:
     item.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=flags)
 
 
+def _is_probe(request: Any) -> bool:
+    tensor = pb_utils.get_input_tensor_by_name(request, contract.HEALTH_PROBE)
+    return tensor is not None and contract.read_bool(tensor.as_numpy(), default=False)
+
+
 _GAUGES = (
     ("triton_chat_num_sequences_running", "Sequences in the engine's running batch", "running_sequences"),
     ("triton_chat_num_requests_waiting", "Requests queued for admission", "waiting_requests"),
@@ -210,6 +216,9 @@ class TritonPythonModel:
             sender = _ResponseLink(request.get_response_sender())
             request_id = request.request_id() or uuid.uuid4().hex
             try:
+                if _is_probe(request):
+                    self._answer_probe(sender, request_id)
+                    continue
                 self._submit(request, sender, request_id)
             except ContractError as exc:
                 self._fail(sender, request_id, exc.info)
@@ -244,6 +253,16 @@ class TritonPythonModel:
                 media=prepared.media,
             )
         )
+
+    def _answer_probe(self, sender: _ResponseLink, request_id: str) -> None:
+        # Through the sender thread like any response, so a stuck sender fails the probe too.
+        health = self._engine.health()
+        problem = health_problem(health)
+        if problem is not None:
+            self._fail(sender, request_id, problem)
+            return
+        delta = contract.ChoiceDelta(index=0, text=health.to_json())
+        self._sender.put(_Outgoing(sender, EngineEvent(request_id, delta=delta, final=True)))
 
     def _fail(self, sender: _ResponseLink, request_id: str, info: ErrorInfo) -> None:
         self._sender.put(_Outgoing(sender, EngineEvent(request_id, error=info, final=True)))

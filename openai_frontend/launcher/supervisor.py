@@ -1,13 +1,21 @@
 """Watching tritonserver and the process that runs the model, for ``triton-chat serve``.
 
-Owns ``Supervisor``: a thread that stops the frontend when tritonserver exits on its own (a
-frontend without a model is no use), and restarts tritonserver when its Python-backend stub (the
-model's process) dies, e.g. killed by the OOM killer or a crash in native code (RELIABILITY C6).
-Triton itself neither restarts the stub nor reports the model unready then: new requests would
-fail while readiness stayed 200, and streams in flight would hang. Killing the server ends those
-streams at once (their gRPC calls fail, the frontend sends the error event), readiness is 503
-while it loads again, and the new server listens on the same ports, so the frontend reconnects by
-itself. Restarts are bounded: a model that keeps crashing stops the server instead.
+Owns ``Supervisor``: a thread that restarts tritonserver when the model stops serving, which it
+notices three ways (RELIABILITY C6):
+
+- the Python-backend stub (the model's process) died, e.g. killed by the OOM killer or a crash in
+  native code. Triton neither restarts it nor reports the model unready then: new requests would
+  fail while readiness stayed 200, and streams in flight would hang;
+- tritonserver itself exited (Triton's Python backend aborts the server when a stub it lost
+  contact with comes back, for one);
+- the model has not answered the health probe (``contract.HEALTH_PROBE``) for ``HANG_RESTART_S``:
+  a hung stub, or an engine loop that stalled or died. The frontend's readiness already says 503
+  from the first failed probe; this is the recovery.
+
+Killing the server ends the streams in flight at once (their gRPC calls fail, the frontend sends
+the error event), readiness is 503 while it loads again, and the new server listens on the same
+ports, so the frontend reconnects by itself. Restarts are bounded: a model that keeps failing
+stops the launcher (exit 1) instead.
 """
 
 from __future__ import annotations
@@ -25,6 +33,10 @@ from openai_frontend.launcher.tritonserver import TritonServerError, TritonServe
 logger = logging.getLogger("openai_frontend.launcher")
 
 WATCH_INTERVAL_S = 0.25
+PROBE_INTERVAL_S = 5.0
+# Probes failing for this long mean the model will not come back by itself. Longer than any
+# burst of load can delay a probe, short enough that a stuck server does not sit unready for long.
+HANG_RESTART_S = 30.0
 MAX_RESTARTS = 3  # within RESTART_WINDOW_S
 RESTART_WINDOW_S = 600.0
 
@@ -44,36 +56,47 @@ class Supervisor:
 
     def run(self) -> None:
         watched = set(self.triton.model_processes())
+        hang = _HangClock()
+        next_probe = time.monotonic() + PROBE_INTERVAL_S
         while not self.stop.wait(WATCH_INTERVAL_S):
-            code = self.triton.exit_code()
-            if code is not None:
-                logger.error(
-                    "tritonserver exited with status %d; stopping. End of its log:\n%s", code, self.triton.log_tail()
-                )
-                self.on_fatal()
-                return
-            gone = watched - self.triton.still_running(watched)
-            if not gone:
+            reason = self._lost(watched)
+            if reason is None and time.monotonic() >= next_probe:
+                reason = hang.observe(self.triton.probe_model(self.model), time.monotonic())
+                next_probe = time.monotonic() + PROBE_INTERVAL_S
+            if reason is None:
                 continue
-            pids = ", ".join(map(str, sorted(gone)))
-            if not self._may_restart():
-                logger.error(
-                    "the model's process (pid %s) died again after %d restarts in %.0f s; stopping",
-                    pids, MAX_RESTARTS, RESTART_WINDOW_S,
-                )  # fmt: skip
-                self.on_fatal()
-                return
-            logger.error("the model's process (pid %s) died; restarting tritonserver", pids)
-            try:
-                self._restart()
-            except TritonServerError as exc:
-                logger.error("tritonserver could not be restarted; stopping: %s", exc)
+            if not self._recover(reason):
                 self.on_fatal()
                 return
             if self.stop.is_set():
                 return
             watched = set(self.triton.model_processes())
+            hang = _HangClock()
+            next_probe = time.monotonic() + PROBE_INTERVAL_S
             logger.info("tritonserver restarted (pid %s); the model is ready again", self.triton.pid)
+
+    def _lost(self, watched: set[int]) -> str | None:
+        """Why the server must be restarted now, if its process or the model's is gone."""
+        code = self.triton.exit_code()
+        if code is not None:
+            return f"tritonserver exited with status {code}. End of its log:\n{self.triton.log_tail()}"
+        gone = watched - self.triton.still_running(watched)
+        if gone:
+            return f"the model's process (pid {', '.join(map(str, sorted(gone)))}) died"
+        return None
+
+    def _recover(self, reason: str) -> bool:
+        """Restart tritonserver for ``reason``; False when the restarts are used up or it fails."""
+        if not self._may_restart():
+            logger.error("%s, after %d restarts in %.0f s; stopping", reason, MAX_RESTARTS, RESTART_WINDOW_S)
+            return False
+        logger.error("%s; restarting tritonserver", reason)
+        try:
+            self._restart()
+        except TritonServerError as exc:
+            logger.error("tritonserver could not be restarted; stopping: %s", exc)
+            return False
+        return True
 
     def _may_restart(self) -> bool:
         now = time.monotonic()
@@ -96,3 +119,23 @@ class Supervisor:
                 if self.triton.exit_code() is not None or time.monotonic() >= deadline:
                     raise
 
+
+@dataclass
+class _HangClock:
+    """How long the health probe has been failing without a break."""
+
+    failing_since: float | None = None
+
+    def observe(self, problem: str | None, now: float) -> str | None:
+        """Record one probe's result; the restart reason once it has failed for ``HANG_RESTART_S``."""
+        if problem is None:
+            if self.failing_since is not None:
+                logger.info("the model answers its health probe again")
+            self.failing_since = None
+            return None
+        if self.failing_since is None:
+            self.failing_since = now
+            logger.warning("the model did not answer its health probe: %s", problem)
+        if now - self.failing_since < HANG_RESTART_S:
+            return None
+        return f"the model has not answered its health probe for {now - self.failing_since:.0f} s ({problem})"

@@ -2,7 +2,7 @@
 ports, stop without leftovers.
 
 Owns ``TritonServerProcess`` (used by the launcher and by the end-to-end tests) and
-``TritonEndpoints``. The server runs in its own session and process group so that a terminal's
+``TritonEndpoints``, and the model's health probe over HTTP. The server runs in its own session and process group so that a terminal's
 Ctrl-C reaches only the launcher, which then stops the server in order; the group id also lets
 ``stop()`` find and kill a Python-backend stub that outlives its server. Shared-memory regions
 are attributed to this server by the stub command lines (never by timing, because other servers
@@ -12,6 +12,7 @@ may run on the same machine) and removed only if the server could not remove the
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -26,6 +27,7 @@ from urllib.parse import quote
 
 from openai_frontend.launcher.network import free_port
 from openai_frontend.launcher.triton_install import TritonInstall
+from python_backend.contract import HEALTH_PROBE
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,7 @@ SHM_PREFIX = "triton_python_backend_shm_region_"
 STUB_NAME = "triton_python_backend_stub"  # the Python backend's per-instance model process
 STOP_TIMEOUT_S = 30.0
 POLL_INTERVAL_S = 0.25
+PROBE_TIMEOUT_S = 2.0
 
 
 class TritonServerError(RuntimeError):
@@ -156,6 +159,20 @@ class TritonServerProcess:
         """Those of ``pids`` that still run (zombies do not): one small /proc read each, cheap
         enough to ask several times a second, where ``model_processes`` scans every process."""
         return {pid for pid in pids if _running(pid)}
+
+    def probe_model(self, model: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+        """Ask the model the readiness probe (``contract.HEALTH_PROBE``) over Triton's HTTP
+        generate endpoint: None when it answered, otherwise what went wrong."""
+        url = f"{self.endpoints.http_url}/v2/models/{quote(model, safe='')}/generate"
+        body = json.dumps({HEALTH_PROBE: True}).encode()
+        request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - loopback URL we built
+                return None if response.status == 200 else f"HTTP {response.status}"
+        except urllib.error.HTTPError as exc:  # the model (or Triton) answered with an error
+            return f"HTTP {exc.code}: {exc.read(2000).decode('utf-8', 'replace')}"
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            return f"no answer within {timeout:g} s: {exc}"
 
     def exit_code(self) -> int | None:
         """None while the server runs (or was never started), else its exit status."""

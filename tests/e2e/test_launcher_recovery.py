@@ -1,9 +1,10 @@
-"""RELIABILITY C6 through the launcher: the model's process (the Python-backend stub) dies, the
-stream in flight ends with an error event, readiness and new requests answer 503 at once, and
+"""RELIABILITY C6 through the launcher: the model's process (the Python-backend stub) dies or hangs,
+the stream in flight ends with an error event, readiness and new requests answer 503 at once, and
 the launcher's supervisor restarts tritonserver, after which the model answers again."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from openai_frontend.launcher import supervisor
 from openai_frontend.launcher.tritonserver import SHM_DIR, STUB_NAME
 from tests.e2e.processes import group_pids
 from tests.e2e.test_smoke import _finish, _read_until, _start_launcher, _triton_pid
@@ -85,3 +87,47 @@ def test_a_killed_model_process_is_restarted_and_the_stream_in_flight_ends(
     assert not [r for r in regions if (SHM_DIR / r).exists()]  # the dead stub's shared memory is gone
     assert code == 0, output
     assert "tritonserver stopped (status 0)" in output, output
+
+
+def test_a_hung_model_process_fails_readiness_at_once_and_is_restarted(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """C6's hung variant: the stub exists but never answers (SIGSTOP). Triton still calls the model
+    READY; our readiness probe is an inference the model must answer, so it fails within its
+    timeout, and the supervisor restarts the server once the probe has failed for HANG_RESTART_S."""
+    launcher, port = _start_launcher(tiny_model_dir, tmp_path)
+    lines: list[str] = []
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    stub = 0
+    try:
+        _read_until(launcher, f"serving 'tiny' at http://127.0.0.1:{port}/v1", lines)
+        stub, _ = _stub_of(_triton_pid(lines))
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            assert http.get("/health/ready").status_code == 200
+            os.kill(stub, signal.SIGSTOP)
+            stopped = time.monotonic()
+            while http.get("/health/ready").status_code == 200 and time.monotonic() - stopped < 15:
+                time.sleep(0.1)
+            unready_after = time.monotonic() - stopped
+            refused = http.post("/v1/chat/completions", json=body)
+            answered = None
+            deadline = time.monotonic() + supervisor.HANG_RESTART_S + supervisor.PROBE_INTERVAL_S + 120
+            while time.monotonic() < deadline:
+                reply = http.post("/v1/chat/completions", json=body)
+                if reply.status_code == 200:
+                    answered = reply
+                    break
+                time.sleep(0.5)
+            restarted_after = time.monotonic() - stopped
+        _read_until(launcher, "the model is ready again", lines, timeout=30)
+    finally:
+        if stub:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stub, signal.SIGCONT)  # so that a failed test leaves nothing stopped
+        code = _finish(launcher, signal.SIGINT, lines)
+    output = "".join(lines)
+    assert unready_after < 5.0  # RELIABILITY C6: within the probe timeout
+    assert refused.status_code == 503 and refused.headers["retry-after"]
+    assert refused.json()["error"]["code"] == "backend_unavailable"
+    assert answered is not None and answered.json()["usage"]["completion_tokens"] == 2
+    assert restarted_after >= supervisor.HANG_RESTART_S
+    assert "the model has not answered its health probe for" in output, output
+    assert code == 0, output

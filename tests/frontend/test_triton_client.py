@@ -19,7 +19,7 @@ from tritonclient.grpc import InferResult, service_pb2
 from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor, serialize_byte_tensor
 
 from openai_frontend.backend import BackendError, BackendRequest
-from openai_frontend.triton_client import TritonBackend, build_infer_inputs
+from openai_frontend.triton_client import READY_TIMEOUT_S, TritonBackend, build_infer_inputs
 from python_backend import contract
 from python_backend.contract import ChoiceDelta, ChoiceUsage, ErrorInfo, TokenLogprob, TopLogprob
 
@@ -102,7 +102,7 @@ class _Client:
     delay_s: float = 0.0
     sent: list[dict[str, Any]] = field(default_factory=list)
     streams: list[_Stream] = field(default_factory=list)
-    ready: Any = True
+    start_error: BaseException | None = None  # raised by stream_infer itself
     drains: list[asyncio.Future[None]] = field(default_factory=list)
     closed: bool = False
 
@@ -113,16 +113,13 @@ class _Client:
             async for request in inputs_iterator:
                 self.sent.append({**request, "stream_timeout": stream_timeout})
 
+        if self.start_error is not None:
+            raise self.start_error
         # grpc.aio consumes the request iterator in the background; so does this stand-in.
         self.drains.append(asyncio.ensure_future(drain()))
         stream = _Stream(list(self.items), self.delay_s)
         self.streams.append(stream)
         return stream
-
-    async def is_model_ready(self, model_name: str, client_timeout: float | None = None) -> bool:
-        if isinstance(self.ready, BaseException):
-            raise self.ready
-        return bool(self.ready)
 
     async def close(self) -> None:
         self.closed = True
@@ -214,11 +211,39 @@ async def test_task_cancellation_cancels_the_grpc_call() -> None:
     assert client.streams[0].cancelled
 
 
-async def test_is_ready() -> None:
-    assert await TritonBackend(_Client([], ready=True), "m", 30).is_ready()
-    assert not await TritonBackend(_Client([], ready=False), "m", 30).is_ready()
-    failing = _Client([], ready=InferenceServerException(msg="connection refused"))
-    assert not await TritonBackend(failing, "m", 30).is_ready()
+async def test_readiness_is_a_probe_inference_the_model_answers() -> None:
+    client = _Client([(_result(ChoiceDelta(0, text='{"status": "ready"}'), True), None)])
+    assert await TritonBackend(client, "m", 30).is_ready()
+    await asyncio.gather(*client.drains)
+    (probe,) = client.sent
+    assert probe["model_name"] == "m" and probe["stream_timeout"] == READY_TIMEOUT_S
+    assert [(t.name(), _values(t).tolist()) for t in probe["inputs"]] == [(contract.HEALTH_PROBE, [True])]
+    assert not client.streams[0].cancelled  # answered: the stream ends by itself
+
+
+async def test_readiness_fails_when_the_model_answers_with_an_error() -> None:
+    stalled = ErrorInfo(503, "the engine has made no progress for 61 s", "service_unavailable", None, "engine_stalled")
+    client = _Client([(None, InferenceServerException(msg=stalled.to_wire()))])
+    assert not await TritonBackend(client, "m", 30).is_ready()
+    # Triton's own refusal (an unloaded model, a stub it finds unhealthy) is a failure as well.
+    client = _Client([(None, InferenceServerException(msg="Stub process 'x' is not healthy."))])
+    assert not await TritonBackend(client, "m", 30).is_ready()
+
+
+async def test_readiness_fails_when_the_stream_cannot_start_or_ends_unanswered() -> None:
+    refused = _Client([], start_error=InferenceServerException(msg="connection refused"))
+    assert not await TritonBackend(refused, "m", 30).is_ready()
+    silent = _Client([])
+    assert not await TritonBackend(silent, "m", 30).is_ready()
+
+
+async def test_readiness_fails_within_its_timeout_when_the_model_hangs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("openai_frontend.triton_client.READY_TIMEOUT_S", 0.2)
+    hung = _Client([(_result(ChoiceDelta(0, text="late"), True), None)], delay_s=30)
+    started = asyncio.get_running_loop().time()
+    assert not await TritonBackend(hung, "m", 30).is_ready()
+    assert asyncio.get_running_loop().time() - started < 1.5
+    assert hung.streams[0].cancelled  # the unanswered probe does not stay in Triton
 
 
 @pytest.mark.parametrize(

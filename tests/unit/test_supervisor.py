@@ -1,5 +1,6 @@
-"""The launcher's supervisor: restart tritonserver when the model's process dies, a bounded number
-of times; stop the frontend when tritonserver exits or restarts are used up."""
+"""The launcher's supervisor: restart tritonserver when the model's process dies, when the server
+exits, or when the model stops answering its health probe, a bounded number of times; stop the
+frontend when the restarts are used up or a restart fails."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ class FakeTriton:
         self.code: int | None = None
         self.restart_fails = restart_fails
         self.pid = 1
+        self.problem: str | None = None  # what the health probe answers (None: healthy)
+        self.probes = 0
 
     def model_processes(self) -> list[int]:
         return [self.stub] if self.stub else []
@@ -40,18 +43,26 @@ class FakeTriton:
             raise TritonServerError("cannot start")
         self.restarts += 1
         self.stub = 100 + self.restarts
+        self.code = None
+        self.problem = None
 
     def wait_ready(self, timeout: float, model: str | None = None) -> None:
         return None
 
+    def probe_model(self, model: str) -> str | None:
+        self.probes += 1
+        return self.problem
 
-def run(triton: FakeTriton, crash: Any) -> tuple[Supervisor, list[str]]:
+
+def run(triton: FakeTriton, crash: Any, gives_up: bool = True) -> tuple[Supervisor, list[str]]:
+    """Run a supervisor through ``crash``; wait for it to give up by itself when ``gives_up``."""
     fatal: list[str] = []
     watcher = Supervisor(cast(TritonServerProcess, triton), Path("/repo"), {}, "m", 5.0, lambda: fatal.append("x"))
     thread = threading.Thread(target=watcher.run, daemon=True)
     thread.start()
     crash(watcher)
-    thread.join(10)
+    if gives_up:
+        thread.join(10)
     watcher.stop.set()
     thread.join(5)
     return watcher, fatal
@@ -74,15 +85,56 @@ def test_a_dead_stub_restarts_tritonserver_until_the_restarts_are_used_up(monkey
     assert fatal == ["x"]
 
 
-def test_tritonserver_exiting_stops_the_frontend(monkeypatch: Any) -> None:
+def test_tritonserver_exiting_on_its_own_is_restarted(monkeypatch: Any) -> None:
     monkeypatch.setattr(supervisor, "WATCH_INTERVAL_S", 0.01)
     triton = FakeTriton()
 
     def exit_server(_: Supervisor) -> None:
-        triton.code = 3
+        triton.code = -6  # Triton's Python backend aborts the server in some stub failures
+        _wait_for(lambda: triton.restarts == 1)
 
-    _, fatal = run(triton, exit_server)
-    assert fatal == ["x"] and triton.restarts == 0
+    _, fatal = run(triton, exit_server, gives_up=False)
+    assert fatal == [] and triton.restarts == 1
+
+
+def test_a_model_that_stops_answering_its_probe_is_restarted(monkeypatch: Any) -> None:
+    monkeypatch.setattr(supervisor, "WATCH_INTERVAL_S", 0.01)
+    monkeypatch.setattr(supervisor, "PROBE_INTERVAL_S", 0.02)
+    monkeypatch.setattr(supervisor, "HANG_RESTART_S", 0.3)
+    triton = FakeTriton()
+
+    def hang(_: Supervisor) -> None:
+        triton.problem = "no answer within 2 s"  # the stub is stopped: it exists but never answers
+        started = time.monotonic()
+        _wait_for(lambda: triton.restarts == 1)
+        assert time.monotonic() - started >= 0.3
+
+    _, fatal = run(triton, hang, gives_up=False)
+    assert fatal == [] and triton.restarts == 1
+
+
+def test_a_probe_that_fails_briefly_restarts_nothing(monkeypatch: Any) -> None:
+    monkeypatch.setattr(supervisor, "WATCH_INTERVAL_S", 0.01)
+    monkeypatch.setattr(supervisor, "PROBE_INTERVAL_S", 0.02)
+    monkeypatch.setattr(supervisor, "HANG_RESTART_S", 0.5)
+    triton = FakeTriton()
+
+    def blip(_: Supervisor) -> None:
+        for _round in range(3):  # each failure shorter than HANG_RESTART_S, then an answer
+            triton.problem = "HTTP 400: Stub process 'triton_chat_0_0' is not healthy."
+            time.sleep(0.25)
+            triton.problem = None
+            _wait_for(lambda: triton.probes >= 1)
+            time.sleep(0.1)
+
+    _, fatal = run(triton, blip, gives_up=False)
+    assert fatal == [] and triton.restarts == 0
+
+
+def _wait_for(condition: Any, timeout: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def test_a_failed_restart_stops_the_frontend(monkeypatch: Any) -> None:
