@@ -17,6 +17,7 @@ from typing import Any
 from openai_frontend.launcher.http_flags import add_http_flags, check_http_flags, non_negative_int
 from openai_frontend.launcher.options import FrontendOptions, ServeOptions, TlsFiles
 from openai_frontend.launcher.server_config import ConfigFileError, flag_defaults, load_server_file
+from openai_frontend.launcher.supervisor import MAX_RESTARTS
 from python_backend.settings import (
     DTYPES,
     KV_CACHE_DTYPE_CHOICES,
@@ -196,6 +197,14 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
         help="how long to wait for the model to load (default: 600)",
     )
     triton.add_argument(
+        "--max-restarts",
+        type=non_negative_int,
+        default=MAX_RESTARTS,
+        metavar="N",
+        help="restart tritonserver at most N times in 10 minutes when the model's process dies, the "
+        f"server exits or the model stops answering its health probe; then stop (default: {MAX_RESTARTS})",
+    )
+    triton.add_argument(
         "--triton-log",
         type=Path,
         metavar="FILE",
@@ -298,6 +307,7 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         api_keys=tuple(args.api_keys),
         strict_params=args.strict_params,
         ready_timeout_s=args.ready_timeout,
+        max_restarts=args.max_restarts,
         drain_timeout_s=args.drain_timeout,
         token_timeout_s=args.token_timeout,
         e2e_timeout_s=args.e2e_timeout,

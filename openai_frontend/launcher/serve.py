@@ -147,7 +147,15 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
     triton.wait_ready(options.ready_timeout_s, MODEL_NAME)
 
     server = _make_uvicorn(options, endpoints.grpc_url, served_name)
-    supervisor = Supervisor(triton, repo, env, MODEL_NAME, options.ready_timeout_s, on_fatal=state.triton_lost)
+    supervisor = Supervisor(
+        triton,
+        repo,
+        env,
+        MODEL_NAME,
+        options.ready_timeout_s,
+        on_fatal=state.triton_lost,
+        max_restarts=options.max_restarts,
+    )
     watcher = threading.Thread(target=supervisor.run, name="triton-watch", daemon=True)
     # uvicorn installs its own SIGINT/SIGTERM handlers while it runs and afterwards restores
     # ours and re-raises what it caught: ours must then only record it.

@@ -37,7 +37,7 @@ PROBE_INTERVAL_S = 5.0
 # Probes failing for this long mean the model will not come back by itself. Longer than any
 # burst of load can delay a probe, short enough that a stuck server does not sit unready for long.
 HANG_RESTART_S = 30.0
-MAX_RESTARTS = 3  # within RESTART_WINDOW_S
+MAX_RESTARTS = 3  # the default of `--max-restarts`: within RESTART_WINDOW_S
 RESTART_WINDOW_S = 600.0
 
 
@@ -51,6 +51,7 @@ class Supervisor:
     model: str
     ready_timeout_s: float
     on_fatal: Callable[[], None]
+    max_restarts: int = MAX_RESTARTS  # within RESTART_WINDOW_S (`--max-restarts`)
     stop: threading.Event = field(default_factory=threading.Event)
     restarts: deque[float] = field(default_factory=deque)  # monotonic times of recent restarts
 
@@ -88,7 +89,7 @@ class Supervisor:
     def _recover(self, reason: str) -> bool:
         """Restart tritonserver for ``reason``; False when the restarts are used up or it fails."""
         if not self._may_restart():
-            logger.error("%s, after %d restarts in %.0f s; stopping", reason, MAX_RESTARTS, RESTART_WINDOW_S)
+            logger.error("%s, after %d restarts in %.0f s; stopping", reason, self.max_restarts, RESTART_WINDOW_S)
             return False
         logger.error("%s; restarting tritonserver", reason)
         try:
@@ -102,7 +103,7 @@ class Supervisor:
         now = time.monotonic()
         while self.restarts and now - self.restarts[0] > RESTART_WINDOW_S:
             self.restarts.popleft()
-        if len(self.restarts) >= MAX_RESTARTS:
+        if len(self.restarts) >= self.max_restarts:
             return False
         self.restarts.append(now)
         return True

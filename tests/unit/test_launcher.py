@@ -49,6 +49,7 @@ def test_serve_defaults() -> None:
     assert options.engine_overrides == {}
     assert (options.full_text, options.strict_params, options.api_keys) == (False, False, ())
     assert (options.token_timeout_s, options.e2e_timeout_s) == (600.0, 600.0)  # MindIE's defaults
+    assert options.max_restarts == 3
 
 
 def test_serve_flags_map_onto_options(tmp_path: Path) -> None:
@@ -59,7 +60,7 @@ def test_serve_flags_map_onto_options(tmp_path: Path) -> None:
             "--max-num-batched-tokens", "256", "--max-waiting-requests", "0", "--max-seq-len", "1024",
             "--max-iter-times", "64", "--openai-mode", "openai", "--full-text",
             "--api-key", "k1", "--api-key", "k2", "--strict-params", "--stream-interval", "4",
-            "--token-timeout", "1.5", "--e2e-timeout", "90",
+            "--token-timeout", "1.5", "--e2e-timeout", "90", "--max-restarts", "0",
         ]
     )  # fmt: skip
     assert options.model == tmp_path and options.served_model_name == "m" and options.port == 9001
@@ -74,6 +75,7 @@ def test_serve_flags_map_onto_options(tmp_path: Path) -> None:
     }
     assert options.full_text and options.strict_params and options.api_keys == ("k1", "k2")
     assert (options.token_timeout_s, options.e2e_timeout_s) == (1.5, 90.0)
+    assert options.max_restarts == 0  # never restart: a failing model stops the launcher
 
 
 def test_frontend_command_timeouts_reach_the_frontend_settings() -> None:

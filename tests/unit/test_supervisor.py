@@ -146,3 +146,17 @@ def test_a_failed_restart_stops_the_frontend(monkeypatch: Any) -> None:
 
     _, fatal = run(triton, crash)
     assert fatal == ["x"]
+
+
+def test_max_restarts_zero_stops_at_the_first_failure(monkeypatch: Any) -> None:
+    monkeypatch.setattr(supervisor, "WATCH_INTERVAL_S", 0.01)
+    triton = FakeTriton()
+    fatal: list[str] = []
+    watcher = Supervisor(
+        cast(TritonServerProcess, triton), Path("/repo"), {}, "m", 5.0, lambda: fatal.append("x"), max_restarts=0
+    )
+    thread = threading.Thread(target=watcher.run, daemon=True)
+    thread.start()
+    triton.stub = 0
+    thread.join(5)
+    assert fatal == ["x"] and triton.restarts == 0

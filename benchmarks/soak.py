@@ -1,0 +1,201 @@
+"""Soak: the served path under a long mixed load, checked for leaks (RELIABILITY C9, C1's mixed variant).
+
+    .venv/bin/python -m benchmarks.soak --model DIR --duration 1200   # the slow tier: 20 min
+    .venv/bin/python -m benchmarks.soak --model DIR --duration 120    # the fast tier (CI runs it)
+
+Owns the run: start ``triton-chat serve`` on the model, send ``soak_traffic``'s mix for a warm-up,
+let the server go idle and sample each of its processes (the launcher with the frontend,
+tritonserver, the model's stub: resident memory, open files, threads), send the mix again for the
+duration, go idle and sample again, stop the server, and print one JSON report whose ``verdict``
+holds C9's checks: no unexpected answer, resident memory up by at most 5 % per process after the
+warm-up, open files and threads not growing, no engine slot left taken when idle (the frontend's
+and the engine's gauges back to 0), the same processes at the end (nothing restarted), and no
+shared-memory region or temporary folder left once the server has stopped. Samples are taken
+idle both times so that requests in flight do not count as growth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+from benchmarks import servers
+from benchmarks.soak_traffic import Tally, run_traffic
+
+logger = logging.getLogger("benchmarks.soak")
+
+RSS_GROWTH_LIMIT = 0.05
+IDLE_TIMEOUT_S = 60.0
+ENGINE_GAUGES = (
+    "triton_chat_num_sequences_running",
+    "triton_chat_num_requests_waiting",
+    "triton_chat_kv_cache_reserved_tokens",
+)
+SHM_PREFIX = "triton_python_backend_shm_region_"
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    pid: int
+    rss_bytes: int
+    open_files: int
+    threads: int
+
+
+@dataclass
+class SoakReport:
+    model: str
+    concurrency: int
+    warmup_s: float
+    duration_s: float
+    warmup: Tally
+    soak: Tally
+    after_warmup: dict[str, ProcessSample]
+    at_end: dict[str, ProcessSample]
+    idle_gauges: dict[str, float]  # frontend and engine gauges once idle after the soak
+    leftovers: list[str]  # shm regions and temp folders left after the server stopped
+    verdict: dict[str, bool] = field(default_factory=dict)
+
+    def judge(self) -> None:
+        same = self.after_warmup.keys() == self.at_end.keys() and all(
+            self.after_warmup[name].pid == self.at_end[name].pid for name in self.at_end
+        )
+        self.verdict = {
+            "no_unexpected_answers": self.warmup.failures == 0 and self.soak.failures == 0,
+            "rss_growth_within_5_percent": same and all(v <= RSS_GROWTH_LIMIT for v in self.rss_growth().values()),
+            "open_files_flat": same
+            and all(self.at_end[n].open_files <= s.open_files for n, s in self.after_warmup.items()),
+            "threads_flat": same and all(self.at_end[n].threads <= s.threads for n, s in self.after_warmup.items()),
+            "no_leaked_slots": all(value == 0 for value in self.idle_gauges.values()),
+            "no_restarts": same,
+            "no_leftovers": not self.leftovers,
+        }
+
+    def rss_growth(self) -> dict[str, float]:
+        return {
+            name: self.at_end[name].rss_bytes / sample.rss_bytes - 1
+            for name, sample in self.after_warmup.items()
+            if name in self.at_end
+        }
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.verdict) and all(self.verdict.values())
+
+    def to_json(self) -> str:
+        body = asdict(self)
+        body["rss_growth"] = {name: round(value, 4) for name, value in self.rss_growth().items()}
+        return json.dumps(body, indent=2)
+
+
+def _served_processes(launcher_pid: int) -> dict[str, psutil.Process]:
+    """The launcher (with the frontend), tritonserver and the model's stub, by role."""
+    root = psutil.Process(launcher_pid)
+    found = {"launcher": root}
+    for child in root.children(recursive=True):
+        name = Path((child.cmdline() or [child.name()])[0]).name
+        if name == "tritonserver":
+            found["tritonserver"] = child
+        elif name == "triton_python_backend_stub":
+            found["stub"] = child
+    return found
+
+
+def _sample(launcher_pid: int) -> dict[str, ProcessSample]:
+    return {
+        name: ProcessSample(proc.pid, proc.memory_info().rss, proc.num_fds(), proc.num_threads())
+        for name, proc in _served_processes(launcher_pid).items()
+    }
+
+
+def _gauges(text: str, names: tuple[str, ...]) -> dict[str, float]:
+    values = dict.fromkeys(names, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in values:
+                values[sample.name] += sample.value
+    return values
+
+
+def _triton_metrics_url(launcher_pid: int) -> str:
+    args = _served_processes(launcher_pid)["tritonserver"].cmdline()
+    return f"http://127.0.0.1:{args[args.index('--metrics-port') + 1]}/metrics"
+
+
+def _wait_idle(base_url: str, launcher_pid: int) -> dict[str, float]:
+    """Poll until no request runs anywhere (bounded); the gauges as last read."""
+    frontend = base_url.removesuffix("/v1") + "/metrics"
+    engine = _triton_metrics_url(launcher_pid)
+    deadline = time.monotonic() + IDLE_TIMEOUT_S
+    while True:
+        gauges = {
+            **_gauges(httpx.get(frontend, timeout=10).text, ("num_requests_running",)),
+            **_gauges(httpx.get(engine, timeout=10).text, ENGINE_GAUGES),
+        }
+        if not any(gauges.values()) or time.monotonic() > deadline:
+            time.sleep(1.0)  # a second more: the stub's gauges refresh every 0.2 s, buffers settle
+            return gauges
+        time.sleep(0.5)
+
+
+def _leftover_names() -> set[str]:
+    shm = {p.name for p in Path("/dev/shm").glob(f"{SHM_PREFIX}*")}
+    temp = {p.name for p in Path(tempfile.gettempdir()).glob("triton-chat-*")}
+    return shm | temp
+
+
+def run_soak(
+    model_dir: str, dtype: str, duration_s: float, warmup_s: float, concurrency: int, log: Path, seed: int = 0
+) -> SoakReport:
+    before = _leftover_names()
+    server = servers.ours(model_dir, dtype, log, max_num_seqs=concurrency)
+    server.start()
+    try:
+        if server.process is None:
+            raise RuntimeError("the server did not start")
+        pid = server.process.pid
+        warmup = asyncio.run(run_traffic(server.base_url, "bench", concurrency, warmup_s, seed))
+        _wait_idle(server.base_url, pid)
+        after_warmup = _sample(pid)
+        soak = asyncio.run(run_traffic(server.base_url, "bench", concurrency, duration_s, seed + 1))
+        gauges = _wait_idle(server.base_url, pid)
+        at_end = _sample(pid)
+    finally:
+        server.stop()
+    leftovers = sorted(_leftover_names() - before)
+    report = SoakReport(
+        model_dir, concurrency, warmup_s, duration_s, warmup, soak, after_warmup, at_end, gauges, leftovers
+    )
+    report.judge()
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="model folder")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--duration", type=float, default=1200.0, help="seconds of load after the warm-up")
+    parser.add_argument("--warmup", type=float, default=60.0, help="seconds of load before the first sample")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--log", type=Path, default=Path("benchmarks/results/soak-server.log"))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    args.log.parent.mkdir(parents=True, exist_ok=True)
+    report = run_soak(args.model, args.dtype, args.duration, args.warmup, args.concurrency, args.log)
+    sys.stdout.write(report.to_json() + "\n")
+    sys.exit(0 if report.passed else 1)
+
+
+if __name__ == "__main__":
+    main()
