@@ -13,7 +13,10 @@ from benchmarks.soak_traffic import INVALID, LEAVE, STREAM, WHOLE
 
 
 def test_two_minutes_of_mixed_traffic_leave_nothing_behind(tiny_model_dir: Path, tmp_path: Path) -> None:
-    report = run_soak(str(tiny_model_dir), "float32", 120.0, 30.0, 8, tmp_path / "server.log")
+    # A prefix cache small enough to fill during the warm-up, so that the soak also churns its
+    # evictions (a leak there would show as growth).
+    cache = ("--prefix-cache-memory-mb", "8")
+    report = run_soak(str(tiny_model_dir), "float32", 120.0, 30.0, 8, tmp_path / "server.log", server_args=cache)
     sent = report.soak.sent
     assert all(sent.get(kind, 0) > 0 for kind in (STREAM, WHOLE, LEAVE, INVALID)), sent
     assert sum(sent.values()) > 200, sent  # the load really ran
