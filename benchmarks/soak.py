@@ -12,8 +12,7 @@ warm-up (less the prefix cache, which fills up to its own budget before it evict
 and threads not growing (within ``COUNT_SLACK``), no engine slot left taken when idle (the
 frontend's and the engine's gauges back to 0), the same processes at the end (nothing
 restarted), and no shared-memory region or temporary folder left once the server has stopped.
-Samples are taken
-idle both times so that requests in flight do not count as growth.
+Samples are taken idle both times so that requests in flight do not count as growth.
 """
 
 from __future__ import annotations
@@ -220,6 +219,7 @@ def main() -> None:
     parser.add_argument("server_args", nargs="*", help="more `triton-chat serve` flags (after --)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one line per request
     args.log.parent.mkdir(parents=True, exist_ok=True)
     report = run_soak(
         args.model,

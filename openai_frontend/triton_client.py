@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -34,6 +35,9 @@ from python_backend import contract
 logger = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 2.0  # a readiness probe must answer well inside a Kubernetes probe period
+# /health/ready needs no API key, and each answer costs the model a probe: callers within this
+# long of the last answer share it, and concurrent callers share one probe in flight.
+READY_REUSE_S = 0.5
 
 
 def _input(name: str, array: np.ndarray) -> InferInput:
@@ -142,6 +146,8 @@ class TritonBackend:
         self._client = client  # tritonclient.grpc.aio.InferenceServerClient (or a stand-in in tests)
         self._model_name = model_name
         self._timeout_s = request_timeout_s
+        self._ready_answer: tuple[float, bool] | None = None  # (monotonic time, ready)
+        self._ready_probe: asyncio.Future[bool] | None = None
 
     @classmethod
     def from_settings(cls, settings: FrontendSettings) -> TritonBackend:
@@ -194,6 +200,20 @@ class TritonBackend:
         A probe inference, not Triton's model readiness: Triton says READY for as long as the
         model is loaded, also when its process hangs or its engine loop died (``liveness.py``).
         """
+        answer = self._ready_answer
+        if answer is not None and time.monotonic() - answer[0] < READY_REUSE_S:
+            return answer[1]
+        if self._ready_probe is None or self._ready_probe.done():
+            self._ready_probe = asyncio.ensure_future(self._answer_ready())
+        # Shielded: a caller that goes away must not cancel the probe the others wait for.
+        return await asyncio.shield(self._ready_probe)
+
+    async def _answer_ready(self) -> bool:
+        ready = await self._ask_ready()
+        self._ready_answer = (time.monotonic(), ready)
+        return ready
+
+    async def _ask_ready(self) -> bool:
         try:
             problem = await asyncio.wait_for(self._probe(), READY_TIMEOUT_S + 0.5)
         except (InferenceServerException, grpc.RpcError, OSError, asyncio.TimeoutError) as exc:

@@ -73,6 +73,29 @@ def test_tritonclient_streams_a_chat_to_the_end(triton_server: TritonHandle) -> 
     assert all(d.finish_reason is None for d in deltas[:-1])
 
 
+def test_the_health_probe_is_answered_at_once_beside_a_running_stream(
+    triton_server: TritonHandle, frontend_url: str
+) -> None:
+    """``health_probe`` (what ``/health/ready`` asks): one final response with the engine's
+    health, also while the engine is busy, without entering the batch."""
+    body = {"model": triton_server.served_model_name, "messages": [{"role": "user", "content": "go"}],
+            "max_tokens": 3000, "ignore_eos": True, "stream": True}  # fmt: skip
+    with httpx.Client(timeout=60) as http, http.stream("POST", f"{frontend_url}/v1/chat/completions", json=body) as reply:
+        lines = reply.iter_lines()
+        next(line for line in lines if line.startswith("data: "))  # the engine is decoding now
+        started = time.monotonic()
+        (delta,) = _stream(triton_server, {contract.HEALTH_PROBE: contract.bool_tensor(True)})
+        probe_s = time.monotonic() - started
+        ready = http.get(f"{frontend_url}/health/ready")
+        rest = [line for line in lines if line.startswith("data: ")]
+    health = json.loads(delta.text)
+    assert health["status"] == "ready" and health["running"] and health["busy"] and health["failure"] is None
+    assert probe_s < 2.0
+    assert ready.status_code == 200 and ready.json() == {"status": "ready"}
+    assert rest[-1] == "data: [DONE]"  # the stream beside it was not disturbed
+    assert json.loads(rest[-2].removeprefix("data: "))["choices"][0]["finish_reason"] == "length"
+
+
 def test_frontend_lists_the_model_and_answers(triton_server: TritonHandle, frontend_url: str) -> None:
     with httpx.Client(base_url=frontend_url, timeout=60) as http:
         models = http.get("/v1/models").json()

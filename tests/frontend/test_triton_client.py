@@ -269,3 +269,28 @@ async def test_every_output_reads_back_from_the_raw_wire_buffers(delta: ChoiceDe
     client = _Client([(_result(delta, True), None)])
     got = await _collect(TritonBackend(client, "triton_chat", request_timeout_s=30))
     assert got == [delta]
+
+
+async def test_readiness_callers_share_one_probe_and_its_answer_briefly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/health/ready is open without a key: a flood of callers must not become a flood of probes."""
+    answer = [(_result(ChoiceDelta(0, text='{"status": "ready"}'), True), None)]
+    client = _Client(answer, delay_s=0.05)
+    backend = TritonBackend(client, "m", 30)
+    assert all(await asyncio.gather(*(backend.is_ready() for _ in range(20))))
+    assert await backend.is_ready()  # within READY_REUSE_S of the answer
+    assert len(client.streams) == 1
+    monkeypatch.setattr("openai_frontend.triton_client.READY_REUSE_S", 0.0)
+    assert await backend.is_ready()
+    assert len(client.streams) == 2  # an answer older than READY_REUSE_S is asked again
+
+
+async def test_a_caller_that_leaves_does_not_cancel_the_shared_probe() -> None:
+    answer = [(_result(ChoiceDelta(0, text='{"status": "ready"}'), True), None)]
+    client = _Client(answer, delay_s=0.1)
+    backend = TritonBackend(client, "m", 30)
+    leaving = asyncio.ensure_future(backend.is_ready())
+    staying = asyncio.ensure_future(backend.is_ready())
+    await asyncio.sleep(0.02)
+    leaving.cancel()
+    assert await staying
+    assert not client.streams[0].cancelled
