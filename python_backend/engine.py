@@ -24,9 +24,10 @@ import torch
 
 from python_backend.admission import Admission, RequestGroup, rows_needed
 from python_backend.beam_search import BeamSearch
+from python_backend.beam_steps import BeamSteps
 from python_backend.cancel_watch import CancelWatcher, Watched
 from python_backend.compute_threads import engine_thread_count, pinned_cpus, use_compute_threads
-from python_backend.contract import FINISH_LENGTH, ContractError, ErrorInfo
+from python_backend.contract import ContractError, ErrorInfo
 from python_backend.detokenizer import IncrementalDetokenizer
 from python_backend.kv_cache import BatchCache, KVBatch
 from python_backend.limits import Limits
@@ -59,8 +60,9 @@ class EngineStats:
     prefix_cache_bytes: int = 0
 
 
-class Engine(PrefillSteps):
-    """The engine; its prefill steps are in ``prefill.py`` (they share this state)."""
+class Engine(PrefillSteps, BeamSteps):
+    """The engine; its prefill steps are in ``prefill.py``, its beam steps in ``beam_steps.py``
+    (they share this state)."""
 
     def __init__(self, loaded: LoadedModel, settings: EngineSettings, compute_cpus: list[int] | None = None) -> None:
         """``compute_cpus``: where to pin the engine thread's team (default: chosen here, on CPU)."""
@@ -341,51 +343,6 @@ class Engine(PrefillSteps):
         for request_id, rows in beams.items():
             self._beam_advance(self._groups[request_id], logits[rows], rows, started, ended, batch)
         self._after_tokens(list(self._running))
-
-    def _beam_advance(
-        self,
-        group: RequestGroup,
-        logits: torch.Tensor,
-        rows: list[int] | None,
-        started: float,
-        ended: float,
-        batch: int,
-    ) -> None:
-        """One beam-search step: pick each beam's parent and token, move the KV rows to match."""
-        beam = group.beam
-        if beam is None:
-            raise RuntimeError("not a beam-search request")
-        first = rows is None
-        waits = [max(int((started - seq.ready_at) * 1e6), 0) for seq in group.sequences]
-        step = beam.step(logits, waits, batch, None if first else round((ended - started) * 1e3, 2))
-        if rows is not None and step.parents:
-            self._kv.copy_rows(rows[: len(step.parents)], [rows[p] for p in step.parents])
-        for seq, hypothesis in zip(group.sequences, beam.beams, strict=False):
-            seq.sampling.output_ids[:] = hypothesis.tokens
-            seq.ready_at = ended
-        if first:
-            group.prefill_ms = round((ended - group.request.arrival) * 1e3, 2)
-        if beam.done or len(beam.beams) < beam.width:
-            for seq in group.sequences:
-                seq.finish_reason = FINISH_LENGTH  # the group is over; each answer's reason is its own
-
-    def _send_beams(self, group: RequestGroup) -> None:
-        """Beam search answers all at once (MindIE's pseudo-streaming): the best n hypotheses."""
-        if group.beam is None:
-            raise RuntimeError("not a beam-search request")
-        params = group.request.params
-
-        def decode(tokens: list[int]) -> str:
-            return str(self._loaded.tokenizer.decode(tokens, skip_special_tokens=params.skip_special_tokens))
-
-        answers = group.beam.answers(params.n, len(group.request.prompt_ids), group.prefill_ms, decode)
-        for answer in answers:
-            if answer.usage is not None:
-                answer.usage.cached_tokens = group.cached_tokens
-        for delta in answers:
-            final = delta.index == len(answers) - 1
-            self._deliver(group.request, EngineEvent(group.request.request_id, delta=delta, final=final))
-        self._finish_group(group)
 
     def _after_tokens(self, sequences: list[Sequence]) -> None:
         """Send what is ready, then drop finished sequences from the batch at once."""
