@@ -1,8 +1,9 @@
 """The engine: one step-loop thread that owns torch and the device, with continuous batching.
 
-Owns: the step loop, the batched decode step (sampling, beam steps), cancellation, and
-delivering ``EngineEvent``s to each request's sink. Admission (the bounded FIFO queue, KV
-reservations) is in ``admission.py``; the prefill half of a step in ``prefill.py``.
+Owns: the step loop, the batched decode step (sampling), cancellation, the loop's health for
+the readiness probe (``liveness.py``), and delivering ``EngineEvent``s to each request's sink.
+Admission (the bounded FIFO queue, KV reservations) is in ``admission.py``; the prefill half of a
+step in ``prefill.py``; beam search's part in ``beam_steps.py``.
 Each iteration of the loop: take new requests, drop cancelled ones, prefill within the token
 budget, then one decode step for every running sequence. Requests join and leave between steps;
 a new request's prefill never recomputes running ones.
