@@ -29,9 +29,8 @@ import httpx
 import psutil
 
 from benchmarks import servers
+from openai_frontend.launcher.tritonserver import SHM_DIR, SHM_PREFIX, STUB_NAME
 
-STUB_NAME = "triton_python_backend_stub"
-SHM_PREFIX = "triton_python_backend_shm_region_"
 RECOVERY_TIMEOUT_S = 300.0
 BOUNDS_S = {"stream_ended_s": 2.0, "refused_s": 1.0, "unready_s": 2.0}
 
@@ -125,7 +124,7 @@ def run_cycle(base_url: str, launcher_pid: int, signum: signal.Signals, state: s
             lambda: http.post(f"{base_url}/chat/completions", json=plain).status_code == 200, RECOVERY_TIMEOUT_S, 0.25
         )
         cycle.answered_again_s = time.monotonic() - killed
-    cycle.shm_left = [r for r in regions if (Path("/dev/shm") / r).exists()]
+    cycle.shm_left = [r for r in regions if (SHM_DIR / r).exists()]
     return cycle
 
 

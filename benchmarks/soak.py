@@ -34,6 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks import servers
 from benchmarks.soak_traffic import Tally, run_traffic
+from openai_frontend.launcher.tritonserver import SHM_DIR, SHM_PREFIX, STUB_NAME
 
 logger = logging.getLogger("benchmarks.soak")
 
@@ -49,7 +50,6 @@ ENGINE_GAUGES = (
     "triton_chat_kv_cache_reserved_tokens",
 )
 PREFIX_GAUGE = "triton_chat_prefix_cache_bytes"
-SHM_PREFIX = "triton_python_backend_shm_region_"
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def _served_processes(launcher_pid: int) -> dict[str, psutil.Process]:
         name = Path((child.cmdline() or [child.name()])[0]).name
         if name == "tritonserver":
             found["tritonserver"] = child
-        elif name == "triton_python_backend_stub":
+        elif name == STUB_NAME:
             found["stub"] = child
     return found
 
@@ -170,7 +170,7 @@ def _wait_idle(base_url: str, launcher_pid: int) -> dict[str, float]:
 
 
 def _leftover_names() -> set[str]:
-    shm = {p.name for p in Path("/dev/shm").glob(f"{SHM_PREFIX}*")}
+    shm = {p.name for p in SHM_DIR.glob(f"{SHM_PREFIX}*")}
     temp = {p.name for p in Path(tempfile.gettempdir()).glob("triton-chat-*")}
     return shm | temp
 
