@@ -79,6 +79,8 @@ class SoakReport:
     at_end: dict[str, ProcessSample]
     idle_gauges: dict[str, float]  # frontend and engine gauges once idle after the soak
     leftovers: list[str]  # shm regions and temp folders left after the server stopped
+    # Resident MiB per process at each idle checkpoint (the last is ``at_end``): a leak is a trend.
+    rss_mib_series: dict[str, list[float]] = field(default_factory=dict)
     verdict: dict[str, bool] = field(default_factory=dict)
 
     def judge(self) -> None:
@@ -184,25 +186,36 @@ def run_soak(
     log: Path,
     seed: int = 0,
     server_args: tuple[str, ...] = (),
+    checkpoints: int = 1,
 ) -> SoakReport:
+    """``checkpoints``: idle samples taken during the duration (evenly), the last at its end."""
     before = _leftover_names()
     server = servers.ours(model_dir, dtype, log, max_num_seqs=concurrency, extra_args=server_args)
     server.start()
+    series: dict[str, list[float]] = {}
     try:
         if server.process is None:
             raise RuntimeError("the server did not start")
         pid = server.process.pid
         warmup = asyncio.run(run_traffic(server.base_url, "bench", concurrency, warmup_s, seed))
         _wait_idle(server.base_url, pid)
-        after_warmup = _sample(pid)
-        soak = asyncio.run(run_traffic(server.base_url, "bench", concurrency, duration_s, seed + 1))
-        gauges = _wait_idle(server.base_url, pid)
-        at_end = _sample(pid)
+        after_warmup = at_end = _sample(pid)
+        soak = Tally()
+        for segment in range(checkpoints):
+            part = asyncio.run(
+                run_traffic(server.base_url, "bench", concurrency, duration_s / checkpoints, seed + 1 + segment)
+            )
+            soak.add(part)
+            gauges = _wait_idle(server.base_url, pid)
+            at_end = _sample(pid)
+            for name, sample in at_end.items():
+                series.setdefault(name, []).append(round(sample.rss_bytes / (1 << 20), 1))
+            logger.info("checkpoint %d/%d: %s", segment + 1, checkpoints, {n: v[-1] for n, v in series.items()})
     finally:
         server.stop()
     leftovers = sorted(_leftover_names() - before)
     report = SoakReport(
-        model_dir, concurrency, warmup_s, duration_s, warmup, soak, after_warmup, at_end, gauges, leftovers
+        model_dir, concurrency, warmup_s, duration_s, warmup, soak, after_warmup, at_end, gauges, leftovers, series
     )
     report.judge()
     return report
@@ -215,6 +228,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=1200.0, help="seconds of load after the warm-up")
     parser.add_argument("--warmup", type=float, default=60.0, help="seconds of load before the first sample")
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--checkpoints", type=int, default=10, help="idle samples during the duration")
     parser.add_argument("--log", type=Path, default=Path("benchmarks/results/soak-server.log"))
     parser.add_argument("server_args", nargs="*", help="more `triton-chat serve` flags (after --)")
     args = parser.parse_args()

@@ -70,6 +70,16 @@ class Tally:
         key = f"{kind}:{status}"
         self.statuses[key] = self.statuses.get(key, 0) + 1
 
+    def add(self, other: Tally) -> None:
+        """Count ``other``'s requests in this tally too."""
+        for kind, count in other.sent.items():
+            self.sent[kind] = self.sent.get(kind, 0) + count
+        for key, count in other.statuses.items():
+            self.statuses[key] = self.statuses.get(key, 0) + count
+        self.failures += other.failures
+        self.unexpected.extend(other.unexpected[: max(20 - len(self.unexpected), 0)])
+        self.completion_tokens += other.completion_tokens
+
     def fail(self, kind: str, what: str) -> None:
         self.failures += 1
         if len(self.unexpected) < 20:
