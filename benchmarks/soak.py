@@ -243,6 +243,7 @@ def main() -> None:
         args.concurrency,
         args.log,
         server_args=tuple(args.server_args),
+        checkpoints=args.checkpoints,
     )
     sys.stdout.write(report.to_json() + "\n")
     sys.exit(0 if report.passed else 1)
