@@ -133,9 +133,11 @@ async def _invalid(http: httpx.AsyncClient, model: str, rng: random.Random, tall
         tally.fail(INVALID, f"HTTP {reply.status_code} (expected {expected}): {reply.text[:300]}")
 
 
-async def run_traffic(base_url: str, model: str, concurrency: int, duration_s: float, seed: int = 0) -> Tally:
+async def run_traffic(
+    base_url: str, model: str, concurrency: int, duration_s: float, seed: int = 0, mix: TrafficMix | None = None
+) -> Tally:
     """Send the mix from ``concurrency`` workers until ``duration_s`` has passed; bounded per request."""
-    mix = TrafficMix()
+    mix = mix or TrafficMix()
     rng = random.Random(seed)
     tally = Tally()
     deadline = time.monotonic() + duration_s

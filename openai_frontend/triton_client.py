@@ -29,6 +29,7 @@ from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from openai_frontend.backend import BackendError, BackendRequest, backend_unavailable
+from openai_frontend.grpc_reads import GuardedReads
 from openai_frontend.settings import FrontendSettings
 from python_backend import contract
 
@@ -169,8 +170,9 @@ class TritonBackend:
             logger.warning("Triton stream could not start: %s", exc)
             raise backend_unavailable() from exc
         finished = False
+        reads = GuardedReads(responses)
         try:
-            async for result, error in responses:
+            async for result, error in reads:
                 if finished:
                     continue  # drain: nothing after the final response belongs to this request
                 if error is not None:
@@ -192,7 +194,7 @@ class TritonBackend:
             if not finished:
                 # The consumer left early (client disconnect) or the call failed: tell Triton to
                 # cancel the request, so the engine frees the sequence at its next step.
-                responses.cancel()
+                await reads.cancel_when_idle(lambda item: item[1] is not None or _is_final(item[0]))
 
     async def is_ready(self) -> bool:
         """Whether the model answers the health probe within ``READY_TIMEOUT_S``.
