@@ -118,6 +118,12 @@ def _is_final(result: Any) -> bool:
     return "triton_final_response" in params and bool(params["triton_final_response"].bool_param)
 
 
+def _ends_stream(item: tuple[Any, Any]) -> bool:
+    """A ``(result, error)`` pair after which Triton sends nothing more for the request."""
+    result, error = item
+    return error is not None or _is_final(result)
+
+
 # Reconnect at most a second after tritonserver is back (gRPC's default backoff grows to 120 s):
 # the launcher restarts a tritonserver whose model process died on the same port, and the first
 # request after its model is ready should find the channel connected (RELIABILITY C6).
@@ -194,7 +200,7 @@ class TritonBackend:
             if not finished:
                 # The consumer left early (client disconnect) or the call failed: tell Triton to
                 # cancel the request, so the engine frees the sequence at its next step.
-                await reads.cancel_when_idle(lambda item: item[1] is not None or _is_final(item[0]))
+                await reads.cancel_when_idle(_ends_stream)
 
     async def is_ready(self) -> bool:
         """Whether the model answers the health probe within ``READY_TIMEOUT_S``.
@@ -233,15 +239,16 @@ class TritonBackend:
         responses = self._client.stream_infer(request(), stream_timeout=READY_TIMEOUT_S)
         problem: str | None = "the stream ended without an answer"
         answered = False
+        reads = GuardedReads(responses)
         try:
-            async for result, error in responses:
+            async for result, error in reads:
                 if answered:
                     continue  # read on to the stream's end: no cancel after the final response
                 answered = error is not None or _is_final(result)
                 problem = None if error is None else str(error)
         finally:
             if not answered:
-                responses.cancel()
+                await reads.cancel_when_idle(_ends_stream)
         return problem
 
     async def close(self) -> None:
