@@ -26,10 +26,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
-import psutil
 
 from benchmarks import servers
-from openai_frontend.launcher.tritonserver import SHM_DIR, SHM_PREFIX, STUB_NAME
+from benchmarks.soak import served_processes
+from openai_frontend.launcher.tritonserver import SHM_DIR, SHM_PREFIX
 
 RECOVERY_TIMEOUT_S = 300.0
 BOUNDS_S = {"stream_ended_s": 2.0, "refused_s": 1.0, "unready_s": 2.0}
@@ -49,11 +49,11 @@ class Cycle:
 
 
 def _stub(launcher_pid: int) -> tuple[int, list[str]]:
-    for child in psutil.Process(launcher_pid).children(recursive=True):
-        args = child.cmdline()
-        if args and Path(args[0]).name == STUB_NAME:
-            return child.pid, [a for a in args if a.startswith(SHM_PREFIX)]
-    raise RuntimeError("no model process found")
+    """The model's process under the launcher, and the shared-memory regions its command line names."""
+    stub = served_processes(launcher_pid).get("stub")
+    if stub is None:
+        raise RuntimeError("no model process found")
+    return stub.pid, [a for a in stub.cmdline() if a.startswith(SHM_PREFIX)]
 
 
 class _Stream:

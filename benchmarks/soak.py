@@ -118,7 +118,7 @@ class SoakReport:
         return json.dumps(body, indent=2)
 
 
-def _served_processes(launcher_pid: int) -> dict[str, psutil.Process]:
+def served_processes(launcher_pid: int) -> dict[str, psutil.Process]:
     """The launcher (with the frontend), tritonserver and the model's stub, by role."""
     root = psutil.Process(launcher_pid)
     found = {"launcher": root}
@@ -137,7 +137,7 @@ def _sample(launcher_pid: int) -> dict[str, ProcessSample]:
         name: ProcessSample(
             proc.pid, proc.memory_info().rss, proc.num_fds(), proc.num_threads(), cache if name == "stub" else 0
         )
-        for name, proc in _served_processes(launcher_pid).items()
+        for name, proc in served_processes(launcher_pid).items()
     }
 
 
@@ -151,7 +151,7 @@ def _gauges(text: str, names: tuple[str, ...]) -> dict[str, float]:
 
 
 def _triton_metrics_url(launcher_pid: int) -> str:
-    args = _served_processes(launcher_pid)["tritonserver"].cmdline()
+    args = served_processes(launcher_pid)["tritonserver"].cmdline()
     return f"http://127.0.0.1:{args[args.index('--metrics-port') + 1]}/metrics"
 
 
