@@ -42,6 +42,10 @@ class FrontendSettings(BaseModel):
         gt=0,
         description="MindIE `tokenTimeout`: longest wait for a stream's next response (its first included)",
     )
+    response_channel: bool = Field(
+        default=True,
+        description="streamed deltas over one channel per frontend, one gRPC response per engine step",
+    )
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0, description="largest accepted request body")
     media: MediaSettings = Field(
         default_factory=MediaSettings,

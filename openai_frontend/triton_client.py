@@ -22,6 +22,7 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+import anyio
 import grpc
 import numpy as np
 from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferInput, KeepAliveOptions
@@ -30,8 +31,11 @@ from tritonclient.utils import InferenceServerException
 
 from openai_frontend.backend import BackendError, BackendRequest, backend_unavailable
 from openai_frontend.grpc_reads import GuardedReads
+from openai_frontend.response_channel import ChannelLost, ResponseChannel, control_request
 from openai_frontend.settings import FrontendSettings
+from openai_frontend.triton_results import ends_stream, is_final, outputs_by_name
 from python_backend import contract
+from python_backend.channel_wire import ChannelEntry
 
 logger = logging.getLogger(__name__)
 
@@ -83,45 +87,46 @@ def _rpc_error(exc: grpc.RpcError, timeout_s: float) -> BackendError:
     return backend_unavailable()
 
 
-def _single_bytes(raw: bytes) -> bytes | None:
-    """The element of a one-element BYTES tensor in Triton's raw layout (4-byte little-endian
-    length, then the bytes); None when the buffer holds anything else."""
-    if len(raw) < 4:
-        return None
-    length = int.from_bytes(raw[:4], "little")
-    return raw[4:] if len(raw) == 4 + length else None
+CANCEL_WAIT_S = 1.0  # for the model's answer to a cancel_request, then for the request's end
 
 
-def _outputs(result: Any) -> dict[str, np.ndarray | None]:
-    """The response's outputs by name, read in one pass over the raw buffers.
+class OwnStream:
+    """A channel-bound request's own stream, read by a task of its own: it carries only an error
+    (put on the queue as ``BackendError``) or the end; ``ended`` says the end came without one."""
 
-    This runs once per streamed token; ``InferResult.as_numpy`` scans every output for each name
-    it is asked for and deserializes BYTES tensors through a general loop. One-element BYTES
-    tensors (every text and JSON output of the contract) are sliced directly; anything else goes
-    through ``as_numpy``.
-    """
-    response = result.get_response()
-    raw = response.raw_output_contents
-    arrays: dict[str, np.ndarray | None] = {}
-    for index, output in enumerate(response.outputs):
-        if index < len(raw) and output.datatype == "BYTES" and list(output.shape) == [1]:
-            value = _single_bytes(raw[index])
-            if value is not None:
-                arrays[output.name] = np.array([value], dtype=np.object_)
-                continue
-        arrays[output.name] = result.as_numpy(output.name)
-    return arrays
+    def __init__(self, reads: GuardedReads, queue: asyncio.Queue[Any], timeout_s: float) -> None:
+        self.reads = reads
+        self.ended = False
+        self._queue = queue
+        self._timeout_s = timeout_s
+        self.task: asyncio.Future[None] = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        failed = False
+        try:
+            async for _result, error in self.reads:
+                if error is not None and not failed:
+                    failed = True  # the request's last response; read on to the stream's end
+                    self._queue.put_nowait(BackendError(contract.ErrorInfo.from_wire(str(error))))
+        except grpc.RpcError as exc:
+            if not failed:
+                self._queue.put_nowait(_rpc_error(exc, self._timeout_s))
+            return
+        if not failed:
+            self.ended = True
+            self._queue.put_nowait(_STREAM_ENDED)
+
+    async def last_entry(self, queue: asyncio.Queue[Any]) -> Any:
+        """The next item once the stream ended: the model flushed the channel before it sent the
+        final flag, so the last entry is at most a message behind; if it never comes, the answer is lost."""
+        try:
+            return await asyncio.wait_for(queue.get(), LAST_ENTRY_WAIT_S)
+        except asyncio.TimeoutError:
+            return ChannelLost("the request's stream ended without its last entry on the channel")
 
 
-def _is_final(result: Any) -> bool:
-    params = result.get_response().parameters
-    return "triton_final_response" in params and bool(params["triton_final_response"].bool_param)
-
-
-def _ends_stream(item: tuple[Any, Any]) -> bool:
-    """A ``(result, error)`` pair after which Triton sends nothing more for the request."""
-    result, error = item
-    return error is not None or _is_final(result)
+_STREAM_ENDED = object()
+LAST_ENTRY_WAIT_S = 5.0
 
 
 # Reconnect at most a second after tritonserver is back (gRPC's default backoff grows to 120 s):
@@ -149,10 +154,15 @@ def channel_args() -> list[tuple[str, Any]]:
 class TritonBackend:
     """A ``ChatBackend`` that calls one decoupled Triton model over gRPC."""
 
-    def __init__(self, client: Any, model_name: str, request_timeout_s: float) -> None:
+    def __init__(
+        self, client: Any, model_name: str, request_timeout_s: float, channel: ResponseChannel | None = None
+    ) -> None:
+        """``channel``: streamed deltas come over it (``response_channel.py``); None: per request."""
         self._client = client  # tritonclient.grpc.aio.InferenceServerClient (or a stand-in in tests)
         self._model_name = model_name
         self._timeout_s = request_timeout_s
+        self._channel = channel
+        self._background: set[asyncio.Future[None]] = set()  # own streams read on to their end
         self._ready_answer: tuple[float, bool] | None = None  # (monotonic time, ready)
         self._ready_probe: asyncio.Future[bool] | None = None
 
@@ -160,14 +170,35 @@ class TritonBackend:
     def from_settings(cls, settings: FrontendSettings) -> TritonBackend:
         """Create the gRPC client; call from inside the event loop (grpc.aio channels bind to it)."""
         client = InferenceServerClient(url=settings.triton_grpc_url, channel_args=channel_args())
-        return cls(client, settings.triton_model_name, settings.request_timeout_s)
+        channel = ResponseChannel(client, settings.triton_model_name) if settings.response_channel else None
+        return cls(client, settings.triton_model_name, settings.request_timeout_s, channel)
 
     def generate(self, req: BackendRequest) -> AsyncGenerator[contract.ChoiceDelta, None]:
-        return self._generate(req)
+        return self._stream(req)
 
-    async def _requests(self, req: BackendRequest) -> AsyncIterator[dict[str, Any]]:
+    async def _stream(self, req: BackendRequest) -> AsyncGenerator[contract.ChoiceDelta, None]:
+        channel, queue = self._channel, asyncio.Queue[Any]()
+        channel_name = await channel.subscribe(req.request_id, queue) if channel is not None and req.stream else None
+        try:
+            if channel_name is None:
+                deltas = self._generate(req)
+            else:
+                deltas = self._generate_on_channel(req, channel_name, queue)
+            try:
+                async for delta in deltas:
+                    yield delta
+            finally:
+                await deltas.aclose()
+        finally:
+            if channel is not None and channel_name is not None:
+                channel.unsubscribe(req.request_id)
+
+    async def _requests(self, req: BackendRequest, channel_name: str | None = None) -> AsyncIterator[dict[str, Any]]:
         # Built here, inside the stream's own task, so a bad input surfaces as a stream error.
-        yield {"model_name": self._model_name, "inputs": build_infer_inputs(req), "request_id": req.request_id}
+        inputs = build_infer_inputs(req)
+        if channel_name is not None:
+            inputs.append(_input(contract.STREAM_CHANNEL, contract.bytes_tensor(channel_name)))
+        yield {"model_name": self._model_name, "inputs": inputs, "request_id": req.request_id}
 
     async def _generate(self, req: BackendRequest) -> AsyncGenerator[contract.ChoiceDelta, None]:
         try:
@@ -184,10 +215,10 @@ class TritonBackend:
                 if error is not None:
                     finished = True  # an error response is the request's last
                     raise BackendError(contract.ErrorInfo.from_wire(str(error)))
-                final = _is_final(result)
+                final = is_final(result)
                 outputs = result.get_response().outputs
                 if len(outputs) > 0:
-                    delta = contract.decode_delta(_outputs(result))
+                    delta = contract.decode_delta(outputs_by_name(result))
                     finished = final
                     yield delta
                 finished = finished or final
@@ -200,7 +231,54 @@ class TritonBackend:
             if not finished:
                 # The consumer left early (client disconnect) or the call failed: tell Triton to
                 # cancel the request, so the engine frees the sequence at its next step.
-                await reads.cancel_when_idle(_ends_stream)
+                await reads.cancel_when_idle(ends_stream)
+
+    async def _generate_on_channel(
+        self, req: BackendRequest, channel_name: str, queue: asyncio.Queue[Any]
+    ) -> AsyncGenerator[contract.ChoiceDelta, None]:
+        """Deltas from the channel (through ``queue``, subscribed by the caller); errors and the
+        end from the request's own stream."""
+        try:
+            responses = self._client.stream_infer(self._requests(req, channel_name), stream_timeout=self._timeout_s)
+        except InferenceServerException as exc:
+            logger.warning("Triton stream could not start: %s", exc)
+            raise backend_unavailable() from exc
+        own = OwnStream(GuardedReads(responses), queue, self._timeout_s)
+        finished = False
+        try:
+            while True:
+                item = await (queue.get() if not own.ended else own.last_entry(queue))
+                if isinstance(item, ChannelEntry):
+                    finished = finished or item.last
+                    if item.delta is not None:
+                        yield item.delta
+                    if item.last:
+                        return
+                elif isinstance(item, ChannelLost):
+                    logger.warning("request %s lost its response channel: %s", req.request_id, item.reason)
+                    raise backend_unavailable()
+                elif isinstance(item, BackendError):
+                    finished = True  # an error is the request's last response
+                    raise item
+        finally:
+            if not finished:
+                await self._cancel(req.request_id, own)
+            self._background.add(own.task)  # reads on to the stream's end: no cancel after the final
+            own.task.add_done_callback(self._background.discard)
+
+    async def _cancel(self, request_id: str, own: OwnStream) -> None:
+        """Ask the model to cancel the request (``cancel_request``) and wait for its stream to end;
+        a gRPC cancel only if that does not work, since it would cancel under the read in flight
+        (grpc_reads.py), and on a channel a request's own stream is silent until its end."""
+        with anyio.CancelScope(shield=True):  # this runs while the consumer is being cancelled
+            try:
+                cancel = control_request(self._client, self._model_name, contract.CANCEL_REQUEST, request_id, CANCEL_WAIT_S)
+                await asyncio.wait_for(cancel, CANCEL_WAIT_S)
+                await asyncio.wait({own.task}, timeout=CANCEL_WAIT_S)
+            except (InferenceServerException, grpc.RpcError, OSError, asyncio.TimeoutError) as exc:
+                logger.info("cancelling %s through the model failed: %r", request_id, exc)
+            if not own.task.done():
+                await own.reads.cancel_when_idle(ends_stream)
 
     async def is_ready(self) -> bool:
         """Whether the model answers the health probe within ``READY_TIMEOUT_S``.
@@ -244,12 +322,14 @@ class TritonBackend:
             async for result, error in reads:
                 if answered:
                     continue  # read on to the stream's end: no cancel after the final response
-                answered = error is not None or _is_final(result)
+                answered = error is not None or is_final(result)
                 problem = None if error is None else str(error)
         finally:
             if not answered:
-                await reads.cancel_when_idle(_ends_stream)
+                await reads.cancel_when_idle(ends_stream)
         return problem
 
     async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
         await self._client.close()

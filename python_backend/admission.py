@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -20,6 +21,9 @@ from python_backend.contract import ContractError, ErrorInfo
 from python_backend.kv_cache import BatchCache
 from python_backend.prefix_cache import PrefixHit
 from python_backend.sequence import EngineRequest, Sequence
+
+EARLY_CANCEL_S = 10.0
+MAX_EARLY_CANCELS = 1024
 
 
 def rows_needed(request: EngineRequest) -> int:
@@ -63,6 +67,7 @@ class Admission:
         self._lock = threading.Lock()
         self._queued = 0  # inbox + waiting, guarded by _lock
         self._cancel_ids: set[str] = set()  # guarded by _lock
+        self._early_cancels: dict[str, float] = {}  # id -> monotonic time asked, guarded by _lock
         self.waiting: deque[RequestGroup] = deque()
         self.reserved = 0  # KV token slots held by admitted requests
 
@@ -81,9 +86,20 @@ class Admission:
             self._queued += 1
         self._inbox.put(group)
 
-    def request_cancel(self, request_id: str) -> None:
+    def request_cancel(self, request_id: str, before_arrival: bool = False) -> None:
+        """Cancel at the next step; ``before_arrival``: also if the request arrives only later
+        (within ``EARLY_CANCEL_S``): a caller's cancel can overtake its request on the way here."""
         with self._lock:
             self._cancel_ids.add(request_id)
+            if before_arrival:
+                if len(self._early_cancels) >= MAX_EARLY_CANCELS:
+                    del self._early_cancels[next(iter(self._early_cancels))]
+                self._early_cancels[request_id] = time.monotonic()
+
+    def cancelled_before_arrival(self, request_id: str) -> bool:
+        with self._lock:
+            asked = self._early_cancels.pop(request_id, None)
+        return asked is not None and time.monotonic() - asked < EARLY_CANCEL_S
 
     @property
     def queued(self) -> int:

@@ -38,6 +38,16 @@ name                       dtype   shape  meaning
                                           as JSON (``"status": "ready"``), or with a 503 error
                                           that says why the engine does not serve. Other inputs
                                           are ignored.
+``open_channel``           BYTES   [1]    a channel name (8-128 characters): not a generation request
+                                          but a response channel (``channel_wire.py``): one response
+                                          that says it is open, then one response per engine step
+                                          with the deltas of every request that names it; it ends
+                                          when its caller cancels it or the model stops.
+``stream_channel``         BYTES   [1]    the open channel this request's deltas go to; its own
+                                          stream then carries only an error or the final flag.
+``cancel_request``         BYTES   [1]    a request id: not a generation request; that request is
+                                          cancelled as a gRPC cancel would, without waiting for the
+                                          engine to ask Triton; one final response, no outputs.
 =========================  ======  =====  ===========================================================
 
 Outputs (one response describes one choice; ``text_output`` is in every response, the others
@@ -59,6 +69,7 @@ name                   dtype   shape  meaning
 ``usage``              BYTES   [1]    JSON ``ChoiceUsage``, only on a choice's last response
 ``num_input_tokens``   UINT32  [1]    prompt tokens (vLLM-backend compatible)
 ``num_output_tokens``  UINT32  [1]    tokens generated for this choice so far
+``channel_deltas``     BYTES   [1]    a channel's response only: JSON list of entries (``channel_wire``)
 =====================  ======  =====  ===============================================================
 
 The parameters tensor is not called ``parameters``: Triton's HTTP generate endpoint reserves that
@@ -91,6 +102,9 @@ RETURN_FLAGS = (RETURN_FINISH_REASON, RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT
 MEDIA = "media"
 MEDIA_TYPES = "media_types"
 HEALTH_PROBE = "health_probe"
+OPEN_CHANNEL = "open_channel"
+STREAM_CHANNEL = "stream_channel"
+CANCEL_REQUEST = "cancel_request"
 
 # --- output tensor names ------------------------------------------------------------------------
 TEXT_OUTPUT = "text_output"
@@ -102,6 +116,7 @@ LOGPROBS = "logprobs"
 USAGE = "usage"
 NUM_INPUT_TOKENS = "num_input_tokens"
 NUM_OUTPUT_TOKENS = "num_output_tokens"
+CHANNEL_DELTAS = "channel_deltas"
 
 OUTPUT_NAMES = (
     TEXT_OUTPUT,
@@ -113,6 +128,7 @@ OUTPUT_NAMES = (
     USAGE,
     NUM_INPUT_TOKENS,
     NUM_OUTPUT_TOKENS,
+    CHANNEL_DELTAS,
 )
 
 FINISH_STOP = "stop"
@@ -141,6 +157,9 @@ INPUT_SPECS: tuple[TensorSpec, ...] = (
     TensorSpec(MEDIA, "BYTES", (-1,)),
     TensorSpec(MEDIA_TYPES, "BYTES", (-1,)),
     TensorSpec(HEALTH_PROBE, "BOOL", (1,)),
+    TensorSpec(OPEN_CHANNEL, "BYTES", (1,)),
+    TensorSpec(STREAM_CHANNEL, "BYTES", (1,)),
+    TensorSpec(CANCEL_REQUEST, "BYTES", (1,)),
 )
 
 OUTPUT_SPECS: tuple[TensorSpec, ...] = (
@@ -153,6 +172,7 @@ OUTPUT_SPECS: tuple[TensorSpec, ...] = (
     TensorSpec(USAGE, "BYTES", (1,), optional=False),
     TensorSpec(NUM_INPUT_TOKENS, "UINT32", (1,), optional=False),
     TensorSpec(NUM_OUTPUT_TOKENS, "UINT32", (1,), optional=False),
+    TensorSpec(CHANNEL_DELTAS, "BYTES", (1,), optional=False),
 )
 
 
@@ -352,7 +372,8 @@ def encode_delta(delta: ChoiceDelta, counts: CountOutputs = CountOutputs()) -> d
     return tensors
 
 
-def _token_logprob(raw: dict[str, Any]) -> TokenLogprob:
+def token_logprob(raw: dict[str, Any]) -> TokenLogprob:
+    """A ``TokenLogprob`` from its JSON object (``asdict`` form)."""
     return TokenLogprob(
         token=raw["token"],
         logprob=float(raw["logprob"]),
@@ -375,7 +396,7 @@ def decode_delta(outputs: dict[str, np.ndarray | None]) -> ChoiceDelta:
         reasoning=read_string(outputs.get(REASONING_OUTPUT)) or "",
         tool_calls=json.loads(tool_text) if tool_text else [],
         finish_reason=read_string(outputs.get(FINISH_REASON)) or None,
-        logprobs=[_token_logprob(x) for x in json.loads(logprobs_text)] if logprobs_text else None,
+        logprobs=[token_logprob(x) for x in json.loads(logprobs_text)] if logprobs_text else None,
         usage=ChoiceUsage.from_json(usage_text) if usage_text else None,
         num_input_tokens=int(n_in.reshape(-1)[0]) if n_in is not None else 0,
         num_output_tokens=int(n_out.reshape(-1)[0]) if n_out is not None else 0,

@@ -18,6 +18,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,8 +66,17 @@ class Engine(PrefillSteps, BeamSteps):
     """The engine; its prefill steps are in ``prefill.py``, its beam steps in ``beam_steps.py``
     (they share this state)."""
 
-    def __init__(self, loaded: LoadedModel, settings: EngineSettings, compute_cpus: list[int] | None = None) -> None:
-        """``compute_cpus``: where to pin the engine thread's team (default: chosen here, on CPU)."""
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        settings: EngineSettings,
+        compute_cpus: list[int] | None = None,
+        after_pass: Callable[[], None] | None = None,
+    ) -> None:
+        """``compute_cpus``: where to pin the engine thread's team (default: chosen here, on CPU).
+        ``after_pass``: called on the engine thread after each pass that may have sent events
+        (cancellations, a prefill, a decode step), so a transport can send them as one burst."""
+        self._after_pass = after_pass or (lambda: None)
         self._loaded = loaded
         self._settings = settings
         self.limits = Limits.resolve(settings, loaded)
@@ -124,8 +134,9 @@ class Engine(PrefillSteps, BeamSteps):
         self._admission.enqueue(RequestGroup(request, max_new, reservation))
         self._wake.set()
 
-    def cancel(self, request_id: str) -> None:
-        self._admission.request_cancel(request_id)
+    def cancel(self, request_id: str, before_arrival: bool = False) -> None:
+        """Cancel at the next step (``before_arrival``: see ``Admission.request_cancel``)."""
+        self._admission.request_cancel(request_id, before_arrival)
         self._wake.set()
 
     def stats(self) -> EngineStats:
@@ -179,16 +190,22 @@ class Engine(PrefillSteps, BeamSteps):
                 self._heartbeat.beat()
                 self._drain_inbox()
                 self._reap_cancelled()
+                self._after_pass()
                 if not (self._admission.waiting or self._prefilling or self._running):
                     self._wake.wait(_IDLE_WAIT_S)
                     self._wake.clear()
                     continue
                 self._prefill_step()
+                self._after_pass()
                 self._decode_step()
+                self._after_pass()
 
     def _drain_inbox(self) -> None:
         for group in self._admission.drain():
-            self._groups[group.request.request_id] = group
+            request_id = group.request.request_id
+            self._groups[request_id] = group
+            if self._admission.cancelled_before_arrival(request_id):
+                self._admission.request_cancel(request_id)
 
     def _reap_cancelled(self) -> None:
         """Drop requests cancelled by ``cancel()`` or seen cancelled by the watcher since the last step."""

@@ -13,6 +13,7 @@ import json
 import logging
 import queue
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import triton_python_backend_utils as pb_utils
 
 from python_backend import contract
+from python_backend.channel_wire import encode_entries
 from python_backend.compute_threads import confine_serving_threads, pinned_cpus, serialize_current_thread
 from python_backend.contract import ContractError, ErrorInfo
 from python_backend.engine import Engine
@@ -27,6 +29,7 @@ from python_backend.liveness import health_problem
 from python_backend.loader import load_model
 from python_backend.output_formats import resolve_formats
 from python_backend.request_decoding import decode_request
+from python_backend.response_channels import CANCEL_CHECK_S, Channel, ChannelRegistry, Outgoing, plan_delivery
 from python_backend.sequence import EngineEvent, EngineRequest
 from python_backend.settings import EngineSettings
 from python_backend.structured import GrammarCompiler
@@ -34,6 +37,11 @@ from python_backend.structured import GrammarCompiler
 logger = logging.getLogger("triton_chat")
 
 _INTERNAL = ErrorInfo(500, "internal error while reading the request", "internal_error")
+_PASS_END = object()  # the engine finished a pass: its events so far are one burst
+# How often a channel-bound request's Triton cancellation flag is asked (see _submit).
+CHANNEL_REQUEST_POLL_S = 0.25
+# The longest a channel's deltas wait for the end of their pass (normally well under 1 ms).
+_PASS_WAIT_S = 0.005
 
 
 class _ResponseLink:
@@ -71,41 +79,95 @@ class _ResponseLink:
             self._sender.send(response, flags=flags)
 
 
-@dataclass
-class _Outgoing:
-    sender: _ResponseLink
-    event: EngineEvent
-    echo_prompt: str = ""
-    counts: contract.CountOutputs = contract.CountOutputs()
+@dataclass(frozen=True)
+class _CloseChannel:
+    channel: Channel
 
 
 class _ResponseSender:
-    """One thread that sends every response; the engine only enqueues."""
+    """One thread that sends every response; the engine only enqueues.
 
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[_Outgoing | None] = queue.SimpleQueue()
+    Events are gathered per engine pass (the engine puts ``_PASS_END`` after each), so that every
+    channel gets one response per pass (``response_channels.py``); responses for requests without
+    a channel go out as soon as the queue is momentarily empty, as before.
+    """
+
+    def __init__(self, channels: ChannelRegistry) -> None:
+        self._channels = channels
+        self._queue: queue.SimpleQueue[Outgoing | object | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="triton-chat-sender", daemon=True)
         self._thread.start()
 
-    def put(self, item: _Outgoing) -> None:
+    def put(self, item: Outgoing) -> None:
         self._queue.put(item)
+
+    def pass_ended(self) -> None:
+        self._queue.put(_PASS_END)
+
+    def close_later(self, channel: Channel) -> None:
+        """Close a channel from another thread: at once for its requests (``closed``), and on this
+        thread for its link, so that no send on it runs beside its final one."""
+        channel.closed = True
+        self._queue.put(_CloseChannel(channel))
 
     def stop(self) -> None:
         self._queue.put(None)
         self._thread.join(10)
 
     def _run(self) -> None:
+        pending: list[Outgoing] = []
         while True:
-            item = self._queue.get()
+            for_pass = any(item.channel is not None for item in pending)
+            try:
+                if pending and not for_pass:
+                    item = self._queue.get(block=False)
+                else:
+                    item = self._queue.get(timeout=_PASS_WAIT_S if for_pass else CANCEL_CHECK_S)
+            except queue.Empty:
+                item = _PASS_END  # nothing more came: send what there is
+            if isinstance(item, Outgoing):
+                pending.append(item)
+                continue
+            self._deliver(pending)
+            pending = []
+            if isinstance(item, _CloseChannel):
+                self.close_channel(item.channel)
+            self._check_channels()
             if item is None:
                 return
+
+    def _deliver(self, items: list[Outgoing]) -> None:
+        if not items:
+            return
+        delivery = plan_delivery(items)
+        for channel, entries in delivery.batches:
+            output = pb_utils.Tensor(contract.CHANNEL_DELTAS, contract.bytes_tensor(encode_entries(entries)))
+            try:
+                channel.link.send(pb_utils.InferenceResponse(output_tensors=[output]))
+            except Exception:  # its caller is gone: its requests are cancelled through `closed`
+                logger.exception("sending on response channel %s failed; closing it", channel.name)
+                self.close_channel(channel)
+        for item in delivery.direct:
             try:
                 _send(item)
             except Exception:  # the client may be gone; the other requests go on
                 logger.exception("sending a response for %s failed", item.event.request_id)
 
+    def _check_channels(self) -> None:
+        for channel in self._channels.due_for_check(time.monotonic()):
+            if channel.link.is_cancelled():
+                logger.info("response channel %s was cancelled by its caller; closing it", channel.name)
+                self.close_channel(channel)
 
-def _send(item: _Outgoing) -> None:
+    def close_channel(self, channel: Channel) -> None:
+        if self._channels.close(channel):
+            try:
+                channel.link.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception:  # the caller is gone already; the channel is closed either way
+                logger.exception("ending response channel %s failed", channel.name)
+
+
+def _send(item: Outgoing) -> None:
     event = item.event
     flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if event.final else 0
     if event.error is not None:
@@ -125,6 +187,11 @@ def _send(item: _Outgoing) -> None:
 def _is_probe(request: Any) -> bool:
     tensor = pb_utils.get_input_tensor_by_name(request, contract.HEALTH_PROBE)
     return tensor is not None and contract.read_bool(tensor.as_numpy(), default=False)
+
+
+def _string_input(request: Any, name: str) -> str | None:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else contract.read_string(tensor.as_numpy())
 
 
 _GAUGES = (
@@ -205,8 +272,9 @@ class TritonPythonModel:
         if cpus is not None:
             confine_serving_threads(cpus[0])
             logger.info("compute threads pinned to CPUs %s; the stub's other threads share CPU %d", cpus, cpus[0])
-        self._engine = Engine(loaded, settings, compute_cpus=cpus)
-        self._sender = _ResponseSender()
+        self._channels = ChannelRegistry()
+        self._sender = _ResponseSender(self._channels)
+        self._engine = Engine(loaded, settings, compute_cpus=cpus, after_pass=self._sender.pass_ended)
         self._engine.start()
         self._metrics = _MetricsReporter(self._engine, loaded.name)
         logger.info("triton-chat model '%s' ready", loaded.name)
@@ -218,6 +286,15 @@ class TritonPythonModel:
             try:
                 if _is_probe(request):
                     self._answer_probe(sender, request_id)
+                    continue
+                target = _string_input(request, contract.CANCEL_REQUEST)
+                if target is not None:
+                    self._cancel(target)
+                    self._sender.put(Outgoing(sender, EngineEvent(request_id, final=True)))
+                    continue
+                channel_name = _string_input(request, contract.OPEN_CHANNEL)
+                if channel_name is not None:
+                    self._open_channel(sender, request_id, channel_name)
                     continue
                 self._submit(request, sender, request_id)
             except ContractError as exc:
@@ -232,13 +309,29 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             return None if tensor is None else tensor.as_numpy()
 
+        channel_name = _string_input(request, contract.STREAM_CHANNEL)
+        channel = self._channels.find(channel_name) if channel_name is not None else None
         prepared = decode_request(get, self._tokenizer, self._adapters, self._formats, self._media)
         response_format = prepared.params.response_format
         grammar = self._grammars.compile(response_format) if response_format is not None else None
         echo, counts = prepared.echo_prompt, prepared.counts
 
         def sink(event: EngineEvent) -> None:
-            self._sender.put(_Outgoing(sender, event, echo, counts))
+            self._sender.put(Outgoing(sender, event, echo, counts, channel))
+
+        asked = [0.0]
+
+        def is_cancelled() -> bool:
+            if channel is None:
+                return sender.is_cancelled()
+            # A closed channel has nowhere to deliver to: its requests stop too. The caller of a
+            # channel cancels with ``cancel_request`` (seen at the next step), so Triton's own
+            # flag, a round trip each time, is only the fallback, asked less often.
+            now = time.monotonic()
+            if channel.closed or now - asked[0] < CHANNEL_REQUEST_POLL_S:
+                return channel.closed
+            asked[0] = now
+            return sender.is_cancelled()
 
         self._engine.submit(
             EngineRequest(
@@ -246,7 +339,7 @@ class TritonPythonModel:
                 prompt_ids=prepared.prompt_ids,
                 params=prepared.params,
                 sink=sink,
-                is_cancelled=sender.is_cancelled,
+                is_cancelled=is_cancelled,
                 stream=prepared.stream,
                 output=prepared.output,
                 grammar=grammar,
@@ -262,12 +355,33 @@ class TritonPythonModel:
             self._fail(sender, request_id, problem)
             return
         delta = contract.ChoiceDelta(index=0, text=health.to_json())
-        self._sender.put(_Outgoing(sender, EngineEvent(request_id, delta=delta, final=True)))
+        self._sender.put(Outgoing(sender, EngineEvent(request_id, delta=delta, final=True)))
+
+    def _cancel(self, target: str) -> None:
+        """``cancel_request``: a request id, or an open channel's name (its caller is done with it)."""
+        channel = self._channels.get(target)
+        if channel is not None:
+            logger.info("response channel %s closed by its caller", target)
+            self._sender.close_later(channel)
+        else:
+            self._engine.cancel(target, before_arrival=True)
+
+    def _open_channel(self, sender: _ResponseLink, request_id: str, name: str) -> None:
+        self._channels.open(name, sender)
+        logger.info("response channel %s open", name)
+        # The first response says the channel is open: its text is the channel's name.
+        delta = contract.ChoiceDelta(index=0, text=name)
+        self._sender.put(Outgoing(sender, EngineEvent(request_id, delta=delta)))
 
     def _fail(self, sender: _ResponseLink, request_id: str, info: ErrorInfo) -> None:
-        self._sender.put(_Outgoing(sender, EngineEvent(request_id, error=info, final=True)))
+        self._sender.put(Outgoing(sender, EngineEvent(request_id, error=info, final=True)))
 
     def finalize(self) -> None:
         self._metrics.stop()
         self._engine.stop()
         self._sender.stop()
+        for channel in self._channels.close_all():
+            try:
+                channel.link.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception:  # its caller is gone; nothing is waiting for this channel
+                logger.exception("ending response channel %s failed", channel.name)

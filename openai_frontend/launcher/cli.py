@@ -249,6 +249,7 @@ def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions:
         drain_timeout_s=args.drain_timeout,
         token_timeout_s=args.token_timeout,
         e2e_timeout_s=args.e2e_timeout,
+        response_channel=args.response_channel,
     )
 
 
@@ -311,6 +312,7 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         drain_timeout_s=args.drain_timeout,
         token_timeout_s=args.token_timeout,
         e2e_timeout_s=args.e2e_timeout,
+        response_channel=args.response_channel,
         triton_log=args.triton_log,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,
         cpu_prepack_weights=args.cpu_prepack_weights,

@@ -59,6 +59,12 @@ def add_http_flags(http: Any) -> None:
         help="accepted Bearer key (repeatable); none = no authentication",
     )
     http.add_argument("--strict-params", action="store_true", help="reject unknown request fields with 400")
+    http.add_argument(
+        "--no-response-channel",
+        dest="response_channel",
+        action="store_false",
+        help="one gRPC response per streamed delta instead of one channel response per engine step",
+    )
     http.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate (needs --tls-key)")
     http.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
     http.add_argument("--tls-ca-cert", metavar="PEM", help="require client certificates signed by this CA (mTLS)")

@@ -56,6 +56,7 @@ class ServeOptions:
     token_timeout_s: float = 600.0  # FrontendSettings.token_timeout_s (MindIE tokenTimeout)
     e2e_timeout_s: float = 600.0  # FrontendSettings.request_timeout_s (MindIE e2eTimeout)
     max_restarts: int = MAX_RESTARTS  # tritonserver restarts allowed in 10 minutes (supervisor.py)
+    response_channel: bool = True  # FrontendSettings.response_channel
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class FrontendOptions:
     drain_timeout_s: float = 0.0  # SIGTERM: seconds requests in flight get to finish (0: stop at once)
     token_timeout_s: float = 600.0  # FrontendSettings.token_timeout_s (MindIE tokenTimeout)
     e2e_timeout_s: float = 600.0  # FrontendSettings.request_timeout_s (MindIE e2eTimeout)
+    response_channel: bool = True  # FrontendSettings.response_channel
 
 
 def uvicorn_tls(tls: TlsFiles | None) -> dict[str, Any]:
@@ -120,4 +122,5 @@ def http_settings(options: ServeOptions | FrontendOptions) -> dict[str, Any]:
         "api_keys": list(options.api_keys),
         "token_timeout_s": options.token_timeout_s,
         "request_timeout_s": options.e2e_timeout_s,
+        "response_channel": options.response_channel,
     }
