@@ -10,9 +10,9 @@ until then callers get ``None`` and use per-request streams, as before channels 
 
 Channels are rotated: tritonserver (2.51; server PR #7879) keeps every response of a request
 until the request ends, so a channel that lived for ever would grow tritonserver without bound
-(measured: +46 MB in two minutes of load). After ``ROTATE_AFTER`` responses a channel takes no
-new requests; the next request opens a fresh one, and the old one is closed as soon as its last
-request ended. So a channel holds about as many responses as the per-request streams it replaces.
+(measured: +46 MB in two minutes of load). After ``ROTATE_AFTER`` responses the next channel is
+opened in the background; once it is open, new requests go to it and the old one is closed as
+soon as its last request ended. So a channel holds about as many responses as the per-request streams it replaces.
 
 Why: see ``python_backend/response_channels.py``. Per streamed token this saves the stub's
 blocking send, tritonserver's response and a gRPC message here; per engine pass there is one.
@@ -181,7 +181,9 @@ class ResponseChannel:
         channel = _Open(name, reads)
         channel.reader = asyncio.ensure_future(self._read(channel))
         self._channels[name] = channel
-        self._current = channel
+        previous, self._current = self._current, channel
+        if previous is not None:
+            self._retire(previous)
         logger.debug("response channel %s open", name)
 
     def _refuse(self, reason: str, retry_s: float) -> None:
@@ -208,13 +210,18 @@ class ResponseChannel:
             self._lost(channel, reason)
 
     def _count(self, channel: _Open) -> None:
+        """Past ``ROTATE_AFTER`` responses, open the next channel in the background; requests keep
+        joining this one until it is open (so no request waits for an open), then it retires."""
         channel.responses += 1
-        if channel.responses >= ROTATE_AFTER and not channel.retired:
-            channel.retired = True
-            if self._current is channel:
-                self._current = None  # the next request opens a fresh channel
-            if not channel.waiting:
-                self._close_later(channel)
+        due = channel.responses >= ROTATE_AFTER and channel is self._current
+        opening = self._opening is not None and not self._opening.done()
+        if due and not opening and time.monotonic() >= self._refused_until:
+            self._opening = asyncio.ensure_future(self._open())
+
+    def _retire(self, channel: _Open) -> None:
+        channel.retired = True
+        if not channel.waiting:
+            self._close_later(channel)
 
     def _dispatch(self, entries: list[ChannelEntry]) -> None:
         for entry in entries:
