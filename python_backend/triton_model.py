@@ -39,7 +39,7 @@ logger = logging.getLogger("triton_chat")
 _INTERNAL = ErrorInfo(500, "internal error while reading the request", "internal_error")
 _PASS_END = object()  # the engine finished a pass: its events so far are one burst
 # How often a channel-bound request's Triton cancellation flag is asked (see _submit).
-CHANNEL_REQUEST_POLL_S = 0.25
+CHANNEL_REQUEST_POLL_S = 0.5
 # The longest a channel's deltas wait for the end of their pass (normally well under 1 ms).
 _PASS_WAIT_S = 0.005
 
@@ -205,7 +205,9 @@ _GAUGES = (
     ),
     ("triton_chat_prefix_cache_bytes", "Bytes held by cached prompt prefixes", "prefix_cache_bytes"),
 )
-_METRICS_PERIOD_S = 0.2
+# Each gauge update is a round trip to tritonserver, on the cores the engine computes on: a value
+# is sent only when it changed, and at most this often (Prometheus scrapes every 15 s or so).
+_METRICS_PERIOD_S = 0.5
 
 
 class _MetricsReporter:
@@ -228,11 +230,15 @@ class _MetricsReporter:
         self._thread.start()
 
     def _run(self) -> None:
+        sent: dict[str, float] = {}
         while not self._stop.wait(_METRICS_PERIOD_S):
             stats = self._engine.stats()
             try:
                 for gauge, field in self._gauges:
-                    gauge.set(float(getattr(stats, field)))
+                    value = float(getattr(stats, field))
+                    if sent.get(field) != value:
+                        gauge.set(value)
+                        sent[field] = value
             except Exception:  # metrics are best effort; serving goes on
                 logger.exception("updating metrics failed")
 

@@ -164,7 +164,7 @@ def test_cancel_request_stops_a_request_on_a_channel(triton_server: TritonHandle
         entries = _channel_entries(channel_responses, lambda got: any(e.last for e in got))
         assert entries[-1].request_id == request_id and entries[-1].last
         assert sum(1 for e in entries if e.delta is not None and e.delta.text) < 300  # it did not run to the end
-    # The engine's gauge refreshes every 0.2 s; the slot is free.
+    # The engine's gauge refreshes every 0.5 s; the slot is free.
     assert wait_for_gauge(triton_server, lambda value: value == 0, timeout=5) == 0
 
 
