@@ -118,7 +118,7 @@ NUM_INPUT_TOKENS = "num_input_tokens"
 NUM_OUTPUT_TOKENS = "num_output_tokens"
 CHANNEL_DELTAS = "channel_deltas"
 
-OUTPUT_NAMES = (
+DELTA_OUTPUT_NAMES = (  # what a request's own response may carry
     TEXT_OUTPUT,
     REASONING_OUTPUT,
     TOOL_CALLS,
@@ -128,8 +128,8 @@ OUTPUT_NAMES = (
     USAGE,
     NUM_INPUT_TOKENS,
     NUM_OUTPUT_TOKENS,
-    CHANNEL_DELTAS,
 )
+OUTPUT_NAMES = (*DELTA_OUTPUT_NAMES, CHANNEL_DELTAS)  # the config's order
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"

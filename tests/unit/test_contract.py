@@ -19,7 +19,7 @@ def test_delta_round_trip() -> None:
         num_output_tokens=2,
     )
     tensors = contract.encode_delta(delta)
-    assert set(tensors) == set(contract.OUTPUT_NAMES)
+    assert set(tensors) == set(contract.DELTA_OUTPUT_NAMES)
     assert contract.decode_delta(tensors) == delta
 
 
