@@ -128,11 +128,14 @@ class _ResponseSender:
             if isinstance(item, Outgoing):
                 pending.append(item)
                 continue
-            self._deliver(pending)
+            try:
+                self._deliver(pending)
+                if isinstance(item, _CloseChannel):
+                    self.close_channel(item.channel)
+                self._check_channels()
+            except Exception:  # a bug here must not stop every response of every request
+                logger.exception("delivering %d responses failed", len(pending))
             pending = []
-            if isinstance(item, _CloseChannel):
-                self.close_channel(item.channel)
-            self._check_channels()
             if item is None:
                 return
 
@@ -155,7 +158,12 @@ class _ResponseSender:
 
     def _check_channels(self) -> None:
         for channel in self._channels.due_for_check(time.monotonic()):
-            if channel.link.is_cancelled():
+            try:
+                cancelled = channel.link.is_cancelled()
+            except Exception:  # a transport that cannot answer cannot deliver either
+                logger.exception("asking response channel %s about cancellation failed", channel.name)
+                cancelled = True
+            if cancelled:
                 logger.info("response channel %s was cancelled by its caller; closing it", channel.name)
                 self.close_channel(channel)
 
