@@ -38,11 +38,9 @@ name                       dtype   shape  meaning
                                           as JSON (``"status": "ready"``), or with a 503 error
                                           that says why the engine does not serve. Other inputs
                                           are ignored.
-``open_channel``           BYTES   [1]    a channel name (8-128 characters): not a generation request
-                                          but a response channel (``channel_wire.py``): one response
-                                          that says it is open, then one response per engine step
-                                          with the deltas of every request that names it; it ends
-                                          when its caller cancels it or the model stops.
+``open_channel``           BYTES   [1]    a name (8-128 characters): opens a response channel, one
+                                          response per engine pass with the deltas of the requests
+                                          that name it (``response_channels.py``).
 ``stream_channel``         BYTES   [1]    the open channel this request's deltas go to; its own
                                           stream then carries only an error or the final flag.
 ``cancel_request``         BYTES   [1]    a request id: not a generation request; that request is

@@ -19,7 +19,6 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,7 +32,7 @@ from python_backend.contract import ContractError, ErrorInfo
 from python_backend.detokenizer import IncrementalDetokenizer
 from python_backend.kv_cache import BatchCache, KVBatch
 from python_backend.limits import Limits
-from python_backend.liveness import EngineHealth, Heartbeat
+from python_backend.liveness import EngineHealth, EngineStats, Heartbeat
 from python_backend.loader import LoadedModel
 from python_backend.lora import adapter_names
 from python_backend.prefill import INTERNAL_ERROR, PrefillSteps
@@ -49,17 +48,6 @@ logger = logging.getLogger(__name__)
 _IDLE_WAIT_S = 0.05
 _SHUTDOWN = ErrorInfo(503, "the model is shutting down", "service_unavailable", code="shutting_down")
 _LOOP_FAILED = ErrorInfo(503, "the engine stopped after an internal error", "service_unavailable", code="engine_failed")
-
-
-@dataclass
-class EngineStats:
-    running_sequences: int
-    waiting_requests: int
-    kv_cache_bytes: int
-    kv_reserved_tokens: int
-    kv_budget_tokens: int
-    prefix_cache_tokens: int = 0  # token positions held by the prefix cache
-    prefix_cache_bytes: int = 0
 
 
 class Engine(PrefillSteps, BeamSteps):

@@ -1,8 +1,8 @@
-"""Whether the engine is serving: the answer to the readiness probe.
+"""What the engine says about itself: whether it is serving (the readiness probe), and its gauges.
 
 Owns ``Heartbeat`` (the step loop marks each pass, and records why it stopped if it died),
-``EngineHealth`` (a snapshot any thread may take) and ``health_problem``, the one rule that turns
-a snapshot into "ready" or a 503 that says why.
+``EngineHealth`` (a snapshot any thread may take), ``health_problem``, the one rule that turns
+a snapshot into "ready" or a 503 that says why, and ``EngineStats`` (the gauges' snapshot).
 
 Why a probe at all: Triton reports a model READY for as long as it is loaded. A model process that
 hangs (SIGSTOP, a deadlock in native code) or an engine loop that died left readiness at 200 while
@@ -24,6 +24,17 @@ from python_backend.contract import ErrorInfo
 # A busy loop that has not finished a pass for this long is stuck. A pass is one prefill chunk of
 # at most max_num_batched_tokens plus one decode step: seconds on a CPU, never minutes.
 STALL_LIMIT_S = 60.0
+
+
+@dataclass
+class EngineStats:
+    running_sequences: int
+    waiting_requests: int
+    kv_cache_bytes: int
+    kv_reserved_tokens: int
+    kv_budget_tokens: int
+    prefix_cache_tokens: int = 0  # token positions held by the prefix cache
+    prefix_cache_bytes: int = 0
 
 
 @dataclass(frozen=True)

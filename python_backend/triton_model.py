@@ -25,6 +25,7 @@ from python_backend.channel_wire import encode_entries
 from python_backend.compute_threads import confine_serving_threads, pinned_cpus, serialize_current_thread
 from python_backend.contract import ContractError, ErrorInfo
 from python_backend.engine import Engine
+from python_backend.engine_metrics import MetricsReporter
 from python_backend.liveness import health_problem
 from python_backend.loader import load_model
 from python_backend.output_formats import resolve_formats
@@ -202,62 +203,6 @@ def _string_input(request: Any, name: str) -> str | None:
     return None if tensor is None else contract.read_string(tensor.as_numpy())
 
 
-_GAUGES = (
-    ("triton_chat_num_sequences_running", "Sequences in the engine's running batch", "running_sequences"),
-    ("triton_chat_num_requests_waiting", "Requests queued for admission", "waiting_requests"),
-    ("triton_chat_kv_cache_bytes", "Bytes held by the running batch's KV cache", "kv_cache_bytes"),
-    (
-        "triton_chat_kv_cache_reserved_tokens",
-        "KV-cache token slots reserved by admitted requests",
-        "kv_reserved_tokens",
-    ),
-    ("triton_chat_prefix_cache_bytes", "Bytes held by cached prompt prefixes", "prefix_cache_bytes"),
-)
-# Each gauge update is a round trip to tritonserver, on the cores the engine computes on: a value
-# is sent only when it changed, and at most this often (Prometheus scrapes every 15 s or so).
-_METRICS_PERIOD_S = 0.5
-
-
-class _MetricsReporter:
-    """Engine gauges on Triton's own ``/metrics``, refreshed by a thread of their own.
-
-    Reading stats is cheap, but each gauge update is IPC to the server, so it runs on a timer
-    rather than in the step loop.
-    """
-
-    def __init__(self, engine: Engine, model: str) -> None:
-        self._engine = engine
-        self._families = []
-        self._gauges = []
-        for name, description, field in _GAUGES:
-            family = pb_utils.MetricFamily(name=name, description=description, kind=pb_utils.MetricFamily.GAUGE)
-            self._families.append(family)
-            self._gauges.append((family.Metric(labels={"model": model}), field))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="triton-chat-metrics", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        sent: dict[str, float] = {}
-        while not self._stop.wait(_METRICS_PERIOD_S):
-            stats = self._engine.stats()
-            try:
-                for gauge, field in self._gauges:
-                    value = float(getattr(stats, field))
-                    if sent.get(field) != value:
-                        gauge.set(value)
-                        sent[field] = value
-            except Exception:  # metrics are best effort; serving goes on
-                logger.exception("updating metrics failed")
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        # Triton requires metrics to go before their families.
-        self._gauges.clear()
-        self._families.clear()
-
-
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -290,7 +235,7 @@ class TritonPythonModel:
         self._sender = _ResponseSender(self._channels)
         self._engine = Engine(loaded, settings, compute_cpus=cpus, after_pass=self._sender.pass_ended)
         self._engine.start()
-        self._metrics = _MetricsReporter(self._engine, loaded.name)
+        self._metrics = MetricsReporter(self._engine, loaded.name, pb_utils)
         logger.info("triton-chat model '%s' ready", loaded.name)
 
     def execute(self, requests: list[Any]) -> None:
