@@ -29,11 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
 from openai_frontend.grpc_reads import GuardedReads
-from openai_frontend.triton_results import outputs_by_name
+from openai_frontend.triton_results import contract_input, outputs_by_name
 from python_backend import contract
 from python_backend.channel_wire import ChannelEntry, decode_entries
 
@@ -53,18 +52,12 @@ class ChannelLost:
     reason: str
 
 
-def _text_input(name: str, value: str) -> InferInput:
-    tensor = InferInput(name, [1], "BYTES")
-    tensor.set_data_from_numpy(contract.bytes_tensor(value))
-    return tensor
-
-
 async def control_request(client: Any, model_name: str, input_name: str, value: str, timeout_s: float) -> None:
     """One of the contract's control requests (``cancel_request``), read to its final response;
     raises the model's error, if any."""
 
     async def request() -> AsyncIterator[dict[str, Any]]:
-        inputs = [_text_input(input_name, value)]
+        inputs = [contract_input(input_name, contract.bytes_tensor(value))]
         yield {"model_name": model_name, "inputs": inputs, "request_id": f"{input_name}-{uuid.uuid4().hex}"}
 
     async for _result, error in client.stream_infer(request(), stream_timeout=timeout_s):
@@ -160,7 +153,7 @@ class ResponseChannel:
         async def request() -> AsyncIterator[dict[str, Any]]:
             yield {
                 "model_name": self._model_name,
-                "inputs": [_text_input(contract.OPEN_CHANNEL, name)],
+                "inputs": [contract_input(contract.OPEN_CHANNEL, contract.bytes_tensor(name))],
                 "request_id": f"channel-{name}",
             }
 

@@ -33,7 +33,7 @@ from openai_frontend.backend import BackendError, BackendRequest, backend_unavai
 from openai_frontend.grpc_reads import GuardedReads
 from openai_frontend.response_channel import ChannelLost, ResponseChannel, control_request
 from openai_frontend.settings import FrontendSettings
-from openai_frontend.triton_results import ends_stream, is_final, outputs_by_name
+from openai_frontend.triton_results import contract_input, ends_stream, is_final, outputs_by_name
 from python_backend import contract
 from python_backend.channel_wire import ChannelEntry
 
@@ -45,30 +45,23 @@ READY_TIMEOUT_S = 2.0  # a readiness probe must answer well inside a Kubernetes 
 READY_REUSE_S = 0.5
 
 
-def _input(name: str, array: np.ndarray) -> InferInput:
-    datatype = next(spec.datatype for spec in contract.INPUT_SPECS if spec.name == name)
-    tensor = InferInput(name, list(array.shape), datatype)
-    tensor.set_data_from_numpy(array)
-    return tensor
-
-
 def build_infer_inputs(req: BackendRequest) -> list[InferInput]:
     """The contract's input tensors for one request (names and datatypes from ``contract``)."""
     inputs = [
-        _input(contract.MESSAGES, contract.json_tensor(req.messages)),
-        _input(contract.PARAMETERS, contract.json_tensor(req.parameters)),
-        _input(contract.STREAM, contract.bool_tensor(req.stream)),
+        contract_input(contract.MESSAGES, contract.json_tensor(req.messages)),
+        contract_input(contract.PARAMETERS, contract.json_tensor(req.parameters)),
+        contract_input(contract.STREAM, contract.bool_tensor(req.stream)),
     ]
     if req.media:
-        inputs.append(_input(contract.MEDIA, np.array([data for data, _ in req.media], dtype=np.object_)))
+        inputs.append(contract_input(contract.MEDIA, np.array([data for data, _ in req.media], dtype=np.object_)))
         types = [mime.encode("utf-8") for _, mime in req.media]
-        inputs.append(_input(contract.MEDIA_TYPES, np.array(types, dtype=np.object_)))
+        inputs.append(contract_input(contract.MEDIA_TYPES, np.array(types, dtype=np.object_)))
     return inputs
 
 
 def probe_inputs() -> list[InferInput]:
     """The input tensors of the readiness probe (``contract.HEALTH_PROBE``)."""
-    return [_input(contract.HEALTH_PROBE, contract.bool_tensor(True))]
+    return [contract_input(contract.HEALTH_PROBE, contract.bool_tensor(True))]
 
 
 def e2e_timeout_error(seconds: float) -> contract.ErrorInfo:
@@ -116,11 +109,11 @@ class OwnStream:
             self.ended = True
             self._queue.put_nowait(_STREAM_ENDED)
 
-    async def last_entry(self, queue: asyncio.Queue[Any]) -> Any:
+    async def last_entry(self) -> Any:
         """The next item once the stream ended: the model flushed the channel before it sent the
         final flag, so the last entry is at most a message behind; if it never comes, the answer is lost."""
         try:
-            return await asyncio.wait_for(queue.get(), LAST_ENTRY_WAIT_S)
+            return await asyncio.wait_for(self._queue.get(), LAST_ENTRY_WAIT_S)
         except asyncio.TimeoutError:
             return ChannelLost("the request's stream ended without its last entry on the channel")
 
@@ -197,7 +190,7 @@ class TritonBackend:
         # Built here, inside the stream's own task, so a bad input surfaces as a stream error.
         inputs = build_infer_inputs(req)
         if channel_name is not None:
-            inputs.append(_input(contract.STREAM_CHANNEL, contract.bytes_tensor(channel_name)))
+            inputs.append(contract_input(contract.STREAM_CHANNEL, contract.bytes_tensor(channel_name)))
         yield {"model_name": self._model_name, "inputs": inputs, "request_id": req.request_id}
 
     async def _generate(self, req: BackendRequest) -> AsyncGenerator[contract.ChoiceDelta, None]:
@@ -247,7 +240,7 @@ class TritonBackend:
         finished = False
         try:
             while True:
-                item = await (queue.get() if not own.ended else own.last_entry(queue))
+                item = await (queue.get() if not own.ended else own.last_entry())
                 if isinstance(item, ChannelEntry):
                     finished = finished or item.last
                     if item.delta is not None:

@@ -1,7 +1,8 @@
-"""Reading tritonclient's gRPC results: outputs by name, the final flag, the end of a stream.
+"""tritonclient's tensors both ways: the contract's inputs, and outputs by name, the final flag,
+the end of a stream in its gRPC results.
 
 Owns the helpers that both per-request streams (``triton_client``) and the response channel
-(``response_channel``) use on each response they read.
+(``response_channel``) use on each request they build and each response they read.
 """
 
 from __future__ import annotations
@@ -9,6 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from tritonclient.grpc import InferInput
+
+from python_backend import contract
+
+
+def contract_input(name: str, array: np.ndarray) -> InferInput:
+    """An input tensor named and typed as ``contract.INPUT_SPECS`` says."""
+    datatype = next(spec.datatype for spec in contract.INPUT_SPECS if spec.name == name)
+    tensor = InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array)
+    return tensor
 
 
 def single_bytes(raw: bytes) -> bytes | None:

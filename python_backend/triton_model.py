@@ -117,8 +117,8 @@ class _ResponseSender:
 
     def _run(self) -> None:
         pending: list[Outgoing] = []
+        for_pass = False  # a pending item goes to a channel: wait for the pass to end
         while True:
-            for_pass = any(item.channel is not None for item in pending)
             try:
                 if pending and not for_pass:
                     item = self._queue.get(block=False)
@@ -128,6 +128,7 @@ class _ResponseSender:
                 item = _PASS_END  # nothing more came: send what there is
             if isinstance(item, Outgoing):
                 pending.append(item)
+                for_pass = for_pass or item.channel is not None
                 continue
             try:
                 self._deliver(pending)
@@ -136,7 +137,7 @@ class _ResponseSender:
                 self._check_channels()
             except Exception:  # a bug here must not stop every response of every request
                 logger.exception("delivering %d responses failed", len(pending))
-            pending = []
+            pending, for_pass = [], False
             if item is None:
                 return
 
@@ -170,10 +171,15 @@ class _ResponseSender:
 
     def close_channel(self, channel: Channel) -> None:
         if self._channels.close(channel):
-            try:
-                channel.link.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            except Exception:  # the caller is gone already; the channel is closed either way
-                logger.exception("ending response channel %s failed", channel.name)
+            _end_channel(channel)
+
+
+def _end_channel(channel: Channel) -> None:
+    """Send a closed channel's final flag (its caller's stream then ends)."""
+    try:
+        channel.link.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    except Exception:  # the caller is gone already; the channel is closed either way
+        logger.exception("ending response channel %s failed", channel.name)
 
 
 def _send(item: Outgoing) -> None:
@@ -340,7 +346,4 @@ class TritonPythonModel:
         self._engine.stop()
         self._sender.stop()
         for channel in self._channels.close_all():
-            try:
-                channel.link.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            except Exception:  # its caller is gone; nothing is waiting for this channel
-                logger.exception("ending response channel %s failed", channel.name)
+            _end_channel(channel)
