@@ -1,8 +1,9 @@
 """Starting and stopping the servers a benchmark measures, each on a free loopback port.
 
 Owns: ``ServedProcess`` (a server started by this process, waited for, stopped by its PID and
-process group), the command lines for our launcher and for vLLM's CPU build, and sampling the
-peak resident memory of a process tree while a load runs.
+process group), the command lines for our launcher and for vLLM's CPU build, sampling the
+peak resident memory of a process tree while a load runs, and ``CpuShares`` (the CPU each
+process of a served path and the load generator used during a load).
 """
 
 from __future__ import annotations
@@ -129,3 +130,56 @@ class PeakMemory:
                 total += rss
                 self.by_name[name] = max(self.by_name.get(name, 0), rss)
             self.peak_bytes = max(self.peak_bytes, total)
+
+
+def _role(proc: psutil.Process, root_pid: int) -> str:
+    if proc.pid == os.getpid():
+        return "client"
+    if proc.pid == root_pid:
+        return "launcher"
+    command = " ".join(proc.cmdline())
+    if "triton_python_backend_stub" in command:
+        return "stub"
+    return "tritonserver" if "tritonserver" in command else Path(proc.name()).name
+
+
+@dataclass
+class CpuShares:
+    """CPU time of the server's processes and of this one (the client) between enter and exit.
+
+    On a machine whose cores the engine computes on, every other process's CPU is taken from the
+    engine (docs/benchmarks.md): the shares say where a served figure's gap went. Each share is
+    a percentage of one core over the wall time.
+    """
+
+    root_pid: int
+    shares: dict[str, float] = field(default_factory=dict)
+    _start: dict[int, tuple[str, float]] = field(default_factory=dict)
+    _started: float = 0.0
+
+    def _times(self) -> dict[int, tuple[str, float]]:
+        try:
+            root = psutil.Process(self.root_pid)
+            procs = [psutil.Process(), root, *root.children(recursive=True)]
+        except psutil.Error:
+            return {}
+        times = {}
+        for proc in procs:
+            try:
+                cpu = proc.cpu_times()
+                times[proc.pid] = (_role(proc, self.root_pid), cpu.user + cpu.system)
+            except psutil.Error:
+                continue  # ended while we looked; its time is lost to the figure, not to the load
+        return times
+
+    def __enter__(self) -> CpuShares:
+        self._start, self._started = self._times(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = time.perf_counter() - self._started
+        shares: dict[str, float] = {}
+        for pid, (role, cpu) in self._times().items():
+            used = cpu - self._start.get(pid, (role, 0.0))[1]
+            shares[role] = shares.get(role, 0.0) + used
+        self.shares = {role: round(100 * used / wall, 1) for role, used in sorted(shares.items())} if wall > 0 else {}

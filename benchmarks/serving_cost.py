@@ -7,7 +7,9 @@ the whole served path (launcher, tritonserver, frontend; a fresh server), with t
 prompt, request count and output length, so slow minutes of the machine fall on both sides.
 Prints every round's pair and ratio, and the median ratio. ``--per-request`` adds, in each round,
 the served path with ``--no-response-channel`` (one gRPC response per delta and request, as
-before response channels), to show what the channel is worth on the same build.
+before response channels), to show what the channel is worth on the same build. Each round also
+prints the CPU every process of the served path and the load generator used during its load, as
+a percentage of one core (``benchmarks.co_load`` measures what such a share costs the engine).
 
     python -m benchmarks.serving_cost --model ~/.cache/triton-chat/models/SmolLM2-135M-Instruct \\
         --rounds 3 --stream-interval 1 [--per-request]
@@ -27,7 +29,7 @@ from pathlib import Path
 from benchmarks.compare import _isolated
 from benchmarks.inprocess import engine_inprocess
 from benchmarks.load import DEFAULT_PROMPT, run_load
-from benchmarks.servers import ours
+from benchmarks.servers import CpuShares, ours
 
 CONCURRENCY = 16
 
@@ -37,6 +39,8 @@ class Round:
     engine_tokens_per_s: float
     served_tokens_per_s: float
     served_errors: int
+    # CPU of each process during the served load, % of one core (client = the load generator).
+    served_cpu_percent: dict[str, float]
     per_request_tokens_per_s: float | None = None  # served with --no-response-channel
 
     @property
@@ -52,33 +56,36 @@ class Round:
 
 def _served_tokens_per_s(
     model: str, dtype: str, requests: int, max_tokens: int, stream_interval: int, log: Path, *flags: str
-) -> tuple[float, int]:
+) -> tuple[float, int, dict[str, float]]:
     server = ours(model, dtype, log, extra_args=("--stream-interval", str(stream_interval), *flags))
     server.start()
     try:
         # One untimed wave: the first requests pay for prefix-cache misses and lazy set-up.
         asyncio.run(run_load(server.base_url, "bench", CONCURRENCY, CONCURRENCY, max_tokens, DEFAULT_PROMPT, "warm"))
-        report = asyncio.run(
-            run_load(server.base_url, "bench", CONCURRENCY, requests, max_tokens, DEFAULT_PROMPT, "served")
-        )
+        if server.process is None:
+            raise RuntimeError("the server did not start")
+        with CpuShares(server.process.pid) as cpu:
+            report = asyncio.run(
+                run_load(server.base_url, "bench", CONCURRENCY, requests, max_tokens, DEFAULT_PROMPT, "served")
+            )
     finally:
         server.stop()
-    return report.tokens_per_s, report.errors
+    return report.tokens_per_s, report.errors, cpu.shares
 
 
 def measure_round(
     model: str, dtype: str, requests: int, max_tokens: int, stream_interval: int, log: Path, per_request: bool
 ) -> Round:
     # The in-process engine also starts with an untimed request (engine_inprocess's warm-up).
-    engine = _isolated(engine_inprocess, model, dtype, CONCURRENCY, requests, max_tokens)
-    served, errors = _served_tokens_per_s(model, dtype, requests, max_tokens, stream_interval, log)
+    engine = _isolated(engine_inprocess, model, dtype, CONCURRENCY, requests, max_tokens, stream_interval)
+    served, errors, cpu = _served_tokens_per_s(model, dtype, requests, max_tokens, stream_interval, log)
     plain = None
     if per_request:
-        plain, more = _served_tokens_per_s(
+        plain, more, _ = _served_tokens_per_s(
             model, dtype, requests, max_tokens, stream_interval, log, "--no-response-channel"
         )
         errors += more
-    return Round(engine.tokens_per_s, served, errors, plain)
+    return Round(engine.tokens_per_s, served, errors, cpu, plain)
 
 
 def main() -> None:
