@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -53,12 +54,8 @@ async def paced(stream: AsyncGenerator[ChoiceDelta, None], timeout_s: float) -> 
     """
     try:
         while True:
-            # wait_for, not a cancel scope around the await: on timeout it cancels only the wait
-            # (and lets the backend stream cancel its gRPC call) and leaves no cancellation
-            # pending in this task, whichever task is iterating (the request's, then the
-            # response's: start_stream). asyncio.timeout would be cheaper but needs Python 3.11.
             try:
-                delta = await asyncio.wait_for(anext(stream), timeout_s)
+                delta = await _next_within(stream, timeout_s)
             except StopAsyncIteration:
                 return
             except asyncio.TimeoutError:
@@ -66,6 +63,18 @@ async def paced(stream: AsyncGenerator[ChoiceDelta, None], timeout_s: float) -> 
             yield delta
     finally:
         await close_stream(stream)
+
+
+async def _next_within(stream: AsyncGenerator[ChoiceDelta, None], timeout_s: float) -> ChoiceDelta:
+    # The timeout covers only this await, never the consumer's time between deltas. On expiry
+    # the backend stream is cancelled at its await (its cleanup cancels the request in Triton) and
+    # no cancellation is left pending in the task, whichever task iterates (the request's, then
+    # the response's: start_stream). asyncio.timeout does that with one timer per delta;
+    # wait_for, before Python 3.11, also runs each delta in a task of its own, a cost per token.
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(timeout_s):
+            return await anext(stream)
+    return await asyncio.wait_for(anext(stream), timeout_s)
 
 
 def new_request_id() -> str:
