@@ -50,11 +50,12 @@ def main() -> None:
         parser.error("--share must be in (0, 1), --burst-ms > 0, --rounds >= 1, --requests >= 16")
     burst_s = args.burst_ms / 1e3
     pause_s = burst_s * (1 - args.share) / args.share
+    spawn = multiprocessing.get_context("spawn")
     ratios = []
     for index in range(args.rounds):
         alone = _isolated(engine_inprocess, args.model, args.dtype, CONCURRENCY, args.requests, args.max_tokens)
-        stop = multiprocessing.get_context("spawn").Event()
-        other = multiprocessing.get_context("spawn").Process(target=_busy, args=(burst_s, pause_s, stop))
+        stop = spawn.Event()
+        other = spawn.Process(target=_busy, args=(burst_s, pause_s, stop))
         other.start()
         try:
             beside = _isolated(engine_inprocess, args.model, args.dtype, CONCURRENCY, args.requests, args.max_tokens)
@@ -67,8 +68,9 @@ def main() -> None:
             "round": index + 1,
             "alone_tokens_per_s": alone.tokens_per_s,
             "beside_tokens_per_s": beside.tokens_per_s,
+            "ratio": ratio,
         }
-        sys.stdout.write(json.dumps({**line, "ratio": ratio}) + "\n")
+        sys.stdout.write(json.dumps(line) + "\n")
         sys.stdout.flush()
     summary = {"other_process_share_of_one_core": args.share, "burst_ms": args.burst_ms}
     sys.stdout.write(json.dumps({**summary, "median_ratio": statistics.median(ratios)}) + "\n")

@@ -58,10 +58,8 @@ def _served(
     server.start()
     peak = 0
     try:
-        if server.process is None:
-            raise RuntimeError("server did not start")
         for concurrency in concurrencies:
-            with PeakMemory(server.process.pid) as memory:
+            with PeakMemory(server.pid) as memory:
                 report = asyncio.run(
                     run_load(
                         server.base_url, "bench", concurrency, _requests(concurrency), max_tokens, DEFAULT_PROMPT, label

@@ -143,12 +143,10 @@ def main() -> None:
     startup_s = time.monotonic() - started
     cycles: list[Cycle] = []
     try:
-        if server.process is None:
-            raise RuntimeError("the server did not start")
         for signum in (signal.SIGKILL, signal.SIGSEGV):
             for state in ("stream", "idle"):
                 for _ in range(args.cycles):
-                    cycles.append(run_cycle(server.base_url, server.process.pid, signum, state))
+                    cycles.append(run_cycle(server.base_url, server.pid, signum, state))
                     sys.stderr.write(json.dumps(asdict(cycles[-1])) + "\n")
     finally:
         server.stop()

@@ -38,6 +38,13 @@ class ServedProcess:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    @property
+    def pid(self) -> int:
+        """The server's PID (its process group's leader); it must have been started."""
+        if self.process is None:
+            raise RuntimeError(f"{self.label} was not started")
+        return self.process.pid
+
     def start(self) -> None:
         sink = self.log.open("w")
         self.process = subprocess.Popen(
@@ -116,8 +123,7 @@ class PeakMemory:
     def _run(self) -> None:
         while not self._stop.wait(0.2):
             try:
-                root = psutil.Process(self.root_pid)
-                procs = [root, *root.children(recursive=True)]
+                procs = _tree(self.root_pid)
             except psutil.Error:
                 return
             total = 0
@@ -130,6 +136,12 @@ class PeakMemory:
                 total += rss
                 self.by_name[name] = max(self.by_name.get(name, 0), rss)
             self.peak_bytes = max(self.peak_bytes, total)
+
+
+def _tree(root_pid: int) -> list[psutil.Process]:
+    """The process ``root_pid`` and all its descendants."""
+    root = psutil.Process(root_pid)
+    return [root, *root.children(recursive=True)]
 
 
 def _role(proc: psutil.Process, root_pid: int) -> str:
@@ -159,8 +171,7 @@ class CpuShares:
 
     def _times(self) -> dict[int, tuple[str, float]]:
         try:
-            root = psutil.Process(self.root_pid)
-            procs = [psutil.Process(), root, *root.children(recursive=True)]
+            procs = [psutil.Process(), *_tree(self.root_pid)]
         except psutil.Error:
             return {}
         times = {}

@@ -62,9 +62,7 @@ def _served_tokens_per_s(
     try:
         # One untimed wave: the first requests pay for prefix-cache misses and lazy set-up.
         asyncio.run(run_load(server.base_url, "bench", CONCURRENCY, CONCURRENCY, max_tokens, DEFAULT_PROMPT, "warm"))
-        if server.process is None:
-            raise RuntimeError("the server did not start")
-        with CpuShares(server.process.pid) as cpu:
+        with CpuShares(server.pid) as cpu:
             report = asyncio.run(
                 run_load(server.base_url, "bench", CONCURRENCY, requests, max_tokens, DEFAULT_PROMPT, "served")
             )

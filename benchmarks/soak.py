@@ -194,9 +194,7 @@ def run_soak(
     server.start()
     series: dict[str, list[float]] = {}
     try:
-        if server.process is None:
-            raise RuntimeError("the server did not start")
-        pid = server.process.pid
+        pid = server.pid
         warmup = asyncio.run(run_traffic(server.base_url, "bench", concurrency, warmup_s, seed))
         _wait_idle(server.base_url, pid)
         after_warmup = at_end = _sample(pid)
