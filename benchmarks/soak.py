@@ -171,10 +171,19 @@ def _wait_idle(base_url: str, launcher_pid: int) -> dict[str, float]:
         time.sleep(0.5)
 
 
-def _leftover_names() -> set[str]:
-    shm = {p.name for p in SHM_DIR.glob(f"{SHM_PREFIX}*")}
-    temp = {p.name for p in Path(tempfile.gettempdir()).glob("triton-chat-*")}
-    return shm | temp
+def _own_resources(launcher_pid: int) -> set[Path]:
+    """The shared-memory regions and the temporary folder of this server alone.
+
+    Another triton-chat on the same machine has its own, so only what this server's processes name
+    (the stub's regions in its argv, tritonserver's model repository under the run folder) counts.
+    """
+    processes = served_processes(launcher_pid)
+    own = {SHM_DIR / arg for arg in processes["stub"].cmdline() if arg.startswith(SHM_PREFIX)}
+    args = processes["tritonserver"].cmdline()
+    repository = Path(args[args.index("--model-repository") + 1])
+    if repository.parent.name.startswith("triton-chat-") and repository.parent.parent == Path(tempfile.gettempdir()):
+        own.add(repository.parent)
+    return own
 
 
 def run_soak(
@@ -189,12 +198,13 @@ def run_soak(
     checkpoints: int = 1,
 ) -> SoakReport:
     """``checkpoints``: idle samples taken during the duration (evenly), the last at its end."""
-    before = _leftover_names()
+    own: set[Path] = set()
     server = servers.ours(model_dir, dtype, log, max_num_seqs=concurrency, extra_args=server_args)
     server.start()
     series: dict[str, list[float]] = {}
     try:
         pid = server.pid
+        own = _own_resources(pid)
         warmup = asyncio.run(run_traffic(server.base_url, "bench", concurrency, warmup_s, seed))
         _wait_idle(server.base_url, pid)
         after_warmup = at_end = _sample(pid)
@@ -206,12 +216,13 @@ def run_soak(
             soak.add(part)
             gauges = _wait_idle(server.base_url, pid)
             at_end = _sample(pid)
+            own |= _own_resources(pid)
             for name, sample in at_end.items():
                 series.setdefault(name, []).append(round(sample.rss_bytes / (1 << 20), 1))
             logger.info("checkpoint %d/%d: %s", segment + 1, checkpoints, {n: v[-1] for n, v in series.items()})
     finally:
         server.stop()
-    leftovers = sorted(_leftover_names() - before)
+    leftovers = sorted(str(path) for path in own if path.exists())
     report = SoakReport(
         model_dir, concurrency, warmup_s, duration_s, warmup, soak, after_warmup, at_end, gauges, leftovers, series
     )

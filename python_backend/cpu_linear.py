@@ -27,13 +27,28 @@ PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def prepack_supported(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether this build of torch can prepack linear weights for ``device`` and ``dtype``."""
-    return (
+    """Whether this build of torch, on this CPU, can prepack linear weights for ``device`` and ``dtype``.
+
+    oneDNN's bfloat16 reorder needs AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT; on an AVX2-only CPU it
+    raises at load time, so the answer comes from one tiny reorder and product, not from the build.
+    """
+    if not (
         device.type == "cpu"
         and dtype in PACKABLE_DTYPES
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    )
+    ):
+        return False
+    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        logger.info("oneDNN has no bfloat16 kernels on this CPU: linear weights stay unpacked")
+        return False
+    try:
+        probe = torch.ones(2, 2, dtype=dtype)
+        torch.ops.mkldnn._linear_pointwise(probe, torch.ops.mkldnn._reorder_linear_weight(probe), None, "none", [], "")
+    except RuntimeError as error:
+        logger.info("oneDNN cannot prepack %s weights on this CPU (%s): linear weights stay unpacked", dtype, error)
+        return False
+    return True
 
 
 class PackedLinear(torch.nn.Module):
