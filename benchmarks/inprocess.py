@@ -19,14 +19,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from benchmarks.load import DEFAULT_PROMPT
-from python_backend.chat_template import render_prompt
-from python_backend.compute_threads import serialize_current_thread
-from python_backend.engine import Engine
-from python_backend.loader import load_model
-from python_backend.messages import validate_messages
-from python_backend.params import parse_parameters
-from python_backend.sequence import EngineEvent, EngineRequest
-from python_backend.settings import EngineSettings
+from python_backend.engine.engine import Engine
+from python_backend.engine.sequence import EngineEvent, EngineRequest
+from python_backend.model.loader import load_model
+from python_backend.model.threads import serialize_current_thread
+from python_backend.prompt.chat_template import render_prompt
+from python_backend.protocol.messages import validate_messages
+from python_backend.protocol.params import parse_parameters
+from python_backend.protocol.settings import EngineSettings
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -78,7 +78,7 @@ def engine_inprocess(
     are parsed, its messages checked and its chat template applied and tokenized in the submitting
     thread, as the Triton model does for each request beside the engine thread (0.2 ms each here).
     """
-    # As in the Triton model: only the engine thread runs torch in parallel (compute_threads.py).
+    # As in the Triton model: only the engine thread runs torch in parallel (model/threads.py).
     # The caller's count is restored afterwards for the generate() references that run here.
     threads = serialize_current_thread()
     settings = EngineSettings(

@@ -14,18 +14,18 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from openai_frontend.auth import ApiKeyMiddleware
-from openai_frontend.backend import ChatBackend
-from openai_frontend.drain import DrainMiddleware
-from openai_frontend.errors import install_error_handlers
-from openai_frontend.limits import BodySizeLimitMiddleware
+from openai_frontend.client.base import ChatBackend
+from openai_frontend.client.triton import TritonBackend
+from openai_frontend.http.auth import ApiKeyMiddleware
+from openai_frontend.http.body_limit import BodySizeLimitMiddleware
+from openai_frontend.http.drain import DrainMiddleware
+from openai_frontend.http.errors import install_error_handlers
+from openai_frontend.http.metrics import FrontendMetrics, MetricsMiddleware
 from openai_frontend.media.loader import MediaLoader
 from openai_frontend.media.net import Network
-from openai_frontend.metrics import FrontendMetrics, MetricsMiddleware
 from openai_frontend.routes import chat, health, metrics, models
 from openai_frontend.settings import FrontendSettings
 from openai_frontend.state import FrontendState
-from openai_frontend.triton_client import TritonBackend
 
 
 def create_app(

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
-from openai_frontend.backend import ChatBackend, backend_unavailable
-from openai_frontend.drain import DrainState
+from openai_frontend.client.base import ChatBackend, backend_unavailable
+from openai_frontend.http.drain import DrainState
+from openai_frontend.http.metrics import FrontendMetrics
 from openai_frontend.media.loader import MediaLoader
-from openai_frontend.metrics import FrontendMetrics
 from openai_frontend.settings import FrontendSettings
 
 

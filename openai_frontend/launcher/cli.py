@@ -18,7 +18,7 @@ from openai_frontend.launcher.http_flags import add_http_flags, check_http_flags
 from openai_frontend.launcher.options import FrontendOptions, ServeOptions, TlsFiles
 from openai_frontend.launcher.server_config import ConfigFileError, flag_defaults, load_server_file
 from openai_frontend.launcher.supervisor import MAX_RESTARTS
-from python_backend.settings import (
+from python_backend.protocol.settings import (
     DTYPES,
     KV_CACHE_DTYPE_CHOICES,
     REASONING_PARSER_CHOICES,
@@ -129,7 +129,7 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
         help="split <think> reasoning into reasoning_content (default: auto)",
     )
 
-    engine = serve.add_argument_group("engine limits (defaults: python_backend/settings.py)")
+    engine = serve.add_argument_group("engine limits (defaults: python_backend/protocol/settings.py)")
     engine.add_argument(
         "--max-num-seqs", type=_positive_int, metavar="N", help="sequences in the running batch at most"
     )

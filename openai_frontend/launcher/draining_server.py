@@ -3,7 +3,7 @@
 Owns ``DrainingServer`` and ``draining_server``, the one way both commands build it. Kubernetes
 (and most process managers) stop a pod with SIGTERM and give it a grace period. On the first
 SIGTERM this server keeps its socket open, turns readiness to 503 and new inference requests to
-503 with ``Retry-After`` (``openai_frontend.drain``), and lets the requests in flight finish; it
+503 with ``Retry-After`` (``openai_frontend.http.drain``), and lets the requests in flight finish; it
 stops once none is left or ``drain_timeout_s`` has passed (streams still open then end with an
 error event, ``drain.EXPIRY_GRACE_S``). Then uvicorn's own shutdown runs, bounded by
 ``SHUTDOWN_GRACE_S``: a stream still open at that point is cut. SIGINT (Ctrl-C) and a second
@@ -19,7 +19,7 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
-from openai_frontend.drain import DrainState
+from openai_frontend.http.drain import DrainState
 from openai_frontend.launcher.options import TlsFiles, uvicorn_tls
 
 # uvicorn's wait for open connections once the drain is over (its default waits for every stream).

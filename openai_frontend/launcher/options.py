@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from openai_frontend.launcher.supervisor import MAX_RESTARTS
-from python_backend.settings import EngineSettings
+from python_backend.protocol.settings import EngineSettings
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from openai_frontend.launcher.options import ServeOptions, engine_settings, http
 from openai_frontend.launcher.supervisor import Supervisor
 from openai_frontend.launcher.triton_install import TritonInstallError, locate_tritonserver
 from openai_frontend.launcher.tritonserver import TritonServerError, TritonServerProcess
-from python_backend.settings import SettingsError
+from python_backend.protocol.settings import SettingsError
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from urllib.parse import quote
 
 from openai_frontend.launcher.network import free_port
 from openai_frontend.launcher.triton_install import TritonInstall
-from python_backend.contract import HEALTH_PROBE
+from python_backend.protocol.contract import HEALTH_PROBE
 
 logger = logging.getLogger(__name__)
 

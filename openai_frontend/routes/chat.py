@@ -15,11 +15,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
-from openai_frontend.cancellation import ClientDisconnected, ClientGoneResponse, SSEResponse, run_until_disconnect
-from openai_frontend.schemas import ChatCompletionRequest, documented_errors
-from openai_frontend.serving import ChatCall, complete, events, start_stream
+from openai_frontend.chat.schemas import ChatCompletionRequest, documented_errors
+from openai_frontend.chat.serving import ChatCall, complete, events, start_stream
+from openai_frontend.chat.validation import validate_chat_request
+from openai_frontend.http.cancellation import ClientDisconnected, ClientGoneResponse, SSEResponse, run_until_disconnect
 from openai_frontend.state import frontend_state, require_backend
-from openai_frontend.validation import validate_chat_request
 
 router = APIRouter(tags=["chat"])
 

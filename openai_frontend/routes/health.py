@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from openai_frontend.backend import BackendError
-from openai_frontend.drain import DRAINING
-from openai_frontend.schemas import documented_errors
+from openai_frontend.chat.schemas import documented_errors
+from openai_frontend.client.base import BackendError
+from openai_frontend.http.drain import DRAINING
 from openai_frontend.state import frontend_state
-from python_backend.contract import ErrorInfo
+from python_backend.protocol.contract import ErrorInfo
 
 router = APIRouter(tags=["health"])
 

@@ -9,9 +9,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from openai_frontend.schemas import documented_errors
+from openai_frontend.chat.schemas import documented_errors
 from openai_frontend.state import FrontendState, frontend_state
-from python_backend.contract import ContractError, ErrorInfo
+from python_backend.protocol.contract import ContractError, ErrorInfo
 
 router = APIRouter(tags=["models"])
 

@@ -27,7 +27,7 @@ from openai_frontend.launcher.model_repo import MODEL_NAME, backend_python_path,
 from openai_frontend.launcher.network import bind_listening_socket
 from openai_frontend.launcher.triton_install import locate_tritonserver
 from openai_frontend.launcher.tritonserver import TritonServerProcess
-from python_backend.settings import EngineSettings
+from python_backend.protocol.settings import EngineSettings
 
 SERVED_MODEL_NAME = "tiny-qwen2-chat"
 LORA_NAME = "tiny-lora"
@@ -77,8 +77,8 @@ def start_triton(repo_parent: Path, settings: EngineSettings, log_path: Path) ->
 def triton_server(
     tiny_model_dir: Path, tiny_lora_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[TritonHandle]:
-    if importlib.util.find_spec("python_backend.triton_model") is None:
-        pytest.skip("python_backend.triton_model does not exist yet")
+    if importlib.util.find_spec("python_backend.triton.model") is None:
+        pytest.skip("python_backend.triton.model does not exist yet")
     settings = EngineSettings(
         model_path=str(tiny_model_dir),
         served_model_name=SERVED_MODEL_NAME,

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from openai_frontend.launcher.model_repo import MODEL_NAME
-from python_backend.settings import EngineSettings
+from python_backend.protocol.settings import EngineSettings
 from tests.e2e.conftest import TritonHandle, _frontend_values, _run_frontend, _stop_frontends, start_triton
 from tests.fixtures.tiny_multimodal import (
     build_tiny_audio_model,

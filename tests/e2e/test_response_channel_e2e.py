@@ -20,8 +20,8 @@ import httpx
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from python_backend import contract
-from python_backend.channel_wire import ChannelEntry, decode_entries
+from python_backend.protocol import contract
+from python_backend.protocol.channel_wire import ChannelEntry, decode_entries
 from tests.e2e.conftest import TritonHandle
 from tests.e2e.test_chat_e2e import wait_for_gauge
 

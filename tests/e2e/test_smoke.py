@@ -24,7 +24,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from openai_frontend.launcher.network import free_port
-from python_backend import contract
+from python_backend.protocol import contract
 from tests.e2e.conftest import TritonHandle
 from tests.e2e.processes import group_pids
 
@@ -114,7 +114,7 @@ def test_frontend_lists_the_model_and_answers(triton_server: TritonHandle, front
 
 def _start_launcher(tiny_model_dir: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], int]:
     # find_spec, not import: triton_model imports triton_python_backend_utils, which only the stub has.
-    for module in ("python_backend.triton_model", "openai_frontend.app"):
+    for module in ("python_backend.triton.model", "openai_frontend.app"):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} does not exist yet")
     port = free_port()

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from engine_driver import Driver, make_engine
 
-from python_backend.loader import LoadedModel, load_model
-from python_backend.settings import EngineSettings
+from python_backend.model.loader import LoadedModel, load_model
+from python_backend.protocol.settings import EngineSettings
 
 
 @pytest.fixture(scope="session")

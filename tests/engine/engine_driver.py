@@ -10,14 +10,14 @@ from typing import Any
 
 import torch
 
-from python_backend.chat_template import render_prompt
-from python_backend.contract import ChoiceDelta, ErrorInfo
-from python_backend.engine import Engine
-from python_backend.kv_cache import BatchCache, KVBatch
-from python_backend.loader import LoadedModel, load_model
-from python_backend.params import parse_parameters
-from python_backend.sequence import EngineEvent, EngineRequest
-from python_backend.settings import EngineSettings
+from python_backend.engine.engine import Engine
+from python_backend.engine.kv_cache import BatchCache, KVBatch
+from python_backend.engine.sequence import EngineEvent, EngineRequest
+from python_backend.model.loader import LoadedModel, load_model
+from python_backend.prompt.chat_template import render_prompt
+from python_backend.protocol.contract import ChoiceDelta, ErrorInfo
+from python_backend.protocol.params import parse_parameters
+from python_backend.protocol.settings import EngineSettings
 
 DEADLINE_S = 60.0
 

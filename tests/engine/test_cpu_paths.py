@@ -9,13 +9,13 @@ import pytest
 import torch
 from engine_driver import Driver, load_on_cpu, make_engine, running_batch
 
-from python_backend.compute_threads import serialize_current_thread
-from python_backend.limits import Limits
-from python_backend.loader import LoadedModel
-from python_backend.native.attention_kernel import build_kernel
-from python_backend.params import parse_parameters
-from python_backend.sequence import EngineEvent, EngineRequest
-from python_backend.settings import EngineSettings
+from python_backend.cpu.native.attention_kernel import build_kernel
+from python_backend.engine.limits import Limits
+from python_backend.engine.sequence import EngineEvent, EngineRequest
+from python_backend.model.loader import LoadedModel
+from python_backend.model.threads import serialize_current_thread
+from python_backend.protocol.params import parse_parameters
+from python_backend.protocol.settings import EngineSettings
 
 
 def _load(model_dir: Path, dtype: str, kv_cache_dtype: str = "auto", native: bool = False) -> LoadedModel:

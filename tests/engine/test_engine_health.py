@@ -8,8 +8,8 @@ import time
 import pytest
 from engine_driver import Driver, make_engine
 
-from python_backend.contract import ContractError
-from python_backend.liveness import health_problem
+from python_backend.engine.liveness import health_problem
+from python_backend.protocol.contract import ContractError
 
 
 def test_a_serving_engine_is_healthy_idle_and_busy(tiny_loaded) -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from engine_driver import load_on_cpu, running_batch
 
-from python_backend.kv_cache import BatchCache, KVBatch
+from python_backend.engine.kv_cache import BatchCache, KVBatch
 from tests.fixtures.onednn import BF16_PACK_SKIP
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from engine_driver import Driver, make_engine
 
-from python_backend.engine import Engine
-from python_backend.settings import EngineSettings
+from python_backend.engine.engine import Engine
+from python_backend.protocol.settings import EngineSettings
 
 
 def generate_greedy(driver: Driver, content: str, max_new_tokens: int) -> list[int]:

@@ -11,9 +11,9 @@ from engine_driver import Driver
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from python_backend.engine import Engine
-from python_backend.loader import load_model
-from python_backend.settings import EngineSettings, SettingsError
+from python_backend.engine.engine import Engine
+from python_backend.model.loader import load_model
+from python_backend.protocol.settings import EngineSettings, SettingsError
 
 
 def greedy(model, driver: Driver, content: str, tokens: int) -> str:

@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 from engine_driver import Collected, make_engine
 
-from python_backend import contract
-from python_backend.contract import ContractError
-from python_backend.engine import Engine
-from python_backend.loader import LoadedModel, load_model
-from python_backend.multimodal.positions import mm_token_types
-from python_backend.request_decoding import decode_request
-from python_backend.sequence import EngineRequest
-from python_backend.settings import EngineSettings
+from python_backend.engine.engine import Engine
+from python_backend.engine.sequence import EngineRequest
+from python_backend.model.loader import LoadedModel, load_model
+from python_backend.prompt.inputs import decode_request
+from python_backend.prompt.multimodal.positions import mm_token_types
+from python_backend.protocol import contract
+from python_backend.protocol.contract import ContractError
+from python_backend.protocol.settings import EngineSettings
 from tests.fixtures.tiny_multimodal import (
     build_tiny_audio_model,
     build_tiny_vl25_model,

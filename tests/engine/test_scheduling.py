@@ -8,9 +8,9 @@ import time
 import pytest
 from engine_driver import Driver, make_engine
 
-from python_backend.contract import ContractError
-from python_backend.engine import Engine
-from python_backend.settings import EngineSettings, SettingsError
+from python_backend.engine.engine import Engine
+from python_backend.protocol.contract import ContractError
+from python_backend.protocol.settings import EngineSettings, SettingsError
 
 
 def test_cancel_frees_the_slot_and_ends_with_one_final_event(tiny_loaded) -> None:

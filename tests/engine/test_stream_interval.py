@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 from engine_driver import Driver, make_engine
 
-from python_backend.loader import LoadedModel
-from python_backend.settings import EngineSettings, SettingsError
+from python_backend.model.loader import LoadedModel
+from python_backend.protocol.settings import EngineSettings, SettingsError
 
 MAX_TOKENS = 14
 

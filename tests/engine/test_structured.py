@@ -7,10 +7,10 @@ import json
 import pytest
 from engine_driver import Collected, Driver
 
-from python_backend.contract import ContractError
-from python_backend.params import parse_parameters
-from python_backend.sequence import EngineRequest
-from python_backend.structured import GrammarCompiler
+from python_backend.engine.sequence import EngineRequest
+from python_backend.protocol.contract import ContractError
+from python_backend.protocol.params import parse_parameters
+from python_backend.sampling.structured import GrammarCompiler
 
 SCHEMA = {
     "type": "object",

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from engine_driver import Collected, make_engine
 
-from python_backend import contract
-from python_backend.engine import Engine
-from python_backend.loader import LoadedModel, load_model
-from python_backend.output_formats import resolve_formats
-from python_backend.request_decoding import decode_request
-from python_backend.sequence import EngineRequest
-from python_backend.settings import EngineSettings
+from python_backend.engine.engine import Engine
+from python_backend.engine.sequence import EngineRequest
+from python_backend.model.loader import LoadedModel, load_model
+from python_backend.prompt.inputs import decode_request
+from python_backend.protocol import contract
+from python_backend.protocol.settings import EngineSettings
+from python_backend.text.output_formats import resolve_formats
 from tests.fixtures.trained_models import ANSWER, THINK_QUESTION, THOUGHT, TOOL_QUESTION, WEATHER_TOOL
 
 

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 
 from openai_frontend.app import create_app
-from openai_frontend.backend import BackendError, BackendRequest
+from openai_frontend.client.base import BackendError, BackendRequest
 from openai_frontend.settings import FrontendSettings
-from python_backend.contract import ChoiceDelta, ChoiceUsage, ErrorInfo, TokenLogprob, TopLogprob
+from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, ErrorInfo, TokenLogprob, TopLogprob
 
 MODEL = "tiny-chat"
 PROMPT_TOKENS = 9

@@ -7,7 +7,7 @@ import inspect
 import pytest
 from frontend_fakes import MODEL, FakeBackend, chat_body, client_for
 
-from openai_frontend import auth
+from openai_frontend.http import auth
 
 KEY = "sk-test-1"
 GOOD = {"Authorization": f"Bearer {KEY}"}

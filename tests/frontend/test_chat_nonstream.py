@@ -14,7 +14,7 @@ from frontend_fakes import (
     interleave,
 )
 
-from python_backend.contract import ChoiceDelta
+from python_backend.protocol.contract import ChoiceDelta
 
 
 def _check_invariants(usage: dict, decode_time_arr: list) -> None:

@@ -16,7 +16,7 @@ from frontend_fakes import (
     fixed,
 )
 
-from python_backend.contract import ChoiceDelta
+from python_backend.protocol.contract import ChoiceDelta
 
 
 def parse_sse(text: str) -> list[dict]:
@@ -187,7 +187,7 @@ async def test_backend_ending_mid_stream_ends_unfinished_choices_with_err_msg() 
 
 
 def test_a_running_chunk_is_exact_compact_json() -> None:
-    from openai_frontend.sse import StreamFormatter, StreamOptions
+    from openai_frontend.chat.sse import StreamFormatter, StreamOptions
 
     options = StreamOptions("chatcmpl-1", 1700000000, "m\"1", 1, False, True, False, False)
     formatter = StreamFormatter(options)

@@ -12,7 +12,7 @@ import uvicorn
 from frontend_fakes import FakeBackend, chat_body, choice_deltas, fixed, settings
 
 from openai_frontend.app import create_app
-from openai_frontend.drain import EXPIRY_GRACE_S, DrainState
+from openai_frontend.http.drain import EXPIRY_GRACE_S, DrainState
 from openai_frontend.launcher.draining_server import DrainingServer
 
 

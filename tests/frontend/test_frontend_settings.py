@@ -6,9 +6,9 @@ import pytest
 from frontend_fakes import FakeBackend
 from pydantic import ValidationError
 
-from openai_frontend.backend import ChatBackend
+from openai_frontend.client.base import ChatBackend
+from openai_frontend.client.triton import TritonBackend
 from openai_frontend.settings import FrontendSettings
-from openai_frontend.triton_client import TritonBackend
 
 
 def test_defaults() -> None:

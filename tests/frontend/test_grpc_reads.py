@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from openai_frontend import grpc_reads
-from openai_frontend.grpc_reads import GuardedReads
+from openai_frontend.client import reads as grpc_reads
+from openai_frontend.client.reads import GuardedReads
 
 
 class _Stream:

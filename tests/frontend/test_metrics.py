@@ -21,9 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_disconnect import leave_mid_stream
 
 from openai_frontend.app import create_app
-from openai_frontend.backend import BackendError, BackendRequest
-from openai_frontend.metrics import FrontendMetrics
-from python_backend.contract import ChoiceDelta
+from openai_frontend.client.base import BackendError, BackendRequest
+from openai_frontend.http.metrics import FrontendMetrics
+from python_backend.protocol.contract import ChoiceDelta
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

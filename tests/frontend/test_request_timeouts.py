@@ -10,10 +10,10 @@ import grpc
 from frontend_fakes import PIECES, FakeBackend, chat_body, client_for
 from test_chat_stream import parse_sse
 
-from openai_frontend.backend import BackendError
-from openai_frontend.serving import paced
-from openai_frontend.triton_client import _rpc_error
-from python_backend.contract import ChoiceDelta
+from openai_frontend.chat.serving import paced
+from openai_frontend.client.base import BackendError
+from openai_frontend.client.triton import _rpc_error
+from python_backend.protocol.contract import ChoiceDelta
 
 TOKEN_TIMEOUT_S = 0.3
 STALL_S = 30.0  # far beyond the timeout: only the timeout can end the request in time

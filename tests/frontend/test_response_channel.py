@@ -18,12 +18,12 @@ import pytest
 from tritonclient.grpc import InferResult, service_pb2
 from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor, serialize_byte_tensor
 
-from openai_frontend.backend import BackendError, BackendRequest
-from openai_frontend.response_channel import ResponseChannel
-from openai_frontend.triton_client import TritonBackend
-from python_backend import contract
-from python_backend.channel_wire import ChannelEntry, encode_entries
-from python_backend.contract import ChoiceDelta, ChoiceUsage, ErrorInfo
+from openai_frontend.client.base import BackendError, BackendRequest
+from openai_frontend.client.channel import ResponseChannel
+from openai_frontend.client.triton import TritonBackend
+from python_backend.protocol import contract
+from python_backend.protocol.channel_wire import ChannelEntry, encode_entries
+from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, ErrorInfo
 
 _END = object()
 
@@ -220,7 +220,7 @@ async def test_channels_rotate_and_a_retired_one_closes_when_its_last_request_en
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """tritonserver keeps a request's responses until it ends: no channel may live for ever."""
-    monkeypatch.setattr("openai_frontend.response_channel.ROTATE_AFTER", 2)
+    monkeypatch.setattr("openai_frontend.client.channel.ROTATE_AFTER", 2)
     model = _Model()
     backend = _backend(model)
     first = asyncio.ensure_future(_collect(backend, _request("r0")))

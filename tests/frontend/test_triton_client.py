@@ -18,10 +18,10 @@ import pytest
 from tritonclient.grpc import InferResult, service_pb2
 from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor, serialize_byte_tensor
 
-from openai_frontend.backend import BackendError, BackendRequest
-from openai_frontend.triton_client import READY_TIMEOUT_S, TritonBackend, build_infer_inputs
-from python_backend import contract
-from python_backend.contract import ChoiceDelta, ChoiceUsage, ErrorInfo, TokenLogprob, TopLogprob
+from openai_frontend.client.base import BackendError, BackendRequest
+from openai_frontend.client.triton import READY_TIMEOUT_S, TritonBackend, build_infer_inputs
+from python_backend.protocol import contract
+from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, ErrorInfo, TokenLogprob, TopLogprob
 
 REQUEST = BackendRequest(
     request_id="chatcmpl-abc",
@@ -238,7 +238,7 @@ async def test_readiness_fails_when_the_stream_cannot_start_or_ends_unanswered()
 
 
 async def test_readiness_fails_within_its_timeout_when_the_model_hangs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("openai_frontend.triton_client.READY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr("openai_frontend.client.triton.READY_TIMEOUT_S", 0.2)
     hung = _Client([(_result(ChoiceDelta(0, text="late"), True), None)], delay_s=30)
     started = asyncio.get_running_loop().time()
     assert not await TritonBackend(hung, "m", 30).is_ready()
@@ -279,7 +279,7 @@ async def test_readiness_callers_share_one_probe_and_its_answer_briefly(monkeypa
     assert all(await asyncio.gather(*(backend.is_ready() for _ in range(20))))
     assert await backend.is_ready()  # within READY_REUSE_S of the answer
     assert len(client.streams) == 1
-    monkeypatch.setattr("openai_frontend.triton_client.READY_REUSE_S", 0.0)
+    monkeypatch.setattr("openai_frontend.client.triton.READY_REUSE_S", 0.0)
     assert await backend.is_ready()
     assert len(client.streams) == 2  # an answer older than READY_REUSE_S is asked again
 

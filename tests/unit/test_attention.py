@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from python_backend.attention import decode_attention
+from python_backend.cpu.attention import decode_attention
 
 
 class _Module(torch.nn.Module):

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from python_backend.attention import decode_attention
-from python_backend.native import attention_kernel, build
-from python_backend.native.attention_kernel import DecodeAttentionKernel, build_kernel
+from python_backend.cpu.attention import decode_attention
+from python_backend.cpu.native import attention_kernel, build
+from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel, build_kernel
 
 
 class _Module(torch.nn.Module):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from python_backend.cancel_watch import CancelWatcher, Watched
+from python_backend.engine.cancel_watch import CancelWatcher, Watched
 
 DEADLINE_S = 5.0
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from python_backend.channel_wire import ChannelEntry, decode_entries, encode_entries
-from python_backend.contract import ChoiceDelta, ChoiceUsage, TokenLogprob, TopLogprob
+from python_backend.protocol.channel_wire import ChannelEntry, decode_entries, encode_entries
+from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, TokenLogprob, TopLogprob
 
 
 def test_entries_round_trip_with_every_field() -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from python_backend import contract
-from python_backend.contract import ChoiceDelta, ChoiceUsage, ErrorInfo, TokenLogprob, TopLogprob
+from python_backend.protocol import contract
+from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, ErrorInfo, TokenLogprob, TopLogprob
 
 
 def test_delta_round_trip() -> None:

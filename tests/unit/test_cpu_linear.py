@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from python_backend.cpu_linear import PackedLinear, pack_linears, prepack_supported
-from python_backend.fused_projections import ProjectionSlice
-from python_backend.lora import attach_adapters
+from python_backend.cpu.fused_projections import ProjectionSlice
+from python_backend.cpu.linear import PackedLinear, pack_linears, prepack_supported
+from python_backend.model.lora import attach_adapters
 from tests.fixtures.onednn import BF16_PACKS, PACKED_DTYPES
 
 pytestmark = pytest.mark.skipif(

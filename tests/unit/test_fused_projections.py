@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from python_backend.cpu_linear import prepack_supported
-from python_backend.fused_projections import FusedProjections, ProjectionSlice
+from python_backend.cpu.fused_projections import FusedProjections, ProjectionSlice
+from python_backend.cpu.linear import prepack_supported
 from tests.fixtures.onednn import PACKED_DTYPES
 
 pytestmark = pytest.mark.skipif(

@@ -31,7 +31,7 @@ from openai_frontend.launcher.options import FrontendOptions, ServeOptions, engi
 from openai_frontend.launcher.serve import run_serve
 from openai_frontend.launcher.triton_install import TritonInstall
 from openai_frontend.launcher.tritonserver import TritonEndpoints, TritonServerProcess
-from python_backend.settings import EngineSettings, SettingsError
+from python_backend.protocol.settings import EngineSettings, SettingsError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from python_backend.liveness import STALL_LIMIT_S, EngineHealth, Heartbeat, health_problem
+from python_backend.engine.liveness import STALL_LIMIT_S, EngineHealth, Heartbeat, health_problem
 
 
 class _Clock:

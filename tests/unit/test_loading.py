@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from python_backend.device import DeviceError, resolve_device, resolve_dtype
-from python_backend.loader import ModelLoadError, load_model
-from python_backend.settings import EngineSettings, SettingsError
-from python_backend.token_text import TokenTexts
+from python_backend.model.device import DeviceError, resolve_device, resolve_dtype
+from python_backend.model.loader import ModelLoadError, load_model
+from python_backend.protocol.settings import EngineSettings, SettingsError
+from python_backend.text.token_text import TokenTexts
 
 
 def test_a_tokenizer_without_chat_template_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -89,7 +89,7 @@ def test_trust_remote_code_is_off_unless_asked(tmp_path: Path) -> None:
 
 
 def test_sampling_defaults_follow_generation_config() -> None:
-    from python_backend.loader import _sampling_defaults
+    from python_backend.model.loader import _sampling_defaults
 
     greedy = _sampling_defaults({"do_sample": False, "temperature": 0.7}, {}, 1000)
     assert greedy.temperature == 0.0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from python_backend.contract import ContractError
-from python_backend.messages import validate_messages
+from python_backend.protocol.contract import ContractError
+from python_backend.protocol.messages import validate_messages
 
 
 def param_of(messages) -> str | None:

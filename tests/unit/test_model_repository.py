@@ -9,8 +9,8 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from python_backend import contract
-from python_backend.settings import EngineSettings
+from python_backend.protocol import contract
+from python_backend.protocol.settings import EngineSettings
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "triton_chat"
 # contract.TensorSpec.datatype -> config.pbtxt data_type
@@ -67,6 +67,6 @@ def test_version_folder_is_a_shim_into_python_backend() -> None:
         node for node in tree.body if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
     ]
     assert [ast.unparse(node) for node in statements] == [
-        "from python_backend.triton_model import TritonPythonModel",
+        "from python_backend.triton.model import TritonPythonModel",
         "__all__ = ['TritonPythonModel']",
     ]

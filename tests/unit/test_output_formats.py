@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from python_backend import contract
-from python_backend.chat_template import render_prompt_text
-from python_backend.contract import ContractError
-from python_backend.output_formats import ModelFormats, plan_output, resolve_formats
-from python_backend.output_plan import REASONING_DETECT, REASONING_FORCED, REASONING_OFF, OutputPipeline
-from python_backend.params import parse_parameters
-from python_backend.request_decoding import decode_request
-from python_backend.settings import EngineSettings, SettingsError
+from python_backend.prompt.chat_template import render_prompt_text
+from python_backend.prompt.inputs import decode_request
+from python_backend.protocol import contract
+from python_backend.protocol.contract import ContractError
+from python_backend.protocol.params import parse_parameters
+from python_backend.protocol.settings import EngineSettings, SettingsError
+from python_backend.text.output_formats import ModelFormats, plan_output, resolve_formats
+from python_backend.text.output_plan import REASONING_DETECT, REASONING_FORCED, REASONING_OFF, OutputPipeline
 
 
 def tool(name: str) -> dict[str, Any]:

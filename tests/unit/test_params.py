@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from python_backend.contract import ContractError
-from python_backend.params import parse_parameters
+from python_backend.protocol.contract import ContractError
+from python_backend.protocol.params import parse_parameters
 
 
 def error_of(raw: dict, stream: bool = False):

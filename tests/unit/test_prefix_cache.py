@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from python_backend.prefix_cache import BLOCK, PrefixCache
+from python_backend.engine.prefix_cache import BLOCK, PrefixCache
 
 LAYERS, HEADS, DIM = 2, 3, 4
 

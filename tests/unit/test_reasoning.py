@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from python_backend.output_plan import REASONING_DETECT, REASONING_FORCED, OutputPipeline, OutputPlan
-from python_backend.reasoning import ReasoningSplitter
+from python_backend.text.output_plan import REASONING_DETECT, REASONING_FORCED, OutputPipeline, OutputPlan
+from python_backend.text.reasoning import ReasoningSplitter
 from tests.fixtures.token_stream import token_deltas
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from python_backend import contract
-from python_backend.channel_wire import ChannelEntry
-from python_backend.contract import ChoiceDelta, ContractError, ErrorInfo
-from python_backend.response_channels import CANCEL_CHECK_S, ChannelRegistry, Outgoing, plan_delivery
-from python_backend.sequence import EngineEvent
+from python_backend.engine.sequence import EngineEvent
+from python_backend.protocol import contract
+from python_backend.protocol.channel_wire import ChannelEntry
+from python_backend.protocol.contract import ChoiceDelta, ContractError, ErrorInfo
+from python_backend.triton.channels import CANCEL_CHECK_S, ChannelRegistry, Outgoing, plan_delivery
 
 
 def test_registry_opens_finds_and_closes_once() -> None:

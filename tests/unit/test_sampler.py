@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from python_backend.sampler import RowSampling, sample
+from python_backend.sampling.sampler import RowSampling, sample
 
 
 def row(seed: int = 0, **overrides) -> RowSampling:

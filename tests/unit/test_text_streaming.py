@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from python_backend.detokenizer import IncrementalDetokenizer
-from python_backend.stop_strings import StopStringMatcher
+from python_backend.text.detokenizer import IncrementalDetokenizer
+from python_backend.text.stop_strings import StopStringMatcher
 
 
 def feed_all(matcher: StopStringMatcher, pieces: list[str]) -> tuple[str, bool]:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from python_backend.compute_threads import pinned_cpus, use_compute_threads
-from python_backend.native.thread_binding import compute_cpus
+from python_backend.cpu.native.thread_binding import compute_cpus
+from python_backend.model.threads import pinned_cpus, use_compute_threads
 
 
 def _topology(root: Path, cores: dict[int, tuple[int, int]]) -> Path:
@@ -74,7 +74,7 @@ def test_confining_moves_every_thread_of_the_process() -> None:
     # In a child process: it pins the whole process, which must not leak into this one.
     script = (
         "import os, threading, time\n"
-        "from python_backend.compute_threads import confine_serving_threads\n"
+        "from python_backend.model.threads import confine_serving_threads\n"
         "stop = threading.Event()\n"
         "helper = threading.Thread(target=stop.wait)\n"
         "helper.start()\n"

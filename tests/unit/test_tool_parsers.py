@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from python_backend.tool_parsers import ParserOutput, ToolCall, ToolParser, make_tool_parser
+from python_backend.text.tool_parsers import ParserOutput, ToolCall, ToolParser, make_tool_parser
 from tests.fixtures.token_stream import token_deltas
 
 CALL_ID = re.compile(r"^call_[0-9a-f]{24}$")

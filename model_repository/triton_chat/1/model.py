@@ -4,6 +4,6 @@ The Python backend stub imports this file by path; ``python_backend`` must be im
 the stub's interpreter (installed in its environment, or on PYTHONPATH as the launcher sets it).
 """
 
-from python_backend.triton_model import TritonPythonModel
+from python_backend.triton.model import TritonPythonModel
 
 __all__ = ["TritonPythonModel"]

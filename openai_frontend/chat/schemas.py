@@ -1,0 +1,152 @@
+"""The HTTP request body of ``POST /v1/chat/completions``.
+
+Owns: ``ChatCompletionRequest`` (pydantic v2) and its allow-list conversion to the ``parameters``
+tensor (``to_backend_parameters``). Generation fields are typed ``Any`` on purpose: their ranges,
+types and cross-field rules live in ``python_backend.protocol.params.parse_parameters``, which both this
+frontend and the Triton model run, so an HTTP caller and a tritonclient caller get identical
+errors. The JSON schema still documents each field's type (for clients and API fuzzers).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, WithJsonSchema
+
+
+def _nullable(*types: dict[str, Any]) -> WithJsonSchema:
+    return WithJsonSchema({"anyOf": [*types, {"type": "null"}]})
+
+
+_BOOLEAN: dict[str, Any] = {"type": "boolean"}
+_OBJECT: dict[str, Any] = {"type": "object"}
+_OBJECTS: dict[str, Any] = {"type": "array", "items": _OBJECT}
+
+# Validated as ``Any`` (the rules are parse_parameters'), documented with the type clients send.
+OptNumber = Annotated[Any, _nullable({"type": "number"})]
+OptInteger = Annotated[Any, _nullable({"type": "integer"})]
+OptBoolean = Annotated[Any, _nullable(_BOOLEAN)]
+OptObject = Annotated[Any, _nullable(_OBJECT)]
+OptObjects = Annotated[Any, _nullable(_OBJECTS)]
+OptIntegers = Annotated[Any, _nullable({"type": "array", "items": {"type": "integer"}})]
+OptStop = Annotated[Any, _nullable({"type": "string"}, {"type": "array", "items": {"type": "string"}})]
+OptToolChoice = Annotated[Any, _nullable({"type": "string"}, _OBJECT)]
+OptStreamOptions = Annotated[Any, _nullable({"type": "object", "properties": {"include_usage": _BOOLEAN}})]
+Messages = Annotated[Any, WithJsonSchema({"type": "array", "items": _OBJECT, "minItems": 1})]
+
+# The request fields that become keys of the ``parameters`` tensor, unchanged. ``lora`` is not
+# among them: it comes from ``model``, never from the body.
+GENERATION_FIELDS: tuple[str, ...] = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "ignore_eos",
+    "max_tokens",
+    "max_completion_tokens",
+    "min_tokens",
+    "n",
+    "best_of",
+    "use_beam_search",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "chat_template_kwargs",
+    "response_format",
+)
+
+
+class ChatCompletionRequest(BaseModel):
+    """``POST /v1/chat/completions`` body (MindIE / vLLM / OpenAI field names).
+
+    Unknown fields are kept (``extra="allow"``) so the route can name them in the
+    ``x-ignored-params`` header, or reject them when the server runs with strict params.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr = Field(..., description="served model name, or a LoRA adapter name")
+    messages: Messages = Field(..., description="chat messages; rules in python_backend.protocol.messages")
+    stream: StrictBool | None = Field(None, description="true: Server-Sent Events (beam search: one JSON body)")
+    stream_options: OptStreamOptions = Field(
+        None, description="OpenAI mode only: include_usage adds a final usage chunk"
+    )
+
+    temperature: OptNumber = Field(None, description=">= 0; must be > 0 when n or best_of > 1")
+    top_p: OptNumber = Field(None, description="(1e-6, 1]")
+    top_k: OptInteger = Field(None, description="-1 or 0 = off, else [1, 2^31-1]; clamped to the vocabulary")
+    repetition_penalty: OptNumber = Field(None, description="(0, 2]")
+    presence_penalty: OptNumber = Field(None, description="[-2, 2]")
+    frequency_penalty: OptNumber = Field(None, description="[-2, 2]")
+    seed: OptInteger = Field(None, description="[0, 2^64-1]")
+    stop: OptStop = Field(None, description="stop strings, 32768 characters in total at most")
+    stop_token_ids: OptIntegers = Field(None, description="token ids that end a choice")
+    include_stop_str_in_output: OptBoolean = Field(None, description="keep the matched stop text")
+    skip_special_tokens: OptBoolean = Field(None, description="drop special tokens from the text")
+    ignore_eos: OptBoolean = Field(None, description="keep generating past EOS")
+    max_tokens: OptInteger = Field(None, description="[1, 2^31-1]; capped by the server's maxIterTimes")
+    max_completion_tokens: OptInteger = Field(None, description="OpenAI alias of max_tokens")
+    min_tokens: OptInteger = Field(None, description="EOS and stop tokens suppressed until this many tokens")
+    n: OptInteger = Field(None, description="choices returned, [1, 128]")
+    best_of: OptInteger = Field(None, description="candidates generated, [1, 128]; streaming: equal to n")
+    use_beam_search: OptBoolean = Field(None, description="beam search; streaming answers one JSON body")
+    logprobs: OptBoolean = Field(None, description="return log-probabilities of the output tokens")
+    top_logprobs: OptInteger = Field(None, description="[0, 20] alternatives per token")
+    tools: OptObjects = Field(None, description='function tools ({"type": "function", "function": {...}})')
+    tool_choice: OptToolChoice = Field(None, description='"none", "auto", "required" or a named function')
+    parallel_tool_calls: OptBoolean = Field(None, description="false: at most one tool call per answer")
+    chat_template_kwargs: OptObject = Field(None, description="allow-listed template switches (enable_thinking)")
+    response_format: OptObject = Field(None, description='{"type": "text" | "json_object" | "json_schema"}')
+
+    user: Any = Field(None, description="accepted and ignored")
+    metadata: Any = Field(None, description="accepted and ignored")
+    store: Any = Field(None, description="accepted and ignored")
+    service_tier: Any = Field(None, description="accepted and ignored")
+
+    def unknown_fields(self) -> list[str]:
+        """Body fields this server does not know, sorted (for the header or a strict-mode 400)."""
+        return sorted(self.model_extra or {})
+
+    def to_backend_parameters(self) -> dict[str, Any]:
+        """The ``parameters`` tensor: an allow-list of the generation fields that were given."""
+        values = {name: getattr(self, name) for name in GENERATION_FIELDS}
+        return {name: value for name, value in values.items() if value is not None}
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorEnvelope(BaseModel):
+    """Every non-2xx body (OpenAI's error envelope)."""
+
+    error: ErrorDetail
+
+
+_ERROR_DESCRIPTIONS = {
+    400: "invalid request (the field is named in error.param)",
+    401: "missing or invalid API key",
+    404: "unknown model or route",
+    413: "request body too large",
+    429: "overloaded; retry after Retry-After seconds",
+    500: "internal error",
+    503: "model backend unavailable; retry after Retry-After seconds",
+    504: "request timed out",
+}
+
+
+def documented_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries for error statuses (all share the envelope)."""
+    return {code: {"model": ErrorEnvelope, "description": _ERROR_DESCRIPTIONS[code]} for code in codes}

@@ -1,0 +1,182 @@
+"""Server-Sent Events for streaming chat completions: framing and chunk building.
+
+Owns: ``StreamFormatter``, which turns backend deltas into ``data: {json}\\n\\n`` events and ends
+every stream with ``data: [DONE]``. No I/O here (``serving`` drives it), so the exact bytes are
+unit-testable. Formats (semantics page §4.5 and decisions 4, 6, 7, 8):
+
+* MindIE mode: one choice per chunk, ``delta = {"role": "assistant", "content": piece}``;
+  a ``logprobs`` key only when n > 1 or logprobs were requested (format 2 vs 3); the last chunk
+  of each choice carries its ``finish_reason`` and that choice's ``usage``; with
+  ``fullTextEnabled`` the content is cumulative and the last chunk adds ``full_text``. An error
+  after the stream started ends each unfinished choice with ``finish_reason: "stop"`` and a
+  top-level ``err_msg``.
+* OpenAI mode: a role-only first chunk per choice, later deltas without ``role``, usage only with
+  ``stream_options.include_usage`` in a last chunk with ``choices: []``; an error is a
+  ``data: {"error": {...}}`` event (what OpenAI clients parse).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from openai_frontend.chat.accumulate import ChoiceAccumulator, logprobs_json
+from openai_frontend.chat.responses import choice_usage, total_usage
+from python_backend.protocol.contract import ChoiceDelta, ErrorInfo
+
+OBJECT_CHUNK = "chat.completion.chunk"
+DONE_EVENT = b"data: [DONE]\n\n"
+EARLY_END_MESSAGE = "model backend ended the response early"
+
+
+# Compact JSON, as in the reference's examples. One configured encoder (it holds no state between
+# calls): json.dumps with these options builds a new encoder for every streamed token.
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def sse_event(payload: dict[str, Any]) -> bytes:
+    """One SSE event."""
+    return b"data: " + _JSON.encode(payload).encode("utf-8") + b"\n\n"
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """What shapes one stream's chunks."""
+
+    request_id: str
+    created: int
+    model: str
+    n: int  # choices the backend will stream (indices 0..n-1)
+    logprobs: bool  # logprobs requested
+    mindie: bool
+    full_text: bool  # MindIE fullTextEnabled (ignored in OpenAI mode)
+    include_usage: bool  # OpenAI stream_options.include_usage
+
+
+class StreamFormatter:
+    """Builds the SSE events of one streaming response, delta by delta."""
+
+    def __init__(self, options: StreamOptions) -> None:
+        self._o = options
+        self._choices: dict[int, ChoiceAccumulator] = {}
+        self._role_sent: set[int] = set()
+        self._closed = False
+        self.error: ErrorInfo | None = None  # what ended the stream, when an error did
+        # Every chunk opens with the same four fields: serialized once per stream (without the
+        # closing brace), so a token's event only serializes its ``choices``.
+        head = _JSON.encode(self._head())
+        self._choices_prefix = b"data: " + head[:-1].encode("utf-8") + b',"choices":'
+
+    def _choice(self, index: int) -> ChoiceAccumulator:
+        if index not in self._choices:
+            self._choices[index] = ChoiceAccumulator(index)
+        return self._choices[index]
+
+    def _choices_event(self, entry: dict[str, Any]) -> bytes:
+        """``sse_event({**self._head(), "choices": [entry]})``, without re-serializing the head."""
+        return self._choices_prefix + _JSON.encode([entry]).encode("utf-8") + b"}\n\n"
+
+    def _head(self) -> dict[str, Any]:
+        return {"id": self._o.request_id, "object": OBJECT_CHUNK, "created": self._o.created, "model": self._o.model}
+
+    @property
+    def _logprobs_key(self) -> bool:
+        return self._o.n > 1 or self._o.logprobs
+
+    def _logprobs_value(self, delta: ChoiceDelta) -> dict[str, Any] | None:
+        return logprobs_json(delta.logprobs or []) if self._o.logprobs else None
+
+    def on_delta(self, delta: ChoiceDelta) -> list[bytes]:
+        """Events for one backend delta (none for an empty, non-final one)."""
+        choice = self._choice(delta.index)
+        choice.add(delta)
+        if self._o.mindie:
+            return self._mindie_delta(delta, choice)
+        return self._openai_delta(delta)
+
+    def _mindie_delta(self, delta: ChoiceDelta, choice: ChoiceAccumulator) -> list[bytes]:
+        final = delta.finish_reason is not None
+        if not (delta.text or delta.reasoning or delta.tool_calls or delta.logprobs or final):
+            return []
+        body: dict[str, Any] = {"role": "assistant", "content": choice.text if self._o.full_text else delta.text}
+        if delta.reasoning:
+            body["reasoning_content"] = delta.reasoning
+        if delta.tool_calls:
+            body["tool_calls"] = delta.tool_calls
+        entry: dict[str, Any] = {"index": delta.index, "delta": body}
+        if self._logprobs_key:
+            entry["logprobs"] = self._logprobs_value(delta)
+        entry["finish_reason"] = delta.finish_reason
+        if not final:
+            return [self._choices_event(entry)]
+        chunk = self._head()
+        if self._o.full_text:
+            chunk["full_text"] = choice.text
+        chunk["usage"] = choice_usage(choice.final_usage())
+        chunk["choices"] = [entry]
+        return [sse_event(chunk)]
+
+    def _openai_chunk(self, index: int, body: dict[str, Any], logprobs: Any, finish: str | None) -> bytes:
+        entry = {"index": index, "delta": body, "logprobs": logprobs, "finish_reason": finish}
+        return self._choices_event(entry)
+
+    def _openai_delta(self, delta: ChoiceDelta) -> list[bytes]:
+        events = []
+        if delta.index not in self._role_sent:
+            self._role_sent.add(delta.index)
+            events.append(self._openai_chunk(delta.index, {"role": "assistant", "content": ""}, None, None))
+        final = delta.finish_reason is not None
+        if not (delta.text or delta.reasoning or delta.tool_calls or delta.logprobs or final):
+            return events
+        body: dict[str, Any] = {}
+        if delta.text:
+            body["content"] = delta.text
+        if delta.reasoning:
+            body["reasoning_content"] = delta.reasoning
+        if delta.tool_calls:
+            body["tool_calls"] = delta.tool_calls
+        events.append(self._openai_chunk(delta.index, body, self._logprobs_value(delta), delta.finish_reason))
+        return events
+
+    def _unfinished(self) -> list[int]:
+        indices = set(range(self._o.n)) | set(self._choices)
+        return sorted(i for i in indices if not self._choice(i).finished)
+
+    def on_end(self) -> list[bytes]:
+        """Events after the backend's last delta: usage (OpenAI), then ``[DONE]``."""
+        if self._unfinished():
+            return self.on_error(ErrorInfo(500, EARLY_END_MESSAGE, "server_error", None, "backend_incomplete"))
+        if self._closed:
+            return []
+        self._closed = True
+        events = []
+        if not self._o.mindie and self._o.include_usage:
+            usages = [self._choices[i].final_usage() for i in sorted(self._choices)]
+            events.append(sse_event({**self._head(), "choices": [], "usage": total_usage(usages, mindie=False)}))
+        events.append(DONE_EVENT)
+        return events
+
+    def on_error(self, info: ErrorInfo) -> list[bytes]:
+        """Events that end a started stream with an error (decision 7), then ``[DONE]``."""
+        if self._closed:
+            return []
+        self._closed = True
+        self.error = info
+        if not self._o.mindie:
+            error = {"message": info.message, "type": info.type, "param": info.param, "code": info.code}
+            return [sse_event({"error": error}), DONE_EVENT]
+        events = []
+        for index in self._unfinished():
+            choice = self._choice(index)
+            choice.finish_reason = "stop"
+            entry: dict[str, Any] = {
+                "index": index,
+                "delta": {"role": "assistant", "content": choice.text if self._o.full_text else ""},
+            }
+            if self._logprobs_key:
+                entry["logprobs"] = None
+            entry["finish_reason"] = "stop"
+            events.append(sse_event({**self._head(), "err_msg": info.message or "error", "choices": [entry]}))
+        events.append(DONE_EVENT)
+        return events

@@ -1,0 +1,103 @@
+"""Validation of one chat-completions request body, in the contract's order.
+
+Owns: ``validate_chat_request`` and the ``ValidatedChat`` it returns. Order (the semantics page):
+JSON body -> ``messages`` (``python_backend.protocol.messages``, then the media parts' syntax and policy,
+``media.parts.extract_media``, without any I/O) -> body schema and unknown fields -> generation
+parameters (``python_backend.protocol.params.parse_parameters``, the backend's own rules) -> ``model``
+(404 when not served). The first failure raises ``ContractError`` naming the field. Media are
+loaded only after all of this passed (``media.loader``, called by the route).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from openai_frontend.chat.schemas import ChatCompletionRequest
+from openai_frontend.http.errors import info_from_validation_errors
+from openai_frontend.media.parts import MediaRef, extract_media
+from openai_frontend.settings import FrontendSettings
+from python_backend.protocol.contract import ContractError, ErrorInfo, invalid
+from python_backend.protocol.messages import validate_messages
+from python_backend.protocol.params import GenerationParams, parse_parameters
+
+
+@dataclass(frozen=True)
+class ValidatedChat:
+    """A request that passed every check, with what the route and the formatters need."""
+
+    request: ChatCompletionRequest
+    messages: list[dict[str, Any]]  # media parts already rewritten to internal parts (media_index)
+    parameters: dict[str, Any]  # the ``parameters`` tensor (plus ``lora`` for an adapter name)
+    params: GenerationParams  # the typed, validated form, for response formatting decisions
+    stream: bool
+    include_usage: bool  # OpenAI mode: stream_options.include_usage
+    ignored: tuple[str, ...]  # unknown body fields, reported in ``x-ignored-params``
+    media: tuple[MediaRef, ...] = ()  # what to load, in media_index order
+
+
+def _load_json(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise ContractError(
+            ErrorInfo(400, "request body is not valid JSON", "invalid_request_error", None, "invalid_json")
+        ) from exc
+    if not isinstance(data, dict):
+        raise invalid("request body must be a JSON object", None)
+    return data
+
+
+def _include_usage(request: ChatCompletionRequest, settings: FrontendSettings, stream: bool) -> bool:
+    options = request.stream_options
+    if options is None or settings.mindie_mode:
+        return False  # MindIE mode has no stream_options; it is reported as ignored instead
+    if not stream:
+        raise invalid("'stream_options' is only allowed when 'stream' is true", "stream_options")
+    if not isinstance(options, dict):
+        raise invalid("'stream_options' must be an object", "stream_options")
+    for key in options:
+        if key != "include_usage":
+            raise invalid(f"'stream_options.{key}' is not supported", f"stream_options.{key}")
+    value = options.get("include_usage")
+    if value is not None and not isinstance(value, bool):
+        raise invalid("'stream_options.include_usage' must be a boolean", "stream_options.include_usage")
+    return bool(value)
+
+
+def _model_not_found(name: str) -> ContractError:
+    return ContractError(
+        ErrorInfo(404, f"The model '{name}' does not exist", "invalid_request_error", "model", "model_not_found")
+    )
+
+
+def validate_chat_request(body: bytes, settings: FrontendSettings) -> ValidatedChat:
+    """Check a raw request body; raise ``ContractError`` (400 or 404) naming the first bad field."""
+    data = _load_json(body)
+    media = extract_media(validate_messages(data.get("messages")), settings.media)
+    try:
+        request = ChatCompletionRequest.model_validate(data)
+    except ValidationError as exc:
+        raise ContractError(info_from_validation_errors(exc.errors(include_url=False))) from exc
+
+    ignored = request.unknown_fields()
+    if settings.mindie_mode and request.stream_options is not None:
+        ignored = sorted([*ignored, "stream_options"])
+    if settings.strict_params and ignored:
+        raise invalid(f"unknown parameter '{ignored[0]}'", ignored[0])
+
+    stream = bool(request.stream)
+    include_usage = _include_usage(request, settings, stream)
+    parameters = request.to_backend_parameters()
+    params = parse_parameters(parameters, stream=stream)
+
+    if request.model not in settings.model_names:
+        raise _model_not_found(request.model)
+    if request.model != settings.served_model_name:
+        parameters["lora"] = request.model
+    return ValidatedChat(
+        request, media.messages, parameters, params, stream, include_usage, tuple(ignored), media.refs
+    )

@@ -1,0 +1,70 @@
+"""The seam between the HTTP layer and the model: ``ChatBackend`` and what crosses it.
+
+Owns: the ``ChatBackend`` protocol (implemented by ``client.triton.TritonBackend`` in production
+and by scripted fakes in tests), the ``BackendRequest`` it takes, the ``BackendError`` it raises,
+and ``close_stream``, the one way callers end a backend stream early. Nothing here knows HTTP or
+gRPC; deltas and errors are the contract's types (``python_backend.protocol.contract``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import anyio
+
+from python_backend.protocol.contract import ChoiceDelta, ErrorInfo
+
+
+class BackendError(Exception):
+    """An error reported by (or about) the model backend; carries the user-facing error."""
+
+    def __init__(self, info: ErrorInfo) -> None:
+        super().__init__(info.message)
+        self.info = info
+
+
+def backend_unavailable() -> BackendError:
+    """The one message for "cannot reach the model": never addresses or Triton internals."""
+    return BackendError(ErrorInfo(503, "model backend unavailable", "service_unavailable", None, "backend_unavailable"))
+
+
+@dataclass(frozen=True)
+class BackendRequest:
+    """One chat request as the backend receives it (the tensor contract's inputs)."""
+
+    request_id: str  # also the Triton request id, so logs on both sides correlate
+    messages: list[dict[str, Any]]  # validated OpenAI chat messages
+    parameters: dict[str, Any]  # JSON of the ``parameters`` tensor: only keys parse_parameters knows
+    # The client's own ``stream``: deltas as they come for streams, one whole answer per choice
+    # otherwise (fewer responses; a disconnect still cancels, since the gRPC call stays open).
+    stream: bool = True
+    media: list[tuple[bytes, str]] = field(default_factory=list)  # (raw bytes, MIME type) per item
+
+
+@runtime_checkable
+class ChatBackend(Protocol):
+    """What the routes need from a model backend.
+
+    ``generate`` is an async generator function: it yields decoded deltas (one choice each, in
+    arrival order, interleaved for n > 1) and raises ``BackendError`` for errors from the model.
+    Closing the generator early (``aclose``, or cancelling the task iterating it) must cancel the
+    request in the backend.
+    """
+
+    def generate(self, req: BackendRequest) -> AsyncGenerator[ChoiceDelta, None]: ...
+
+    async def is_ready(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+async def close_stream(stream: AsyncGenerator[ChoiceDelta, None]) -> None:
+    """Close a backend stream even from a cancelled task.
+
+    Shielded because the usual reason to close early is cancellation (client disconnect), and
+    under anyio a cancelled scope would abort the close before the backend heard about it.
+    """
+    with anyio.CancelScope(shield=True):
+        await stream.aclose()

@@ -1,0 +1,60 @@
+"""API-key authentication, deny by default.
+
+Owns: ``ApiKeyMiddleware``, a pure ASGI middleware installed when keys are configured. Every
+request needs ``Authorization: Bearer <key>`` except the exact probe paths in ``PUBLIC_PATHS``.
+The check reads the raw ``scope["path"]`` (never a URL rebuilt from the ``Host`` header, the
+CVE-2026-48746 lesson), so a route added later is protected without being listed anywhere, and
+keys are compared with ``hmac.compare_digest`` against every configured key.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Sequence
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from openai_frontend.http.errors import error_response
+from python_backend.protocol.contract import ErrorInfo
+
+PUBLIC_PATHS = frozenset({"/health", "/health/ready"})  # liveness/readiness probes carry no key
+
+
+def bearer_token(scope: Scope) -> bytes | None:
+    """The token of the first ``Authorization`` header, if it uses the Bearer scheme."""
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            return token.strip() if scheme.lower() == b"bearer" else None
+    return None
+
+
+def key_matches(token: bytes, keys: Sequence[bytes]) -> bool:
+    """Constant-time comparison against every key (no early exit on a match)."""
+    matched = False
+    for key in keys:
+        matched |= hmac.compare_digest(token, key)
+    return matched
+
+
+class ApiKeyMiddleware:
+    """Rejects requests without a valid key with the 401 envelope."""
+
+    def __init__(self, app: ASGIApp, keys: Sequence[str]) -> None:
+        self.app = app
+        self._keys = tuple(key.encode("utf-8") for key in keys)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or scope["path"] in PUBLIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        token = bearer_token(scope)
+        if token is not None and key_matches(token, self._keys):
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        info = ErrorInfo(401, "invalid or missing API key", "invalid_request_error", None, "invalid_api_key")
+        response = error_response(info, headers={"WWW-Authenticate": "Bearer"})
+        await response(scope, receive, send)

@@ -1,0 +1,61 @@
+"""Request body size limit.
+
+Owns: ``BodySizeLimitMiddleware``, a pure ASGI middleware: a ``Content-Length`` over the limit is
+answered 413 at once without reading the body, an invalid one 400; a body without a length
+(chunked) is counted while it is read and stops with ``BodyTooLarge`` (-> 413) at the limit, so
+no route ever buffers more than the limit.
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from openai_frontend.http.errors import BodyTooLarge, error_response, too_large_info
+from python_backend.protocol.contract import ErrorInfo
+
+
+def _content_length(scope: Scope) -> int | None:
+    """The declared length; raises ValueError when it is not one non-negative integer."""
+    values = [value for name, value in scope.get("headers", []) if name == b"content-length"]
+    if not values:
+        return None
+    if len(values) > 1 or not values[0].isdigit():
+        raise ValueError("invalid Content-Length")
+    return int(values[0])
+
+
+class BodySizeLimitMiddleware:
+    """Caps request bodies at ``max_bytes``."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self._max = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            declared = _content_length(scope)
+        except ValueError:
+            info = ErrorInfo(
+                400, "invalid Content-Length header", "invalid_request_error", None, "invalid_content_length"
+            )
+            await error_response(info)(scope, receive, send)
+            return
+        if declared is not None and declared > self._max:
+            await error_response(too_large_info(self._max))(scope, receive, send)
+            return
+
+        received = 0
+
+        async def counted_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self._max:
+                    raise BodyTooLarge(self._max)
+            return message
+
+        await self.app(scope, counted_receive, send)

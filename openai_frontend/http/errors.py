@@ -1,0 +1,114 @@
+"""One error envelope for every non-2xx answer: ``{"error": {"message", "type", "param", "code"}}``.
+
+Owns: building error responses from ``ErrorInfo`` (the contract's user-facing error), the
+exception handlers installed on the app (validation, backend, HTTP, body size, catch-all), and the
+``Retry-After`` rule for 429/503. Never ``{"detail": ...}``, never a traceback or a path in a body:
+unexpected exceptions are logged in full and answered with a fixed 500 message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from openai_frontend.client.base import BackendError
+from python_backend.protocol.contract import ContractError, ErrorInfo
+
+logger = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 1  # seconds a 429/503 client should wait; overload and restarts clear quickly
+_RETRYABLE = (429, 503)
+
+# Starlette's own HTTP errors (unknown route, wrong method) in OpenAI terms.
+_HTTP_TYPES: Mapping[int, tuple[str, str | None]] = {
+    401: ("invalid_request_error", "invalid_api_key"),
+    404: ("not_found_error", "not_found"),
+    405: ("invalid_request_error", "method_not_allowed"),
+    413: ("invalid_request_error", "request_too_large"),
+}
+
+
+class BodyTooLarge(Exception):
+    """The request body passed the configured limit while it was being read."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body is larger than {limit} bytes")
+        self.limit = limit
+
+
+def too_large_info(limit: int) -> ErrorInfo:
+    return ErrorInfo(
+        413, f"request body is larger than {limit} bytes", "invalid_request_error", None, "request_too_large"
+    )
+
+
+def error_response(info: ErrorInfo, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """The envelope for ``info``; 429/503 also tell the client when to retry."""
+    all_headers = dict(headers or {})
+    if info.status in _RETRYABLE:
+        all_headers.setdefault("Retry-After", str(RETRY_AFTER_S))
+    body = {"error": {"message": info.message, "type": info.type, "param": info.param, "code": info.code}}
+    return JSONResponse(body, status_code=info.status, headers=all_headers)
+
+
+def _loc_to_param(loc: Sequence[Any]) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or None
+
+
+def info_from_validation_errors(errors: Sequence[Mapping[str, Any]]) -> ErrorInfo:
+    """A 400 naming the first field pydantic rejected (pydantic's message, without its URL)."""
+    if not errors:
+        return ErrorInfo(400, "invalid request", "invalid_request_error")
+    first = errors[0]
+    param = _loc_to_param(first.get("loc", ()))
+    if first.get("type") == "json_invalid":
+        return ErrorInfo(400, "request body is not valid JSON", "invalid_request_error", None, "invalid_json")
+    message = str(first.get("msg", "invalid value"))
+    text = f"'{param}': {message}" if param else message
+    return ErrorInfo(400, text, "invalid_request_error", param)
+
+
+async def _contract_error(_: Request, exc: ContractError) -> JSONResponse:
+    return error_response(exc.info)
+
+
+async def _backend_error(_: Request, exc: BackendError) -> JSONResponse:
+    return error_response(exc.info)
+
+
+async def _request_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    return error_response(info_from_validation_errors(list(exc.errors())))
+
+
+async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    default_type = "server_error" if exc.status_code >= 500 else "invalid_request_error"
+    error_type, code = _HTTP_TYPES.get(exc.status_code, (default_type, None))
+    info = ErrorInfo(exc.status_code, str(exc.detail), error_type, None, code)
+    return error_response(info, headers=exc.headers)
+
+
+async def _body_too_large(_: Request, exc: BodyTooLarge) -> JSONResponse:
+    return error_response(too_large_info(exc.limit))
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unhandled error on %s %s", request.method, request.scope.get("path"), exc_info=exc)
+    return error_response(ErrorInfo(500, "internal server error", "server_error", None, "internal_error"))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every error the app can raise to the envelope."""
+    # The decorator form, because add_exception_handler is typed for handlers of plain Exception.
+    app.exception_handler(ContractError)(_contract_error)
+    app.exception_handler(BackendError)(_backend_error)
+    app.exception_handler(RequestValidationError)(_request_validation_error)
+    app.exception_handler(StarletteHTTPException)(_http_error)
+    app.exception_handler(BodyTooLarge)(_body_too_large)
+    app.exception_handler(Exception)(_unexpected)

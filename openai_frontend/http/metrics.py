@@ -1,0 +1,190 @@
+"""Prometheus metrics of the HTTP frontend (RELIABILITY C8), served at ``GET /metrics``.
+
+Owns: ``FrontendMetrics`` (one registry per app, never prometheus_client's process-wide default,
+so two apps in one process count apart), ``ChatObservation`` (what one chat request's answer
+adds: time to first token, inter-token latency, end-to-end latency, queue time, tokens, finish
+reasons, a failure or cancellation seen after the response started) and ``MetricsMiddleware``
+(requests running, and what the HTTP status of a chat request says: failures, cancellations,
+rejections). Names follow vLLM's and MindIE's dashboards without vLLM's ``vllm:`` prefix; every
+family has the ``model_name`` label. The engine's own gauges (running and waiting sequences, KV
+cache) are Triton custom metrics on Triton's ``/metrics`` (docs/design.md).
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from openai_frontend.http.cancellation import CLIENT_CLOSED_REQUEST
+from openai_frontend.http.drain import DrainState
+from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage
+
+CHAT_PATH = "/v1/chat/completions"
+# Statuses of requests refused before any work, and the reason label each gets.
+REJECTIONS = {401: "unauthorized", 413: "too_large", 429: "overloaded"}
+
+# vLLM's buckets (seconds) for token latencies and request latencies.
+_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+_REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
+_BYTES_BUCKETS = tuple(float(2**n) for n in range(10, 30, 2))  # 1 KiB .. 128 MiB
+
+
+class FrontendMetrics:
+    """Every metric family of one frontend; ``render`` is the exposition text."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.model_name = model_name
+        labels = ["model_name"]
+        r = self.registry
+        self.running = Gauge("num_requests_running", "Chat requests the frontend is answering", labels, registry=r)
+        self.ttft = Histogram(
+            "time_to_first_token_seconds", "Request arrival to first streamed token", labels,
+            buckets=_TOKEN_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "inter_token_latency_seconds", "Time between a stream's responses", labels,
+            buckets=_TOKEN_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "e2e_request_latency_seconds", "Request arrival to its last byte, successful requests", labels,
+            buckets=_REQUEST_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.queue_time = Histogram(
+            "request_queue_time_seconds", "Time a choice waited in the engine's queue before its first step",
+            labels, buckets=_REQUEST_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.prompt_tokens = Counter("prompt_tokens", "Prompt tokens of answered requests", labels, registry=r)
+        self.generation_tokens = Counter("generation_tokens", "Tokens generated for answered choices", labels, registry=r)
+        self.success = Counter(
+            "request_success", "Choices that finished, by finish reason", [*labels, "finished_reason"], registry=r
+        )
+        self.failure = Counter(
+            "request_failure", "Requests that ended with an error, by HTTP status", [*labels, "status"], registry=r
+        )
+        self.cancelled = Counter("requests_cancelled", "Requests whose client went away", labels, registry=r)
+        self.rejected = Counter(
+            "requests_rejected", "Requests refused before any work, by reason", [*labels, "reason"], registry=r
+        )
+        self.media_fetches = Counter(
+            "media_fetch", "Remote media fetches, by result (ok or the error code)", [*labels, "result"], registry=r
+        )
+        self.media_bytes = Histogram(
+            "media_fetch_bytes", "Bytes of each remote media item fetched", labels, buckets=_BYTES_BUCKETS, registry=r
+        )
+        # The children observed per streamed token, looked up once (labels() costs a lock and a dict).
+        self.ttft_child = self.ttft.labels(model_name)
+        self.itl_child = self.itl.labels(model_name)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def observe(self, started: float) -> ChatObservation:
+        """What one chat request's answer adds, timed from ``started`` (``time.monotonic()``)."""
+        return ChatObservation(self, started)
+
+    def media_fetched(self, result: str, size: int) -> None:
+        """One remote media fetch: ``ok`` with its size, or the failure's code (size 0)."""
+        self.media_fetches.labels(self.model_name, result).inc()
+        if result == "ok":
+            self.media_bytes.labels(self.model_name).observe(size)
+
+
+class ChatObservation:
+    """The answer of one chat request as metrics see it; the routes and ``serving`` feed it."""
+
+    def __init__(self, metrics: FrontendMetrics, started: float) -> None:
+        self._metrics = metrics
+        self._started = started
+        self._last_response: float | None = None
+        self._prompt_counted = False
+        self._ended = False
+
+    def on_delta(self, delta: ChoiceDelta, streamed: bool) -> None:
+        """A response from the model; a streamed one with something to show times TTFT / ITL."""
+        m = self._metrics
+        if streamed and (delta.text or delta.reasoning or delta.tool_calls or delta.finish_reason):
+            now = time.monotonic()
+            if self._last_response is None:
+                m.ttft_child.observe(now - self._started)
+            else:
+                m.itl_child.observe(now - self._last_response)
+            self._last_response = now
+        if delta.finish_reason is not None:
+            m.success.labels(m.model_name, delta.finish_reason).inc()
+            if delta.usage is not None:
+                self._count_usage(delta.usage)
+
+    def _count_usage(self, usage: ChoiceUsage) -> None:
+        m, name = self._metrics, self._metrics.model_name
+        if not self._prompt_counted:  # the prompt is shared by the request's n choices
+            m.prompt_tokens.labels(name).inc(usage.prompt_tokens)
+            self._prompt_counted = True
+        m.generation_tokens.labels(name).inc(usage.completion_tokens)
+        if usage.queue_wait_time:
+            m.queue_time.labels(name).observe(usage.queue_wait_time[0] / 1e6)
+
+    def succeeded(self) -> None:
+        """The whole answer went out."""
+        if not self._ended:
+            self._ended = True
+            self._metrics.e2e.labels(self._metrics.model_name).observe(time.monotonic() - self._started)
+
+    def failed_in_stream(self, status: int) -> None:
+        """A stream that had started ended with an error event (its HTTP status was 200)."""
+        if not self._ended:
+            self._ended = True
+            self._metrics.failure.labels(self._metrics.model_name, str(status)).inc()
+
+    def cancelled_in_stream(self) -> None:
+        """A stream's client went away before its end."""
+        if not self._ended:
+            self._ended = True
+            self._metrics.cancelled.labels(self._metrics.model_name).inc()
+
+
+class MetricsMiddleware:
+    """Chat requests running, and what a chat request's HTTP status says about it.
+
+    A status other than 200 is a failure (by status), a cancellation (499, the client left) or,
+    for 401, 413, 429 and a 503 while draining, also a rejection. What happens after a stream's
+    200 is ``ChatObservation``'s to record.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: FrontendMetrics, draining: DrainState) -> None:
+        self.app = app
+        self._metrics = metrics
+        self._draining = draining
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") != CHAT_PATH or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        m, name = self._metrics, self._metrics.model_name
+        statuses: list[int] = []
+        draining_at_start = self._draining.draining
+
+        async def send_observed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                statuses.append(int(message["status"]))
+            await send(message)
+
+        m.running.labels(name).inc()
+        try:
+            await self.app(scope, receive, send_observed)
+        finally:
+            m.running.labels(name).dec()
+            if statuses and statuses[0] != 200:
+                self._count_status(statuses[0], draining_at_start)
+
+    def _count_status(self, status: int, draining: bool) -> None:
+        m, name = self._metrics, self._metrics.model_name
+        if status == CLIENT_CLOSED_REQUEST:
+            m.cancelled.labels(name).inc()
+            return
+        m.failure.labels(name, str(status)).inc()
+        reason = "draining" if status == 503 and draining else REJECTIONS.get(status)
+        if reason is not None:
+            m.rejected.labels(name, reason).inc()

@@ -1,0 +1,4 @@
+"""The transport-free engine: the step loop, admission and scheduling, prefill, decode, beam
+search, the KV and prefix caches, limits and liveness. Imports protocol, sampling, text,
+prompt, model, cpu, torch and transformers; never triton, the frontend or the launcher.
+"""

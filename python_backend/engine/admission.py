@@ -1,0 +1,149 @@
+"""Admission: the queue of requests waiting for the running batch, and what they may hold.
+
+Owns: ``RequestGroup`` (a request inside the engine with its sequences and bookkeeping), the
+bounded waiting queue (refusing with 429 past ``max_waiting_requests``: no unbounded queue), the
+cancellation requests that arrive from other threads, and the KV-cache reservations of admitted
+requests. FIFO: the head of the queue waits for room rather than being overtaken.
+``enqueue``/``request_cancel``/``queued`` may be called from any thread; the rest only from the
+engine thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from python_backend.engine.beam_search import BeamSearch
+from python_backend.engine.kv_cache import BatchCache
+from python_backend.engine.prefix_cache import PrefixHit
+from python_backend.engine.sequence import EngineRequest, Sequence
+from python_backend.protocol.contract import ContractError, ErrorInfo
+
+EARLY_CANCEL_S = 10.0
+MAX_EARLY_CANCELS = 1024
+
+
+def rows_needed(request: EngineRequest) -> int:
+    """Batch rows a request occupies: its beams, or its n / best_of sampled sequences."""
+    params = request.params
+    return params.n if params.use_beam_search else params.candidates
+
+
+@dataclass(eq=False)  # identity semantics: groups are compared with `is`, never by value
+class RequestGroup:
+    """A request in the engine: its sequences (n or best_of of them) and its bookkeeping."""
+
+    request: EngineRequest
+    max_new_tokens: int
+    reservation: int
+    sequences: list[Sequence] = field(default_factory=list)
+    finished: int = 0
+    prefill_done: int = 0
+    prefill_cache: BatchCache | None = None
+    prefill_started: float = 0.0
+    beam: BeamSearch | None = None
+    prefill_ms: float = 0.0
+    prefix_hit: PrefixHit | None = None  # cached keys/values its prefill starts from
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache (usage.cached_tokens)
+
+    @property
+    def candidates(self) -> int:
+        return rows_needed(self.request)
+
+    @property
+    def buffered(self) -> bool:
+        """best_of > n: all candidates finish before the best n are sent."""
+        return self.candidates > self.request.params.n
+
+
+class Admission:
+    def __init__(self, max_waiting: int, kv_budget_tokens: int) -> None:
+        self._max_waiting = max_waiting
+        self._kv_budget = kv_budget_tokens
+        self._inbox: queue.SimpleQueue[RequestGroup] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._queued = 0  # inbox + waiting, guarded by _lock
+        self._cancel_ids: set[str] = set()  # guarded by _lock
+        self._early_cancels: dict[str, float] = {}  # id -> monotonic time asked, guarded by _lock
+        self.waiting: deque[RequestGroup] = deque()
+        self.reserved = 0  # KV token slots held by admitted requests
+
+    # --- any thread -------------------------------------------------------------------------------
+    def enqueue(self, group: RequestGroup) -> None:
+        with self._lock:
+            if self._queued >= self._max_waiting:
+                raise ContractError(
+                    ErrorInfo(
+                        429,
+                        f"the server is overloaded ({self._queued} requests waiting); retry later",
+                        "rate_limit_exceeded",
+                        code="overloaded",
+                    )
+                )
+            self._queued += 1
+        self._inbox.put(group)
+
+    def request_cancel(self, request_id: str, before_arrival: bool = False) -> None:
+        """Cancel at the next step; ``before_arrival``: also if the request arrives only later
+        (within ``EARLY_CANCEL_S``): a caller's cancel can overtake its request on the way here."""
+        with self._lock:
+            self._cancel_ids.add(request_id)
+            if before_arrival:
+                if len(self._early_cancels) >= MAX_EARLY_CANCELS:
+                    del self._early_cancels[next(iter(self._early_cancels))]
+                self._early_cancels[request_id] = time.monotonic()
+
+    def cancelled_before_arrival(self, request_id: str) -> bool:
+        with self._lock:
+            asked = self._early_cancels.pop(request_id, None)
+        return asked is not None and time.monotonic() - asked < EARLY_CANCEL_S
+
+    @property
+    def queued(self) -> int:
+        with self._lock:
+            return self._queued
+
+    # --- engine thread ----------------------------------------------------------------------------
+    def drain(self) -> list[RequestGroup]:
+        """Move newly submitted requests to the waiting queue; returns them."""
+        arrived: list[RequestGroup] = []
+        while True:
+            try:
+                group = self._inbox.get_nowait()
+            except queue.Empty:
+                return arrived
+            self.waiting.append(group)
+            arrived.append(group)
+
+    def take_cancelled(self) -> set[str]:
+        with self._lock:
+            cancelled, self._cancel_ids = self._cancel_ids, set()
+        return cancelled
+
+    def can_admit(self, group: RequestGroup, free_rows: int) -> bool:
+        """Room for ``group``: sequence seats and KV budget."""
+        return group.candidates <= free_rows and self.reserved + group.reservation <= self._kv_budget
+
+    def admit(self) -> RequestGroup:
+        """Take the head of the queue and reserve its KV slots."""
+        group = self.waiting.popleft()
+        with self._lock:
+            self._queued -= 1
+        self.reserved += group.reservation
+        return group
+
+    def release(self, group: RequestGroup) -> None:
+        """A finished request gives its KV reservation back."""
+        self.reserved -= group.reservation
+
+    def withdraw(self, group: RequestGroup) -> None:
+        """A request leaves, wherever it was: out of the queue, or its reservation released."""
+        if any(g is group for g in self.waiting):
+            self.waiting.remove(group)
+            with self._lock:
+                self._queued -= 1
+        else:
+            self.release(group)

@@ -1,0 +1,195 @@
+"""Loading a local Hugging Face chat-model folder: tokenizer, weights and generation defaults.
+
+Owns: ``load_model`` and ``LoadedModel`` (everything the engine needs to know about the model:
+EOS ids, context length, vocabulary size, sampling defaults from ``generation_config.json``).
+Vision and audio chat models (``model_type`` qwen2_vl, qwen2_5_vl, qwen2_audio) load with their
+own classes and bring a ``MediaProcessor``; every other folder is a causal LM that takes text only.
+Nothing is ever fetched from a hub: the folder must exist locally.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from python_backend.cpu.attention import use_decode_attention
+from python_backend.cpu.fast_decode import FastDecoder
+from python_backend.cpu.linear import pack_linears, prepack_supported
+from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel, build_kernel
+from python_backend.model.device import place
+from python_backend.model.lora import attach_adapters, parse_lora_modules
+from python_backend.prompt.multimodal.processor import AUDIO_MODEL_TYPES, VISION_MODEL_TYPES, MediaProcessor
+from python_backend.protocol.settings import EngineSettings
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TOP_K = 1000  # the reference's ATB rule when neither config names top_k
+
+
+class ModelLoadError(RuntimeError):
+    """The model folder cannot be served; the message says why."""
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """Values used when a request leaves a parameter out (generation_config.json, else reference)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = DEFAULT_TOP_K
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # the PreTrainedModel, or a peft PeftModel around it when LoRA adapters are loaded
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    dtype: torch.dtype
+    eos_token_ids: frozenset[int]
+    context_length: int  # max_position_embeddings
+    vocab_size: int
+    defaults: SamplingDefaults
+    name: str
+    model_type: str = ""  # config.json model_type ("qwen2", "chatglm", ...)
+    base_model: PreTrainedModel | None = None  # the transformers model itself (model unwrapped)
+    adapters: frozenset[str] = frozenset()  # LoRA adapter names requests may ask for
+    media: MediaProcessor | None = None  # a multimodal model's prompt step; None: text only
+    kv_dtype: torch.dtype | None = None  # the running batch's KV storage; None: ``dtype``
+    fast_decoder: FastDecoder | None = None  # the lean CPU decode step (fast_decode.py), where exact
+
+    @property
+    def uses_mrope(self) -> bool:
+        """Qwen2-VL's 3-D rotary positions: media prefill needs the model's rope index."""
+        return self.model_type in VISION_MODEL_TYPES
+
+    @property
+    def transformers_model(self) -> PreTrainedModel:
+        return self.base_model if self.base_model is not None else self.model
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    with path.open(encoding="utf-8") as handle:
+        data = json.load(handle)
+    return data if isinstance(data, dict) else {}
+
+
+def _as_ids(value: Any) -> set[int]:
+    if value is None:
+        return set()
+    if isinstance(value, int):
+        return {value}
+    return {int(v) for v in value}
+
+
+def _sampling_defaults(gen: dict[str, Any], config: dict[str, Any], vocab_size: int) -> SamplingDefaults:
+    # top_k: generation_config.json first, then config.json, then 1000 (the reference's ATB rule).
+    top_k = gen.get("top_k", config.get("top_k", DEFAULT_TOP_K))
+    top_k = DEFAULT_TOP_K if not isinstance(top_k, int) or top_k < 0 else top_k
+    if top_k == 0 or top_k > vocab_size:
+        top_k = vocab_size
+    # A generation_config that says `do_sample: false` asks for greedy decoding (transformers'
+    # meaning); one that says nothing leaves the reference's default of 1.0 to its temperature.
+    temperature = 0.0 if gen.get("do_sample") is False else float(gen.get("temperature", 1.0))
+    return SamplingDefaults(
+        temperature=temperature,
+        top_p=float(gen.get("top_p", 1.0)),
+        top_k=top_k,
+    )
+
+
+def _model_class(model_type: str) -> Any:
+    """The Auto class for the folder: vision and audio chat models are not causal-LM classes."""
+    if model_type in VISION_MODEL_TYPES:
+        from transformers import AutoModelForImageTextToText
+
+        return AutoModelForImageTextToText
+    if model_type in AUDIO_MODEL_TYPES:
+        # transformers 4.x has no Auto class for it (AutoModelForMultimodalLM is 5.x only).
+        from transformers import Qwen2AudioForConditionalGeneration
+
+        return Qwen2AudioForConditionalGeneration
+    return AutoModelForCausalLM
+
+
+def load_model(settings: EngineSettings) -> LoadedModel:
+    """Load the folder named by ``settings.model_path`` onto the chosen device and dtype."""
+    folder = Path(settings.model_path).expanduser()
+    if not settings.model_path or not folder.is_dir():
+        raise ModelLoadError(f"model_path '{settings.model_path}' is not a local model folder")
+    config = _read_json(folder / "config.json")
+    if not config:
+        raise ModelLoadError(f"'{folder}' has no config.json")
+    gen = _read_json(folder / "generation_config.json")
+    placement = place(settings.device, settings.dtype, config.get("torch_dtype") or config.get("dtype"))
+    started = time.monotonic()
+    remote = settings.trust_remote_code
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=remote)
+    processor_template = _read_json(folder / "chat_template.json").get("chat_template")
+    if not getattr(tokenizer, "chat_template", None) and isinstance(processor_template, str):
+        # Vision/audio checkpoints may keep the template with the processor only.
+        tokenizer.chat_template = processor_template
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelLoadError(
+            "the tokenizer has no chat_template; the reference requires tokenizer_config.json "
+            "(or chat_template.jinja) to define one"
+        )
+    adapters = parse_lora_modules(settings.lora_modules)
+    model_type = str(config.get("model_type") or "")
+    model_class = _model_class(model_type)
+    extra: dict[str, Any] = {}
+    kv_dtype: torch.dtype | None = None
+    kernel: DecodeAttentionKernel | None = None
+    cpu_text = placement.device.type == "cpu" and model_class is AutoModelForCausalLM
+    if cpu_text:
+        # One-query-row attention without SDPA's CPU overhead (attention.py); prefill unchanged.
+        if settings.cpu_native_attention and placement.dtype == torch.bfloat16:
+            kernel = build_kernel()  # None (logged) without a C compiler
+        extra["attn_implementation"] = use_decode_attention(kernel)
+        if kernel is None and settings.kv_cache_dtype == "auto" and placement.dtype in (torch.bfloat16, torch.float16):
+            kv_dtype = torch.float32
+    base = model_class.from_pretrained(
+        str(folder), dtype=placement.dtype, local_files_only=True, trust_remote_code=remote, **extra
+    )
+    base.to(placement.device)  # type: ignore[arg-type]  # transformers' typed wrapper of nn.Module.to
+    base.eval()
+    model = attach_adapters(base, adapters)
+    fast = None
+    if settings.cpu_prepack_weights and prepack_supported(placement.device, placement.dtype):
+        pack_linears(model, base.get_decoder(), base.get_output_embeddings())
+        if cpu_text and not adapters:
+            fast = FastDecoder.build(base, kernel)  # None where it would not equal the model's forward
+    text_config = base.config.get_text_config(decoder=True)
+    vocab_size = int(getattr(text_config, "vocab_size", 0) or len(tokenizer))
+    eos = _as_ids(gen.get("eos_token_id")) | _as_ids(config.get("eos_token_id"))
+    if tokenizer.eos_token_id is not None:
+        eos.add(int(tokenizer.eos_token_id))
+    context = int(getattr(text_config, "max_position_embeddings", 0) or 0) or 2048
+    logger.info(
+        "loaded %s (%s, %s) in %.1f s", folder.name, placement.device, placement.dtype, time.monotonic() - started
+    )
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        device=placement.device,
+        dtype=placement.dtype,
+        eos_token_ids=frozenset(eos),
+        context_length=context,
+        vocab_size=vocab_size,
+        defaults=_sampling_defaults(gen, config, vocab_size),
+        name=settings.served_model_name or folder.name,
+        model_type=model_type,
+        base_model=base,
+        adapters=frozenset(adapters),
+        media=MediaProcessor.from_folder(folder, model_type, tokenizer),
+        kv_dtype=kv_dtype,
+        fast_decoder=fast,
+    )

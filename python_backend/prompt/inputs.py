@@ -1,0 +1,100 @@
+"""Turning one Triton request's input tensors into a tokenized ``EngineRequest``'s ingredients.
+
+Owns: ``decode_request`` (contract checks, parameter and message validation, the chat template or
+raw prompt) and ``PreparedRequest``. It sees tensors as numpy arrays by name, so it is tested
+without Triton; the adapter only fetches the arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from python_backend.prompt.chat_template import encode_chat_prompt, encode_raw_prompt, render_prompt_text
+from python_backend.prompt.multimodal.processor import MediaInputs, MediaProcessor
+from python_backend.prompt.multimodal.request_media import collect_media
+from python_backend.protocol import contract
+from python_backend.protocol.contract import ContractError, ErrorInfo, invalid
+from python_backend.protocol.messages import validate_messages
+from python_backend.protocol.params import GenerationParams, parse_parameters
+from python_backend.text.output_formats import ModelFormats, plan_output
+from python_backend.text.output_plan import OutputPlan
+
+TensorGetter = Callable[[str], "np.ndarray | None"]
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    prompt_ids: list[int]
+    params: GenerationParams
+    stream: bool
+    echo_prompt: str  # prepended to non-streaming text (vLLM backend's text_input behaviour)
+    output: OutputPlan  # reasoning / tool-call parsing of the generated text
+    media: MediaInputs | None = None  # a multimodal request's extra prefill inputs
+    counts: contract.CountOutputs = contract.CountOutputs()  # token counts in every response
+
+
+def decode_request(
+    get: TensorGetter,
+    tokenizer: PreTrainedTokenizerBase,
+    adapters: frozenset[str],
+    formats: ModelFormats | None = None,
+    media_processor: MediaProcessor | None = None,
+) -> PreparedRequest:
+    """Validate the tensors of one request; raise ``ContractError`` naming the bad input.
+
+    ``formats`` are the model's tool-call and reasoning formats (None: plain text only);
+    ``media_processor`` is a multimodal model's prompt step (None: media parts are refused).
+    """
+    stream = contract.read_bool(get(contract.STREAM), default=False)
+    raw = contract.read_json(get(contract.PARAMETERS), contract.PARAMETERS)
+    alias = contract.read_json(get(contract.SAMPLING_PARAMETERS), contract.SAMPLING_PARAMETERS)
+    if raw is not None and alias is not None:
+        raise invalid("give either 'parameters' or 'sampling_parameters', not both", contract.SAMPLING_PARAMETERS)
+    raw = raw if raw is not None else alias
+    if raw is not None and not isinstance(raw, dict):
+        raise invalid("'parameters' must be a JSON object", contract.PARAMETERS)
+    params = parse_parameters(raw, stream=stream)
+    if params.lora is not None and params.lora not in adapters:
+        raise ContractError(
+            ErrorInfo(
+                404, f"the model '{params.lora}' does not exist", "invalid_request_error", "model", "model_not_found"
+            )
+        )
+    messages = contract.read_json(get(contract.MESSAGES), contract.MESSAGES)
+    text = contract.read_string(get(contract.TEXT_INPUT))
+    if (messages is None) == (text is None):
+        raise invalid("give exactly one of the inputs 'messages' and 'text_input'", contract.MESSAGES)
+    echo = ""
+    media = None
+    formats = formats or ModelFormats()
+    if messages is not None:
+        messages = validate_messages(messages, allow_internal_media=True)
+        kinds = media_processor.kinds if media_processor is not None else frozenset()
+        prompt = render_prompt_text(tokenizer, messages, params, kinds)
+        plan, suffix = plan_output(formats, params, prompt)
+        if media_processor is not None:
+            encoded = media_processor.encode(prompt + suffix, collect_media(messages, get, media_processor))
+            prompt_ids, media = encoded.prompt_ids, encoded.media
+        else:
+            prompt_ids = encode_chat_prompt(tokenizer, prompt + suffix)
+    else:
+        if not text:
+            raise invalid("'text_input' must not be empty", contract.TEXT_INPUT)
+        plan, suffix = plan_output(formats, params, text)
+        prompt_ids = encode_raw_prompt(tokenizer, text + suffix)
+        exclude = contract.read_bool(get(contract.EXCLUDE_INPUT_IN_OUTPUT), default=False)
+        if not stream and not exclude:
+            echo = text
+    if plan.tool_parser is not None and formats.keeps_special_tokens_for_tools:
+        params = replace(params, skip_special_tokens=False)
+    counts = contract.CountOutputs(
+        input_tokens=contract.read_bool(get(contract.RETURN_NUM_INPUT_TOKENS), default=False),
+        output_tokens=contract.read_bool(get(contract.RETURN_NUM_OUTPUT_TOKENS), default=False),
+    )
+    return PreparedRequest(
+        prompt_ids=prompt_ids, params=params, stream=stream, echo_prompt=echo, output=plan, media=media, counts=counts
+    )

@@ -1,0 +1,401 @@
+"""The tensor contract between the Triton model and every caller (our frontend or plain tritonclient).
+
+Owns: the name, datatype and shape of every input and output tensor, the JSON layout of the
+JSON-carrying tensors, the wire form of errors, and the encode/decode helpers both sides use.
+It imports neither torch nor tritonclient (numpy only), so the frontend can use it without
+loading a model, and the backend without loading a client.
+
+Inputs (all optional except that exactly one of ``messages`` / ``text_input`` must be given):
+
+=========================  ======  =====  ===========================================================
+name                       dtype   shape  meaning
+=========================  ======  =====  ===========================================================
+``messages``               BYTES   [1]    JSON list of OpenAI chat messages; the model applies its
+                                          chat template (with ``tools`` / ``chat_template_kwargs``
+                                          from ``generation_parameters``).
+``text_input``             BYTES   [1]    a raw prompt, used as is (no chat template); the name of
+                                          Triton's vLLM backend, so its clients work unchanged.
+``generation_parameters``  BYTES   [1]    JSON object of generation parameters; keys and rules in
+                                          ``python_backend.protocol.params`` (unknown keys are an error).
+``sampling_parameters``    BYTES   [1]    vLLM-backend alias of ``generation_parameters``; giving
+                                          both is an error.
+``stream``                 BOOL    [1]    true: one response per text delta; false (default): one
+                                          response per choice carrying its whole text.
+``exclude_input_in_output`` BOOL   [1]    vLLM-backend compatibility: for a non-streaming
+                                          ``text_input`` request the prompt is prepended to the
+                                          output unless this is true (vLLM's default).
+``return_finish_reason``   BOOL    [1]    accepted for vLLM-backend compatibility (a choice's last
+                                          response always carries ``finish_reason``).
+``return_num_input_tokens`` BOOL   [1]    true: every response carries this count (the vLLM
+                                          backend's flag); otherwise a choice's last one only.
+``return_num_output_tokens`` BOOL  [1]    the same for ``num_output_tokens``.
+``media``                  BYTES   [-1]   raw bytes of each media item, in the order the
+                                          ``messages`` parts reference them (``media_index``).
+``media_types``            BYTES   [-1]   the MIME type of each ``media`` item.
+``health_probe``           BOOL    [1]    true: not a generation request but the readiness probe;
+                                          answered at once, outside the batch, with one final
+                                          response whose ``text_output`` is the engine's health
+                                          as JSON (``"status": "ready"``), or with a 503 error
+                                          that says why the engine does not serve. Other inputs
+                                          are ignored.
+``open_channel``           BYTES   [1]    a name (8-128 characters): opens a response channel, one
+                                          response per engine pass with the deltas of the requests
+                                          that name it (``triton/channels.py``).
+``stream_channel``         BYTES   [1]    the open channel this request's deltas go to; its own
+                                          stream then carries only an error or the final flag.
+``cancel_request``         BYTES   [1]    a request id: not a generation request; that request is
+                                          cancelled as a gRPC cancel would, without waiting for the
+                                          engine to ask Triton; one final response, no outputs.
+=========================  ======  =====  ===========================================================
+
+Outputs (one response describes one choice; ``text_output`` is in every response, the others
+only when they say something: an absent output reads as empty, an absent ``choice_index`` as 0,
+and the token counts come with a choice's last response unless ``return_num_*_tokens`` asks for
+them in every response):
+
+=====================  ======  =====  ===============================================================
+name                   dtype   shape  meaning
+=====================  ======  =====  ===============================================================
+``text_output``        BYTES   [1]    content text: the delta (stream) or the whole text (non-stream)
+``reasoning_output``   BYTES   [1]    reasoning text (``<think>`` content), same delta rule
+``tool_calls``         BYTES   [1]    JSON list of tool-call deltas, or empty
+``choice_index``       INT32   [1]    which choice (0..n-1) this response belongs to
+``finish_reason``      BYTES   [1]    empty while the choice runs; ``stop``/``length``/``tool_calls``
+                                      on its last response
+``logprobs``           BYTES   [1]    JSON list of ``TokenLogprob`` for the tokens of this response,
+                                      or empty when not requested
+``usage``              BYTES   [1]    JSON ``ChoiceUsage``, only on a choice's last response
+``num_input_tokens``   UINT32  [1]    prompt tokens (vLLM-backend compatible)
+``num_output_tokens``  UINT32  [1]    tokens generated for this choice so far
+``channel_deltas``     BYTES   [1]    a channel's response only: JSON list of entries (``channel_wire``)
+=====================  ======  =====  ===============================================================
+
+The parameters tensor is not called ``parameters``: Triton's HTTP generate endpoint reserves that
+JSON key for request parameters and refuses an input tensor of the same name.
+
+Errors travel as a Triton error whose message is ``ErrorInfo.to_wire()`` (a JSON object), so that
+plain tritonclient callers read a clear message and the frontend recovers the HTTP status, the
+OpenAI error type and the offending field. Every request ends with exactly one final response.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+# --- input tensor names -------------------------------------------------------------------------
+MESSAGES = "messages"
+TEXT_INPUT = "text_input"
+PARAMETERS = "generation_parameters"
+SAMPLING_PARAMETERS = "sampling_parameters"
+STREAM = "stream"
+EXCLUDE_INPUT_IN_OUTPUT = "exclude_input_in_output"
+RETURN_FINISH_REASON = "return_finish_reason"
+RETURN_NUM_INPUT_TOKENS = "return_num_input_tokens"
+RETURN_NUM_OUTPUT_TOKENS = "return_num_output_tokens"
+RETURN_FLAGS = (RETURN_FINISH_REASON, RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT_TOKENS)
+MEDIA = "media"
+MEDIA_TYPES = "media_types"
+HEALTH_PROBE = "health_probe"
+OPEN_CHANNEL = "open_channel"
+STREAM_CHANNEL = "stream_channel"
+CANCEL_REQUEST = "cancel_request"
+
+# --- output tensor names ------------------------------------------------------------------------
+TEXT_OUTPUT = "text_output"
+REASONING_OUTPUT = "reasoning_output"
+TOOL_CALLS = "tool_calls"
+CHOICE_INDEX = "choice_index"
+FINISH_REASON = "finish_reason"
+LOGPROBS = "logprobs"
+USAGE = "usage"
+NUM_INPUT_TOKENS = "num_input_tokens"
+NUM_OUTPUT_TOKENS = "num_output_tokens"
+CHANNEL_DELTAS = "channel_deltas"
+
+DELTA_OUTPUT_NAMES = (  # what a request's own response may carry
+    TEXT_OUTPUT,
+    REASONING_OUTPUT,
+    TOOL_CALLS,
+    CHOICE_INDEX,
+    FINISH_REASON,
+    LOGPROBS,
+    USAGE,
+    NUM_INPUT_TOKENS,
+    NUM_OUTPUT_TOKENS,
+)
+OUTPUT_NAMES = (*DELTA_OUTPUT_NAMES, CHANNEL_DELTAS)  # the config's order
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_TOOL_CALLS = "tool_calls"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of the contract, as config.pbtxt and tritonclient need it."""
+
+    name: str
+    datatype: str  # Triton datatype string: "BYTES", "BOOL", "INT32", "UINT32"
+    dims: tuple[int, ...]
+    optional: bool = True
+
+
+INPUT_SPECS: tuple[TensorSpec, ...] = (
+    TensorSpec(MESSAGES, "BYTES", (1,)),
+    TensorSpec(TEXT_INPUT, "BYTES", (1,)),
+    TensorSpec(PARAMETERS, "BYTES", (1,)),
+    TensorSpec(SAMPLING_PARAMETERS, "BYTES", (1,)),
+    TensorSpec(STREAM, "BOOL", (1,)),
+    TensorSpec(EXCLUDE_INPUT_IN_OUTPUT, "BOOL", (1,)),
+    *(TensorSpec(name, "BOOL", (1,)) for name in RETURN_FLAGS),
+    TensorSpec(MEDIA, "BYTES", (-1,)),
+    TensorSpec(MEDIA_TYPES, "BYTES", (-1,)),
+    TensorSpec(HEALTH_PROBE, "BOOL", (1,)),
+    TensorSpec(OPEN_CHANNEL, "BYTES", (1,)),
+    TensorSpec(STREAM_CHANNEL, "BYTES", (1,)),
+    TensorSpec(CANCEL_REQUEST, "BYTES", (1,)),
+)
+
+OUTPUT_SPECS: tuple[TensorSpec, ...] = (
+    TensorSpec(TEXT_OUTPUT, "BYTES", (1,), optional=False),
+    TensorSpec(REASONING_OUTPUT, "BYTES", (1,), optional=False),
+    TensorSpec(TOOL_CALLS, "BYTES", (1,), optional=False),
+    TensorSpec(CHOICE_INDEX, "INT32", (1,), optional=False),
+    TensorSpec(FINISH_REASON, "BYTES", (1,), optional=False),
+    TensorSpec(LOGPROBS, "BYTES", (1,), optional=False),
+    TensorSpec(USAGE, "BYTES", (1,), optional=False),
+    TensorSpec(NUM_INPUT_TOKENS, "UINT32", (1,), optional=False),
+    TensorSpec(NUM_OUTPUT_TOKENS, "UINT32", (1,), optional=False),
+    TensorSpec(CHANNEL_DELTAS, "BYTES", (1,), optional=False),
+)
+
+
+# --- errors -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ErrorInfo:
+    """An error as the user sees it: HTTP status plus the OpenAI envelope fields."""
+
+    status: int  # HTTP status the frontend answers with (400, 404, 429, 500, 503, ...)
+    message: str  # human-readable, names the offending field; never internal paths
+    type: str = "invalid_request_error"  # OpenAI error type
+    param: str | None = None  # the request field at fault, dotted ("messages.0.role")
+    code: str | None = None  # machine-readable code ("context_length_exceeded", ...)
+
+    def to_wire(self) -> str:
+        return json.dumps({"error": asdict(self)}, ensure_ascii=False)
+
+    @staticmethod
+    def from_wire(text: str) -> ErrorInfo:
+        """Recover an ErrorInfo from a Triton error message.
+
+        Messages that are not ours (Triton's own, e.g. a dead backend stub) become a generic
+        503 so that no Triton internals reach the user.
+        """
+        start = text.find('{"error"')
+        if start >= 0:
+            try:
+                body = json.loads(text[start:])["error"]
+                return ErrorInfo(
+                    status=int(body["status"]),
+                    message=str(body["message"]),
+                    type=str(body.get("type") or "invalid_request_error"),
+                    param=body.get("param"),
+                    code=body.get("code"),
+                )
+            except (ValueError, KeyError, TypeError):
+                pass
+        return ErrorInfo(
+            status=503,
+            message="model backend unavailable",
+            type="service_unavailable",
+            code="backend_unavailable",
+        )
+
+
+class ContractError(ValueError):
+    """A request that breaks the contract or a validation rule; carries the user-facing error."""
+
+    def __init__(self, info: ErrorInfo) -> None:
+        super().__init__(info.message)
+        self.info = info
+
+
+def invalid(message: str, param: str | None, code: str | None = None) -> ContractError:
+    """Build the 400 error for a bad field."""
+    return ContractError(ErrorInfo(400, message, "invalid_request_error", param, code))
+
+
+# --- per-response payloads ----------------------------------------------------------------------
+@dataclass
+class TopLogprob:
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+@dataclass
+class TokenLogprob:
+    """One generated token's log-probability, OpenAI ``logprobs.content[i]`` shape."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob] = field(default_factory=list)
+
+
+@dataclass
+class ChoiceUsage:
+    """Usage and timing of one choice; sent on the choice's last response.
+
+    Invariants (see the semantics page, decision 5): ``len(batch_size) == len(queue_wait_time)
+    == completion_tokens`` and ``len(decode_time_arr) == max(completion_tokens - 1, 0)``.
+    """
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    reasoning_tokens: int | None = None  # only for reasoning models
+    batch_size: list[int] = field(default_factory=list)  # sequences in the step of each token
+    queue_wait_time: list[int] = field(default_factory=list)  # µs waited before each token's step
+    prefill_time: float = 0.0  # ms from arrival to the first token
+    decode_time_arr: list[float] = field(default_factory=list)  # ms of each later token's step
+    cumulative_logprob: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(text: str) -> ChoiceUsage:
+        return ChoiceUsage(**json.loads(text))
+
+
+@dataclass
+class ChoiceDelta:
+    """What one response says about one choice (decoded form of the output tensors)."""
+
+    index: int
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+    usage: ChoiceUsage | None = None
+    num_input_tokens: int = 0
+    num_output_tokens: int = 0
+
+
+# --- encode / decode helpers --------------------------------------------------------------------
+def bytes_tensor(value: str | bytes) -> np.ndarray:
+    """A BYTES tensor of shape [1] holding one UTF-8 string."""
+    data = value.encode("utf-8") if isinstance(value, str) else value
+    return np.array([data], dtype=np.object_)
+
+
+def json_tensor(value: Any) -> np.ndarray:
+    return bytes_tensor(json.dumps(value, ensure_ascii=False))
+
+
+def bool_tensor(value: bool) -> np.ndarray:
+    return np.array([value], dtype=np.bool_)
+
+
+def read_string(array: np.ndarray | None) -> str | None:
+    """The single string of a BYTES [1] tensor (None when the tensor is absent)."""
+    if array is None:
+        return None
+    flat = array.reshape(-1)
+    if flat.size == 0:
+        return ""
+    item = flat[0]
+    return item.decode("utf-8") if isinstance(item, bytes) else str(item)
+
+
+def read_json(array: np.ndarray | None, name: str) -> Any:
+    text = read_string(array)
+    if text is None or text == "":
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise invalid(f"tensor '{name}' is not valid JSON: {exc.msg}", name) from exc
+
+
+def read_bool(array: np.ndarray | None, default: bool = False) -> bool:
+    if array is None or array.size == 0:
+        return default
+    return bool(array.reshape(-1)[0])
+
+
+@dataclass(frozen=True)
+class CountOutputs:
+    """Which token counts a request wants in every response (the vLLM backend's
+    ``return_num_*_tokens`` flags); a choice's last response carries both regardless."""
+
+    input_tokens: bool = False
+    output_tokens: bool = False
+
+
+def encode_delta(delta: ChoiceDelta, counts: CountOutputs = CountOutputs()) -> dict[str, np.ndarray]:
+    """The output tensors of one response.
+
+    Only ``text_output`` is in every response; ``choice_index`` when it is not 0, the token counts
+    on a choice's last response (or on every one, as ``counts`` asks), the others when they say
+    something. Each tensor costs shared-memory IPC in the stub, an output buffer in tritonserver
+    and a gRPC field per streamed token (a streamed token with four tensors cost the three
+    processes ~650 µs of CPU, with one ~490 µs), and an absent output reads as empty or 0
+    (``decode_delta``).
+    """
+    last = delta.finish_reason is not None
+    tensors = {TEXT_OUTPUT: bytes_tensor(delta.text)}
+    if delta.index:
+        tensors[CHOICE_INDEX] = np.array([delta.index], dtype=np.int32)
+    if last or counts.input_tokens:
+        tensors[NUM_INPUT_TOKENS] = np.array([delta.num_input_tokens], dtype=np.uint32)
+    if last or counts.output_tokens:
+        tensors[NUM_OUTPUT_TOKENS] = np.array([delta.num_output_tokens], dtype=np.uint32)
+    if delta.reasoning:
+        tensors[REASONING_OUTPUT] = bytes_tensor(delta.reasoning)
+    if delta.tool_calls:
+        tensors[TOOL_CALLS] = bytes_tensor(json.dumps(delta.tool_calls))
+    if delta.finish_reason:
+        tensors[FINISH_REASON] = bytes_tensor(delta.finish_reason)
+    if delta.logprobs is not None:
+        tensors[LOGPROBS] = bytes_tensor(json.dumps([asdict(lp) for lp in delta.logprobs]))
+    if delta.usage is not None:
+        tensors[USAGE] = bytes_tensor(delta.usage.to_json())
+    return tensors
+
+
+def token_logprob(raw: dict[str, Any]) -> TokenLogprob:
+    """A ``TokenLogprob`` from its JSON object (``asdict`` form)."""
+    return TokenLogprob(
+        token=raw["token"],
+        logprob=float(raw["logprob"]),
+        bytes=list(raw["bytes"]),
+        top_logprobs=[TopLogprob(**top) for top in raw.get("top_logprobs", [])],
+    )
+
+
+def decode_delta(outputs: dict[str, np.ndarray | None]) -> ChoiceDelta:
+    """Decode one response's output tensors (missing tensors read as empty)."""
+    index = outputs.get(CHOICE_INDEX)
+    logprobs_text = read_string(outputs.get(LOGPROBS)) or ""
+    usage_text = read_string(outputs.get(USAGE)) or ""
+    tool_text = read_string(outputs.get(TOOL_CALLS)) or ""
+    n_in = outputs.get(NUM_INPUT_TOKENS)
+    n_out = outputs.get(NUM_OUTPUT_TOKENS)
+    return ChoiceDelta(
+        index=int(index.reshape(-1)[0]) if index is not None else 0,
+        text=read_string(outputs.get(TEXT_OUTPUT)) or "",
+        reasoning=read_string(outputs.get(REASONING_OUTPUT)) or "",
+        tool_calls=json.loads(tool_text) if tool_text else [],
+        finish_reason=read_string(outputs.get(FINISH_REASON)) or None,
+        logprobs=[token_logprob(x) for x in json.loads(logprobs_text)] if logprobs_text else None,
+        usage=ChoiceUsage.from_json(usage_text) if usage_text else None,
+        num_input_tokens=int(n_in.reshape(-1)[0]) if n_in is not None else 0,
+        num_output_tokens=int(n_out.reshape(-1)[0]) if n_out is not None else 0,
+    )

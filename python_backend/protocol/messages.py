@@ -1,0 +1,101 @@
+"""Chat ``messages`` validation: the reference's rules on roles, content and tool calls.
+
+Owns: ``validate_messages``, run by the frontend on HTTP requests and by the backend on the
+``messages`` tensor (tritonclient callers skip the frontend). Media parts are checked for shape
+here; fetching and decoding them is the media layer's job. No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from python_backend.protocol.contract import ContractError, ErrorInfo, invalid
+
+MAX_MESSAGES_CHARS = 4 * 1024 * 1024  # the reference: "greater than 0 and at most 4 MB"
+MEDIA_PART_TYPES = ("image_url", "video_url", "audio_url", "input_audio")
+# The backend receives media parts rewritten to these, pointing into the ``media`` tensor.
+INTERNAL_MEDIA_TYPES = ("image", "video", "audio")
+
+
+def _check_tool_calls(calls: Any, where: str) -> None:
+    if not isinstance(calls, list):
+        raise invalid(f"'{where}' must be a list", where)
+    for j, call in enumerate(calls):
+        at = f"{where}.{j}"
+        if not isinstance(call, dict):
+            raise invalid(f"'{at}' must be an object", at)
+        if not isinstance(call.get("id"), str) or not call["id"]:
+            raise invalid(f"'{at}.id' must be a non-empty string", f"{at}.id")
+        if call.get("type") != "function":
+            raise invalid(f"'{at}.type' must be \"function\"", f"{at}.type")
+        function = call.get("function")
+        if not isinstance(function, dict):
+            raise invalid(f"'{at}.function' must be an object", f"{at}.function")
+        if not isinstance(function.get("name"), str) or not function["name"]:
+            raise invalid(f"'{at}.function.name' must be a non-empty string", f"{at}.function.name")
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):
+            raise invalid(f"'{at}.function.arguments' must be a JSON string", f"{at}.function.arguments")
+        try:
+            json.loads(arguments)
+        except ValueError as exc:
+            raise invalid(f"'{at}.function.arguments' is not valid JSON", f"{at}.function.arguments") from exc
+
+
+def _check_parts(parts: list[Any], where: str, allow_internal: bool) -> None:
+    if not parts:
+        raise invalid(f"'{where}' must not be an empty list", where)
+    for k, part in enumerate(parts):
+        at = f"{where}.{k}"
+        if not isinstance(part, dict):
+            raise invalid(f"'{at}' must be an object", at)
+        kind = part.get("type")
+        if kind == "text":
+            if not isinstance(part.get("text"), str) or not part["text"]:
+                raise invalid(f"'{at}.text' must be a non-empty string", f"{at}.text")
+        elif kind in MEDIA_PART_TYPES:
+            if part.get(kind) is None:
+                raise invalid(f"'{at}.{kind}' is required for a part of type '{kind}'", f"{at}.{kind}")
+        elif allow_internal and kind in INTERNAL_MEDIA_TYPES:
+            if not isinstance(part.get("media_index"), int):
+                raise invalid(f"'{at}.media_index' must be an integer", f"{at}.media_index")
+        else:
+            raise invalid(f"'{at}.type' must be one of text, {', '.join(MEDIA_PART_TYPES)}", f"{at}.type")
+
+
+def validate_messages(messages: Any, *, allow_internal_media: bool = False) -> list[dict[str, Any]]:
+    """Check ``messages`` and return it; raise ``ContractError`` naming the first bad field."""
+    if not isinstance(messages, list) or not messages:
+        raise invalid("'messages' must be a non-empty list", "messages")
+    size = len(json.dumps(messages, ensure_ascii=False))
+    if size > MAX_MESSAGES_CHARS:
+        raise ContractError(
+            ErrorInfo(400, f"'messages' is {size} characters; the limit is {MAX_MESSAGES_CHARS}", param="messages")
+        )
+    for i, message in enumerate(messages):
+        at = f"messages.{i}"
+        if not isinstance(message, dict):
+            raise invalid(f"'{at}' must be an object", at)
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            raise invalid(f"'{at}.role' must be a non-empty string", f"{at}.role")
+        tool_calls = message.get("tool_calls")
+        if tool_calls is not None:
+            if role != "assistant":
+                raise invalid(f"'{at}.tool_calls' is only allowed for role 'assistant'", f"{at}.tool_calls")
+            _check_tool_calls(tool_calls, f"{at}.tool_calls")
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise invalid(f"'{at}.tool_call_id' is required for role 'tool'", f"{at}.tool_call_id")
+        content = message.get("content")
+        if content is None or content == "":
+            if role == "assistant" and tool_calls:
+                continue
+            raise invalid(f"'{at}.content' must not be empty", f"{at}.content")
+        if isinstance(content, list):
+            _check_parts(content, f"{at}.content", allow_internal_media)
+        elif not isinstance(content, str):
+            raise invalid(f"'{at}.content' must be a string or a list of parts", f"{at}.content")
+    return messages

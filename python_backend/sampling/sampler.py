@@ -1,0 +1,128 @@
+"""Choosing the next token for every row of a batch, each row with its own rules.
+
+Owns: ``RowSampling`` (one sequence's resolved sampling rules and state) and ``sample`` (penalties,
+suppression, greedy or temperature/top-k/top-p sampling with a per-row seeded generator, and
+log-probabilities). Rows are processed together where the rule is the same for all, and one by one
+only for what is per row (penalties, seeded draws), so a seeded request samples the same tokens
+whatever else is in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from python_backend.sampling.structured import GrammarState
+
+
+@dataclass
+class RowSampling:
+    temperature: float  # 0 = greedy
+    top_p: float
+    top_k: int  # 0 = no top-k filtering (already clamped to the vocabulary)
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    generator: torch.Generator
+    top_logprobs: int | None  # None: no per-token logprobs wanted
+    prompt_ids: torch.Tensor  # for the repetition penalty (HF applies it to prompt and output)
+    output_ids: list[int] = field(default_factory=list)
+    suppress_ids: tuple[int, ...] = ()  # masked out (EOS and stop tokens before min_tokens)
+    grammar: GrammarState | None = None  # response_format: only tokens the grammar allows
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+@dataclass
+class SampledToken:
+    token_id: int
+    logprob: float  # under the model's raw distribution
+    top: list[tuple[int, float]]  # requested top alternatives (empty when not asked)
+
+
+def _apply_penalties(logits: torch.Tensor, row: RowSampling) -> None:
+    if row.repetition_penalty != 1.0:
+        seen = torch.cat([row.prompt_ids, torch.tensor(row.output_ids, dtype=torch.long)]).unique().to(logits.device)
+        values = logits[seen]
+        logits[seen] = torch.where(values > 0, values / row.repetition_penalty, values * row.repetition_penalty)
+    if (row.presence_penalty or row.frequency_penalty) and row.output_ids:
+        ids, counts = torch.tensor(row.output_ids, dtype=torch.long).unique(return_counts=True)
+        ids = ids.to(logits.device)
+        counts = counts.to(logits.device, dtype=logits.dtype)
+        logits[ids] -= row.frequency_penalty * counts + row.presence_penalty
+
+
+def _sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[int]:
+    """Temperature, top-k and top-p for rows that sample; ``logits`` holds only those rows."""
+    temps = torch.tensor([r.temperature for r in rows], dtype=logits.dtype, device=logits.device)
+    scaled = logits / temps.unsqueeze(1)
+    vocab = scaled.shape[1]
+    ks = [r.top_k if 0 < r.top_k < vocab else vocab for r in rows]
+    k_max = max(ks)
+    if k_max < vocab:
+        values, indices = torch.topk(scaled, k_max, dim=1)
+    else:
+        values, indices = torch.sort(scaled, dim=1, descending=True)
+    ranks = torch.arange(values.shape[1], device=values.device).unsqueeze(0)
+    k_tensor = torch.tensor(ks, device=values.device).unsqueeze(1)
+    values = values.masked_fill(ranks >= k_tensor, float("-inf"))
+    probs = torch.softmax(values, dim=1)
+    top_ps = torch.tensor([r.top_p for r in rows], dtype=probs.dtype, device=probs.device).unsqueeze(1)
+    if bool((top_ps < 1.0).any()):
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        before = torch.cumsum(probs, dim=1) - probs
+        probs = probs.masked_fill(before >= top_ps, 0.0)
+        probs = probs / probs.sum(dim=1, keepdim=True)
+    # Draw in vocabulary order, not in sorted order: near-tied logits sort differently in
+    # different batches, and a draw tied to rank would then pick another token for the same seed.
+    full = torch.zeros_like(scaled).scatter_(1, indices, probs)
+    chosen = []
+    for i, row in enumerate(rows):
+        # The exponential race (argmax p/q, q ~ Exp(1)) samples exactly from p with one draw
+        # per vocabulary entry from the row's own generator.
+        noise = torch.empty(vocab, device=full.device).exponential_(generator=row.generator)
+        chosen.append(int(torch.argmax(full[i] / noise)))
+    return chosen
+
+
+def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[SampledToken]:
+    """One token per row of ``logits`` ([rows, vocab], any float dtype)."""
+    raw = logits.float()
+    want_logprobs = any(r.top_logprobs is not None for r in rows)
+    logprobs = torch.log_softmax(raw, dim=1) if want_logprobs else None
+    processed = raw.clone() if any(r.has_penalties or r.suppress_ids or r.grammar for r in rows) else raw
+    for i, row in enumerate(rows):
+        if row.has_penalties:
+            _apply_penalties(processed[i], row)
+        if row.suppress_ids:
+            processed[i, list(row.suppress_ids)] = float("-inf")
+        if row.grammar is not None:
+            row.grammar.mask(processed[i])
+    tokens = [0] * len(rows)
+    greedy = [i for i, r in enumerate(rows) if r.temperature <= 0.0]
+    if greedy:
+        best = torch.argmax(processed[greedy], dim=1).tolist()
+        for i, token in zip(greedy, best, strict=True):
+            tokens[i] = int(token)
+    sampled = [i for i, r in enumerate(rows) if r.temperature > 0.0]
+    if sampled:
+        picks = _sample_rows(processed[sampled], [rows[i] for i in sampled])
+        for i, token in zip(sampled, picks, strict=True):
+            tokens[i] = token
+    for token, row in zip(tokens, rows, strict=True):
+        if row.grammar is not None:
+            row.grammar.accept(token)
+    out = []
+    for i, row in enumerate(rows):
+        top: list[tuple[int, float]] = []
+        token_logprob = 0.0
+        if logprobs is not None and row.top_logprobs is not None:
+            token_logprob = float(logprobs[i, tokens[i]])
+            if row.top_logprobs > 0:
+                values, ids = torch.topk(logprobs[i], row.top_logprobs)
+                top = [(int(t), float(v)) for t, v in zip(ids.tolist(), values.tolist(), strict=True)]
+        out.append(SampledToken(tokens[i], token_logprob, top))
+    return out

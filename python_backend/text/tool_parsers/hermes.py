@@ -1,0 +1,100 @@
+"""The Hermes / Qwen2.5 tool-call format.
+
+Owns: ``HermesToolParser``. A call is ``<tool_call>`` + a JSON object ``{"name": ..., "arguments":
+{...}}`` + ``</tool_call>`` (Qwen2.5, Qwen3, Hermes 2/3 and their templates). Several calls may
+follow each other; text before and between calls is content. Accepted details:
+
+* ``arguments`` may also be spelled ``parameters``, may be a JSON text of an object, or absent
+  (``{}``); ``function.arguments`` is always re-serialised with ``json.dumps``.
+* Whitespace right after ``</tool_call>`` (the newline between calls) is not content.
+* A call whose body is not such an object is returned as content, tags included, never raised.
+* A call still open when the sequence ends counts if its body is already a complete, valid
+  object (a model that stops right after the JSON); otherwise it is content.
+
+Text is held back only while its tail could be the start of ``<tool_call>``, and inside a call
+until the call closes (a call is emitted whole, once).
+"""
+
+from __future__ import annotations
+
+import json
+
+from python_backend.text.tool_parsers.base import ParserOutput, ToolCall, call_from_object, held_prefix
+
+OPEN_TAG = "<tool_call>"
+CLOSE_TAG = "</tool_call>"
+
+
+def _parse_body(body: str) -> ToolCall | None:
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    arguments = data.get("arguments", data.get("parameters"))
+    return call_from_object(data.get("name"), arguments)
+
+
+class HermesToolParser:
+    """Incremental ``<tool_call>{json}</tool_call>`` parser for one sequence."""
+
+    def __init__(self, prefill: str = "") -> None:
+        self._buffer = ""  # text not yet released: a possible tag start, or an open call's body
+        self._in_call = False
+        self._scan_from = 0  # an open call's body before this offset holds no closing tag
+        self._after_call = False  # swallowing whitespace that follows a call
+        # The prompt may already hold the start of a call (tool_choice required or named): parse
+        # it as if the model had written it, so the model's continuation completes that call.
+        self._carry = ParserOutput()
+        if prefill:
+            self._carry = self.feed(prefill)
+
+    def feed(self, text: str) -> ParserOutput:
+        out, self._carry = self._carry, ParserOutput()
+        self._buffer += text
+        while True:
+            if self._in_call:
+                end = self._buffer.find(CLOSE_TAG, self._scan_from)
+                if end < 0:
+                    # Incomplete: hold all of it, and never rescan what was searched (no O(n^2)).
+                    self._scan_from = max(len(self._buffer) - len(CLOSE_TAG) + 1, 0)
+                    return out
+                body, self._buffer = self._buffer[:end], self._buffer[end + len(CLOSE_TAG) :]
+                self._close_call(body, out, closed=True)
+                continue
+            if self._after_call:
+                stripped = self._buffer.lstrip()
+                if not stripped:
+                    self._buffer = ""
+                    return out
+                self._buffer, self._after_call = stripped, False
+            start = self._buffer.find(OPEN_TAG)
+            if start >= 0:
+                out.content += self._buffer[:start]
+                self._buffer = self._buffer[start + len(OPEN_TAG) :]
+                self._in_call, self._scan_from = True, 0
+                continue
+            keep = held_prefix(self._buffer, (OPEN_TAG,))
+            cut = len(self._buffer) - keep
+            out.content += self._buffer[:cut]
+            self._buffer = self._buffer[cut:]
+            return out
+
+    def _close_call(self, body: str, out: ParserOutput, closed: bool) -> None:
+        self._in_call = False
+        call = _parse_body(body.strip())
+        if call is None:
+            out.content += OPEN_TAG + body + (CLOSE_TAG if closed else "")
+        else:
+            out.calls.append(call)
+            self._after_call = True
+
+    def finish(self) -> ParserOutput:
+        out, self._carry = self._carry, ParserOutput()
+        rest, self._buffer = self._buffer, ""
+        if self._in_call:
+            self._close_call(rest, out, closed=False)
+        elif not self._after_call:
+            out.content += rest
+        return out

@@ -1,0 +1,73 @@
+"""The engine's gauges on Triton's own ``/metrics``: running sequences, waiting requests, KV cache.
+
+Owns ``MetricsReporter``, a thread that copies ``Engine.stats()`` into Triton custom metrics. It
+runs beside the engine in the stub process (docs/design.md, "Departures": engine metrics live in
+Triton's process, next to Triton's ``nv_inference_*``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from python_backend.engine.engine import Engine
+
+logger = logging.getLogger("triton_chat")
+
+_GAUGES = (
+    ("triton_chat_num_sequences_running", "Sequences in the engine's running batch", "running_sequences"),
+    ("triton_chat_num_requests_waiting", "Requests queued for admission", "waiting_requests"),
+    ("triton_chat_kv_cache_bytes", "Bytes held by the running batch's KV cache", "kv_cache_bytes"),
+    (
+        "triton_chat_kv_cache_reserved_tokens",
+        "KV-cache token slots reserved by admitted requests",
+        "kv_reserved_tokens",
+    ),
+    ("triton_chat_prefix_cache_bytes", "Bytes held by cached prompt prefixes", "prefix_cache_bytes"),
+)
+# Each gauge update is a round trip to tritonserver, on the cores the engine computes on: a value
+# is sent only when it changed, and at most this often (Prometheus scrapes every 15 s or so).
+_METRICS_PERIOD_S = 0.5
+
+
+class MetricsReporter:
+    """Engine gauges on Triton's own ``/metrics``, refreshed by a thread of their own.
+
+    Reading stats is cheap, but each gauge update is IPC to the server, so it runs on a timer
+    rather than in the step loop.
+    """
+
+    def __init__(self, engine: Engine, model: str, pb_utils: Any) -> None:
+        """``pb_utils``: Triton's ``triton_python_backend_utils``, which only ``python_backend.triton``
+        imports (it exists only inside Triton's stub)."""
+        self._engine = engine
+        self._families: list[Any] = []
+        self._gauges: list[tuple[Any, str]] = []
+        for name, description, field in _GAUGES:
+            family = pb_utils.MetricFamily(name=name, description=description, kind=pb_utils.MetricFamily.GAUGE)
+            self._families.append(family)
+            self._gauges.append((family.Metric(labels={"model": model}), field))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="triton-chat-metrics", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        sent: dict[str, float] = {}
+        while not self._stop.wait(_METRICS_PERIOD_S):
+            stats = self._engine.stats()
+            try:
+                for gauge, field in self._gauges:
+                    value = float(getattr(stats, field))
+                    if sent.get(field) != value:
+                        gauge.set(value)
+                        sent[field] = value
+            except Exception:  # metrics are best effort; serving goes on
+                logger.exception("updating metrics failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        # Triton requires metrics to go before their families.
+        self._gauges.clear()
+        self._families.clear()
