@@ -34,7 +34,11 @@ def main() -> int:
     parameters = {"max_tokens": args.max_tokens, "temperature": 0}
     stream = grpcclient.InferInput("stream", [1], "BOOL")
     stream.set_data_from_numpy(np.array([True]))
-    inputs = [bytes_input("messages", json.dumps(messages)), bytes_input("generation_parameters", json.dumps(parameters)), stream]
+    inputs = [
+        bytes_input("messages", json.dumps(messages)),
+        bytes_input("generation_parameters", json.dumps(parameters)),
+        stream,
+    ]
 
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(args.url)

@@ -98,6 +98,4 @@ def validate_chat_request(body: bytes, settings: FrontendSettings) -> ValidatedC
         raise _model_not_found(request.model)
     if request.model != settings.served_model_name:
         parameters["lora"] = request.model
-    return ValidatedChat(
-        request, media.messages, parameters, params, stream, include_usage, tuple(ignored), media.refs
-    )
+    return ValidatedChat(request, media.messages, parameters, params, stream, include_usage, tuple(ignored), media.refs)

@@ -265,7 +265,9 @@ class TritonBackend:
         (client/reads.py), and on a channel a request's own stream is silent until its end."""
         with anyio.CancelScope(shield=True):  # this runs while the consumer is being cancelled
             try:
-                cancel = control_request(self._client, self._model_name, contract.CANCEL_REQUEST, request_id, CANCEL_WAIT_S)
+                cancel = control_request(
+                    self._client, self._model_name, contract.CANCEL_REQUEST, request_id, CANCEL_WAIT_S
+                )
                 await asyncio.wait_for(cancel, CANCEL_WAIT_S)
                 await asyncio.wait({own.task}, timeout=CANCEL_WAIT_S)
             except (InferenceServerException, grpc.RpcError, OSError, asyncio.TimeoutError) as exc:

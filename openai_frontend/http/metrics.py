@@ -57,7 +57,9 @@ class FrontendMetrics:
             labels, buckets=_REQUEST_BUCKETS, registry=r,
         )  # fmt: skip
         self.prompt_tokens = Counter("prompt_tokens", "Prompt tokens of answered requests", labels, registry=r)
-        self.generation_tokens = Counter("generation_tokens", "Tokens generated for answered choices", labels, registry=r)
+        self.generation_tokens = Counter(
+            "generation_tokens", "Tokens generated for answered choices", labels, registry=r
+        )
         self.success = Counter(
             "request_success", "Choices that finished, by finish reason", [*labels, "finished_reason"], registry=r
         )

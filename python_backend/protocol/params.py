@@ -189,7 +189,7 @@ def _tool_choice(raw: dict[str, Any], tools: tuple[dict[str, Any], ...]) -> str 
         return None
     if isinstance(value, str):
         if value not in ("none", "auto", "required"):
-            raise invalid("'tool_choice' must be \"none\", \"auto\", \"required\" or a named function", "tool_choice")
+            raise invalid('\'tool_choice\' must be "none", "auto", "required" or a named function', "tool_choice")
         if value == "required" and not tools:
             raise invalid("'tool_choice' \"required\" needs 'tools'", "tool_choice")
         return value
@@ -197,7 +197,9 @@ def _tool_choice(raw: dict[str, Any], tools: tuple[dict[str, Any], ...]) -> str 
         function = value.get("function")
         name = function.get("name") if isinstance(function, dict) else None
         if value.get("type") != "function" or not isinstance(name, str):
-            raise invalid("'tool_choice' object must be {\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
+            raise invalid(
+                '\'tool_choice\' object must be {"type": "function", "function": {"name": ...}}', "tool_choice"
+            )
         if name not in {t["function"]["name"] for t in tools}:
             raise invalid(f"'tool_choice' names function '{name}', which is not in 'tools'", "tool_choice")
         return value
@@ -214,9 +216,13 @@ def _chat_template_kwargs(raw: dict[str, Any]) -> dict[str, Any]:
         # An allow-list: template kwargs such as 'tokenize' must never reach apply_chat_template.
         if key not in CHAT_TEMPLATE_KWARGS_ALLOWED:
             allowed = ", ".join(sorted(CHAT_TEMPLATE_KWARGS_ALLOWED))
-            raise invalid(f"'chat_template_kwargs.{key}' is not supported (allowed: {allowed})", f"chat_template_kwargs.{key}")
+            raise invalid(
+                f"'chat_template_kwargs.{key}' is not supported (allowed: {allowed})", f"chat_template_kwargs.{key}"
+            )
         if key == "enable_thinking" and not isinstance(item, bool):
-            raise invalid("'chat_template_kwargs.enable_thinking' must be a boolean", "chat_template_kwargs.enable_thinking")
+            raise invalid(
+                "'chat_template_kwargs.enable_thinking' must be a boolean", "chat_template_kwargs.enable_thinking"
+            )
     return dict(value)
 
 
@@ -225,7 +231,7 @@ def _response_format(raw: dict[str, Any]) -> dict[str, Any] | None:
     if value is None:
         return None
     if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
-        raise invalid("'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"", "response_format")
+        raise invalid('\'response_format.type\' must be "text", "json_object" or "json_schema"', "response_format")
     return None if value["type"] == "text" else value
 
 

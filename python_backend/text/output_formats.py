@@ -143,7 +143,10 @@ def plan_output(formats: ModelFormats, params: GenerationParams, prompt: str) ->
     if prefill and formats.reasoning and prompt.rstrip().endswith(OPEN_TAG):
         suffix = f"\n{CLOSE_TAG}\n\n{prefill}"  # a forced call is the answer: no thinking first
     if reasoning != REASONING_OFF:
-        for name, active in (("stop", bool(params.stop)), ("include_stop_str_in_output", params.include_stop_str_in_output)):
+        for name, active in (
+            ("stop", bool(params.stop)),
+            ("include_stop_str_in_output", params.include_stop_str_in_output),
+        ):
             if active:
                 raise invalid(
                     f"'{name}' cannot be used while reasoning is parsed; "

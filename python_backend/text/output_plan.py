@@ -35,7 +35,9 @@ class OutputPipeline:
     """One sequence's text, sorted into content, reasoning and complete tool calls."""
 
     def __init__(self, plan: OutputPlan) -> None:
-        self._splitter = ReasoningSplitter(plan.reasoning == REASONING_FORCED) if plan.reasoning != REASONING_OFF else None
+        self._splitter = (
+            ReasoningSplitter(plan.reasoning == REASONING_FORCED) if plan.reasoning != REASONING_OFF else None
+        )
         self._parser: ToolParser | None = (
             make_tool_parser(plan.tool_parser, plan.tool_names, plan.tool_prefill) if plan.tool_parser else None
         )

@@ -71,7 +71,9 @@ def _within(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
-def violations(imports: list[Import], importer: str, banned: tuple[str, ...], allowed: tuple[str, ...] = ()) -> list[str]:
+def violations(
+    imports: list[Import], importer: str, banned: tuple[str, ...], allowed: tuple[str, ...] = ()
+) -> list[str]:
     return [
         f"{imp.module}:{imp.line} imports {imp.target}"
         for imp in imports
@@ -91,8 +93,19 @@ def test_the_frontend_and_launcher_use_only_the_protocol_of_the_backend(all_impo
 
 
 def test_the_protocol_imports_the_standard_library_and_numpy_only(all_imports: list[Import]) -> None:
-    ours_elsewhere = tuple(f"python_backend.{p}" for p in ("engine", "sampling", "text", "prompt", "model", "cpu", "triton"))
-    third_party = ("torch", "transformers", "tritonclient", "grpc", "fastapi", "pydantic", "starlette", "openai_frontend")
+    ours_elsewhere = tuple(
+        f"python_backend.{p}" for p in ("engine", "sampling", "text", "prompt", "model", "cpu", "triton")
+    )
+    third_party = (
+        "torch",
+        "transformers",
+        "tritonclient",
+        "grpc",
+        "fastapi",
+        "pydantic",
+        "starlette",
+        "openai_frontend",
+    )
     assert violations(all_imports, "python_backend.protocol", (*third_party, *ours_elsewhere)) == []
     stdlib = set(sys.stdlib_module_names) | {"numpy", "__future__"}
     foreign = [

@@ -19,15 +19,21 @@ def test_openai_mode_streams_with_role_chunk_and_usage_chunk(
     client = client_for(frontend_factory(openai_mode="openai"))
     chunks = list(
         client.chat.completions.create(
-            model=triton_server.served_model_name, messages=QUESTION, max_tokens=6, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+            model=triton_server.served_model_name,
+            messages=QUESTION,
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
         )  # fmt: skip
     )
     assert chunks[0].choices[0].delta.role == "assistant" and not chunks[0].choices[0].delta.content
     assert all(c.choices[0].delta.role is None for c in chunks[1:-1])
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
     assert "batch_size" not in chunks[-1].usage.model_dump()  # no MindIE extras in OpenAI mode
-    reply = client.chat.completions.create(model=triton_server.served_model_name, messages=QUESTION, max_completion_tokens=3)
+    reply = client.chat.completions.create(
+        model=triton_server.served_model_name, messages=QUESTION, max_completion_tokens=3
+    )
     assert reply.usage.completion_tokens <= 3
 
 
@@ -64,7 +70,9 @@ def test_lora_adapter_is_listed_and_changes_the_answer(
         return reply.choices[0].message.content or ""
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), str(tiny_lora_dir))
+    adapted = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), str(tiny_lora_dir)
+    )
     text = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=False)
     ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")
     out = adapted.eval().generate(**ids, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)

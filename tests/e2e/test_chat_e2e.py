@@ -187,7 +187,10 @@ def test_disconnect_mid_stream_frees_the_engine_slot(triton_server: TritonHandle
         "model": triton_server.served_model_name, "messages": QUESTION, "stream": True,
         "max_tokens": 30000, "ignore_eos": True,
     }  # fmt: skip
-    with httpx.Client(timeout=60) as http, http.stream("POST", f"{frontend_url}/v1/chat/completions", json=body) as reply:
+    with (
+        httpx.Client(timeout=60) as http,
+        http.stream("POST", f"{frontend_url}/v1/chat/completions", json=body) as reply,
+    ):
         assert reply.status_code == 200
         # Hold the iterator (leaving a `for` loop early would close the connection already).
         lines = reply.iter_lines()
@@ -219,7 +222,9 @@ def test_bad_request_gets_a_400_envelope_naming_the_field(triton_server: TritonH
 
 def test_bad_request_leaves_the_server_serving(triton_server: TritonHandle, frontend_url: str) -> None:
     with httpx.Client(timeout=60) as http:
-        broken = http.post(f"{frontend_url}/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+        broken = http.post(
+            f"{frontend_url}/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+        )
         assert broken.status_code == 400 and "error" in broken.json()
         ok = http.post(
             f"{frontend_url}/v1/chat/completions",

@@ -30,7 +30,9 @@ def reference(tiny_model_dir: Path):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
     def greedy(content: str, max_new_tokens: int) -> str:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+        )
         ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")
         out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
         return tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
@@ -45,14 +47,18 @@ def chat(frontend_url: str, model: str, content: str, **extra) -> dict:
     return reply.json()
 
 
-def test_greedy_is_batch_invariant_through_the_server(triton_server: TritonHandle, frontend_url: str, reference) -> None:
+def test_greedy_is_batch_invariant_through_the_server(
+    triton_server: TritonHandle, frontend_url: str, reference
+) -> None:
     # Long enough (the tiny model writes hundreds of tokens a second) that the staggered requests
     # surely overlap.
     expected = [reference(p, 160) for p in PROMPTS]
 
     def ask(i: int) -> dict:
         time.sleep(0.02 * i)  # requests join while earlier ones are decoding
-        return chat(frontend_url, triton_server.served_model_name, PROMPTS[i], temperature=0, max_tokens=160, ignore_eos=True)
+        return chat(
+            frontend_url, triton_server.served_model_name, PROMPTS[i], temperature=0, max_tokens=160, ignore_eos=True
+        )
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         replies = list(pool.map(ask, range(8)))
@@ -83,7 +89,9 @@ def test_telemetry_invariants_hold_for_every_choice_under_load(triton_server: Tr
         return [c["usage"] for c in chunks if "usage" in c]
 
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
-        plain = [pool.submit(chat, frontend_url, model, f"q{i}", n=2, temperature=0.7, max_tokens=12 + i) for i in range(3)]
+        plain = [
+            pool.submit(chat, frontend_url, model, f"q{i}", n=2, temperature=0.7, max_tokens=12 + i) for i in range(3)
+        ]
         streams = [pool.submit(streamed, i) for i in range(3)]
         for future in plain:
             body = future.result()
@@ -120,7 +128,10 @@ def test_cancellations_under_load_leave_no_sequence_behind(triton_server: Triton
     def run(i: int) -> None:
         body = {"model": model, "messages": [{"role": "user", "content": f"load {i}"}], "stream": True,
                 "max_tokens": 20000 if i % 2 else 30, "ignore_eos": True}  # fmt: skip
-        with httpx.Client(timeout=120) as http, http.stream("POST", f"{frontend_url}/v1/chat/completions", json=body) as reply:
+        with (
+            httpx.Client(timeout=120) as http,
+            http.stream("POST", f"{frontend_url}/v1/chat/completions", json=body) as reply,
+        ):
             lines = reply.iter_lines()
             seen = 0
             for line in lines:
@@ -144,7 +155,9 @@ def test_cancellations_under_load_leave_no_sequence_behind(triton_server: Triton
     assert wait_for_gauge(triton_server, lambda v: v == 0, 5) == 0
     assert running_sequences(triton_server) == 0
     # The server is healthy afterwards.
-    assert client_for(frontend_url).chat.completions.create(model=model, messages=[{"role": "user", "content": "ok"}], max_tokens=2)
+    assert client_for(frontend_url).chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "ok"}], max_tokens=2
+    )
 
 
 def test_a_repeated_prompt_reuses_its_cached_prefix(triton_server: TritonHandle, frontend_url: str, reference) -> None:

@@ -40,9 +40,10 @@ def test_a_killed_model_process_is_restarted_and_the_stream_in_flight_ends(
     started, ended = threading.Event(), threading.Event()
 
     def stream() -> None:
-        with httpx.Client(base_url=base, timeout=60) as http, http.stream(
-            "POST", "/v1/chat/completions", json={**body, "stream": True}
-        ) as reply:
+        with (
+            httpx.Client(base_url=base, timeout=60) as http,
+            http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as reply,
+        ):
             for line in reply.iter_lines():
                 if line.startswith("data: "):
                     events.append(line.removeprefix("data: "))

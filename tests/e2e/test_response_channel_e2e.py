@@ -54,7 +54,9 @@ def _is_final(result: Any) -> bool:
 def _chat(prompt: str, max_tokens: int, channel: str | None) -> list[grpcclient.InferInput]:
     inputs = [
         _tensor(contract.MESSAGES, contract.json_tensor([{"role": "user", "content": prompt}])),
-        _tensor(contract.PARAMETERS, contract.json_tensor({"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})),
+        _tensor(
+            contract.PARAMETERS, contract.json_tensor({"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
+        ),
         _tensor(contract.STREAM, contract.bool_tensor(True)),
     ]
     if channel is not None:
@@ -99,7 +101,9 @@ def _channel(handle: TritonHandle) -> Iterator[tuple[str, Responses]]:
     name = f"test-{uuid.uuid4().hex}"
     with _stream(handle) as (client, responses):
         client.async_stream_infer(
-            handle.model_name, [_tensor(contract.OPEN_CHANNEL, contract.bytes_tensor(name))], enable_empty_final_response=True
+            handle.model_name,
+            [_tensor(contract.OPEN_CHANNEL, contract.bytes_tensor(name))],
+            enable_empty_final_response=True,
         )
         opened, error = responses.get(timeout=30)
         assert error is None, error
@@ -126,9 +130,15 @@ def test_a_channel_carries_the_deltas_of_the_requests_that_name_it(triton_server
     expected = {}
     for key, prompt in prompts.items():  # the same requests on their own streams, for reference
         with _stream(triton_server) as (client, responses):
-            client.async_stream_infer(triton_server.model_name, _chat(prompt, 12, None), enable_empty_final_response=True)
+            client.async_stream_infer(
+                triton_server.model_name, _chat(prompt, 12, None), enable_empty_final_response=True
+            )
             results = _own_stream_to_its_end(responses)
-        deltas = [contract.decode_delta({o.name: r.as_numpy(o.name) for o in r.get_response().outputs}) for r in results if r.get_response().outputs]
+        deltas = [
+            contract.decode_delta({o.name: r.as_numpy(o.name) for o in r.get_response().outputs})
+            for r in results
+            if r.get_response().outputs
+        ]
         expected[key] = "".join(d.text for d in deltas)
     with _channel(triton_server) as (name, channel_responses), _stream(triton_server) as (client, own):
         ids = {key: f"req-{key}-{uuid.uuid4().hex}" for key in prompts}
@@ -153,7 +163,10 @@ def test_cancel_request_stops_a_request_on_a_channel(triton_server: TritonHandle
     with _channel(triton_server) as (name, channel_responses), _stream(triton_server) as (client, own):
         request_id = f"long-{uuid.uuid4().hex}"
         client.async_stream_infer(
-            triton_server.model_name, _chat("Write a long story", 400, name), request_id=request_id, enable_empty_final_response=True
+            triton_server.model_name,
+            _chat("Write a long story", 400, name),
+            request_id=request_id,
+            enable_empty_final_response=True,
         )
         _channel_entries(channel_responses, lambda got: len(got) >= 3)
         started = time.monotonic()
@@ -170,7 +183,9 @@ def test_cancel_request_stops_a_request_on_a_channel(triton_server: TritonHandle
 
 def test_a_request_naming_no_open_channel_gets_a_503_that_names_the_input(triton_server: TritonHandle) -> None:
     with _stream(triton_server) as (client, responses):
-        client.async_stream_infer(triton_server.model_name, _chat("Hi", 4, "never-opened-channel"), enable_empty_final_response=True)
+        client.async_stream_infer(
+            triton_server.model_name, _chat("Hi", 4, "never-opened-channel"), enable_empty_final_response=True
+        )
         result, error = responses.get(timeout=30)
     assert result is None and error is not None
     info = contract.ErrorInfo.from_wire(str(error))

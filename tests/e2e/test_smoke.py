@@ -80,7 +80,10 @@ def test_the_health_probe_is_answered_at_once_beside_a_running_stream(
     health, also while the engine is busy, without entering the batch."""
     body = {"model": triton_server.served_model_name, "messages": [{"role": "user", "content": "go"}],
             "max_tokens": 3000, "ignore_eos": True, "stream": True}  # fmt: skip
-    with httpx.Client(timeout=60) as http, http.stream("POST", f"{frontend_url}/v1/chat/completions", json=body) as reply:
+    with (
+        httpx.Client(timeout=60) as http,
+        http.stream("POST", f"{frontend_url}/v1/chat/completions", json=body) as reply,
+    ):
         lines = reply.iter_lines()
         next(line for line in lines if line.startswith("data: "))  # the engine is decoding now
         started = time.monotonic()
@@ -211,9 +214,10 @@ def test_launcher_drains_on_sigterm(tiny_model_dir: Path, tmp_path: Path) -> Non
         first_chunk = threading.Event()
 
         def stream() -> None:
-            with httpx.Client(base_url=base, timeout=120) as http, http.stream(
-                "POST", "/v1/chat/completions", json=body
-            ) as reply:
+            with (
+                httpx.Client(base_url=base, timeout=120) as http,
+                http.stream("POST", "/v1/chat/completions", json=body) as reply,
+            ):
                 got = []
                 for line in reply.iter_lines():
                     got.append(line)

@@ -77,7 +77,11 @@ def reasoning_of(model: Any) -> str:
 
 def test_reasoning_content(trained_triton_server: TritonHandle, trained_frontend_url: str) -> None:
     client = client_for(trained_frontend_url)
-    args: dict[str, Any] = {"model": trained_triton_server.served_model_name, "messages": ask(THINK_QUESTION), "temperature": 0}
+    args: dict[str, Any] = {
+        "model": trained_triton_server.served_model_name,
+        "messages": ask(THINK_QUESTION),
+        "temperature": 0,
+    }
     reply = client.chat.completions.create(**args)
     message = reply.choices[0].message
     assert (reasoning_of(message), message.content) == (THOUGHT, ANSWER)

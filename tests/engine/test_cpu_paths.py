@@ -56,7 +56,10 @@ def _decode_logits(loaded: LoadedModel, kv_dtype: torch.dtype | None, prompt: li
     assert kv.cache.layer_states()[0][0].dtype == (kv_dtype or torch.bfloat16)
     with torch.inference_mode():
         step = loaded.model(
-            input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[len(prompt)]]), cache=kv.cache, use_cache=True
+            input_ids=torch.tensor([[token]]),
+            position_ids=torch.tensor([[len(prompt)]]),
+            cache=kv.cache,
+            use_cache=True,
         )
     return step.logits[0, -1].float()
 

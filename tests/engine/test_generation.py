@@ -15,10 +15,14 @@ from python_backend.protocol.settings import EngineSettings
 def generate_greedy(driver: Driver, content: str, max_new_tokens: int) -> list[int]:
     ids = driver.prompt_ids(content)
     out = driver.loaded.model.generate(
-        torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-        max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
+        torch.tensor([ids]),
+        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
     )
-    return out[0, len(ids):].tolist()
+    return out[0, len(ids) :].tolist()
 
 
 def decode(driver: Driver, tokens: list[int]) -> str:
@@ -74,7 +78,9 @@ def test_stop_string_split_across_tokens_never_leaks(driver: Driver) -> None:
     pieces = [decode(driver, tokens[: i + 1]) for i in range(len(tokens))]
     full = pieces[-1]
     # A stop string that starts inside one token's text and ends inside a later token's.
-    boundary = next(i for i in range(3, len(pieces)) if len(pieces[i]) - len(pieces[i - 1]) >= 2 and len(pieces[i - 1]) >= 2)
+    boundary = next(
+        i for i in range(3, len(pieces)) if len(pieces[i]) - len(pieces[i - 1]) >= 2 and len(pieces[i - 1]) >= 2
+    )
     start = len(pieces[boundary - 1]) - 1
     stop = full[start : start + 3]
     got = driver.submit("stop test", temperature=0, max_tokens=30, ignore_eos=True, stop=[stop]).wait()

@@ -27,7 +27,10 @@ def greedy(model, driver: Driver, content: str, tokens: int) -> str:
 
 def test_adapter_and_base_requests_share_a_batch(tiny_model_dir: Path, tiny_lora_dir: Path) -> None:
     settings = EngineSettings(
-        model_path=str(tiny_model_dir), dtype="float32", device="cpu", lora_modules=json.dumps({"sql": str(tiny_lora_dir)})
+        model_path=str(tiny_model_dir),
+        dtype="float32",
+        device="cpu",
+        lora_modules=json.dumps({"sql": str(tiny_lora_dir)}),
     )
     loaded = load_model(settings)
     assert loaded.adapters == frozenset({"sql"})
@@ -42,7 +45,11 @@ def test_adapter_and_base_requests_share_a_batch(tiny_model_dir: Path, tiny_lora
     lora_expected = [greedy(with_adapter, driver, p, 16) for p in prompts]
     assert base_expected != lora_expected  # the adapter visibly changes the answers
     # Queued before the loop starts: all four share their prefill and every decode step.
-    runs = [driver.submit(p, temperature=0, max_tokens=16, ignore_eos=True, lora=lora) for lora in (None, "sql") for p in prompts]
+    runs = [
+        driver.submit(p, temperature=0, max_tokens=16, ignore_eos=True, lora=lora)
+        for lora in (None, "sql")
+        for p in prompts
+    ]
     engine.start()
     try:
         texts = [r.wait().text() for r in runs]
@@ -53,6 +60,10 @@ def test_adapter_and_base_requests_share_a_batch(tiny_model_dir: Path, tiny_lora
 
 
 def test_bad_lora_modules_are_clear_errors(tiny_model_dir: Path, tmp_path: Path) -> None:
-    for value, words in (("{not json", "JSON"), ('{"x": "/nowhere"}', "not a PEFT adapter folder"), ('["a"]', "JSON object")):
+    for value, words in (
+        ("{not json", "JSON"),
+        ('{"x": "/nowhere"}', "not a PEFT adapter folder"),
+        ('["a"]', "JSON object"),
+    ):
         with pytest.raises(SettingsError, match=words):
             load_model(EngineSettings(model_path=str(tiny_model_dir), dtype="float32", lora_modules=value))

@@ -42,7 +42,10 @@ def compiler(tiny_loaded) -> GrammarCompiler:
 
 def test_json_schema_is_enforced_while_sampling(driver: Driver, compiler: GrammarCompiler) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA}}
-    runs = [submit(driver, compiler, f"is it {i}?", response_format=fmt, temperature=1.0, seed=i, max_tokens=60) for i in range(4)]
+    runs = [
+        submit(driver, compiler, f"is it {i}?", response_format=fmt, temperature=1.0, seed=i, max_tokens=60)
+        for i in range(4)
+    ]
     plain = driver.submit("is it 0?", temperature=1.0, seed=0, max_tokens=60)
     for run in runs:
         run.wait()

@@ -38,7 +38,9 @@ def engine(trained: LoadedModel) -> Iterator[Engine]:
     engine.stop()
 
 
-def run(engine: Engine, loaded: LoadedModel, content: str | None, stream: bool, raw_prompt: str = "", **params: Any) -> Collected:
+def run(
+    engine: Engine, loaded: LoadedModel, content: str | None, stream: bool, raw_prompt: str = "", **params: Any
+) -> Collected:
     tensors = {contract.STREAM: contract.bool_tensor(stream), contract.PARAMETERS: contract.json_tensor(params)}
     if content is not None:
         tensors[contract.MESSAGES] = contract.json_tensor([{"role": "user", "content": content}])
@@ -89,7 +91,9 @@ def test_tool_call_answer(engine: Engine, trained: LoadedModel, stream: bool) ->
 @pytest.mark.parametrize(
     "tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}], ids=["required", "named"]
 )
-def test_forced_tool_choice_prefills_a_call_the_model_completes(engine: Engine, trained: LoadedModel, tool_choice: Any) -> None:
+def test_forced_tool_choice_prefills_a_call_the_model_completes(
+    engine: Engine, trained: LoadedModel, tool_choice: Any
+) -> None:
     out = run(engine, trained, TOOL_QUESTION, True, tools=[WEATHER_TOOL], tool_choice=tool_choice, temperature=0)
     call = only_call(out)
     assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == ("get_weather", {"city": "Paris"})
@@ -97,7 +101,9 @@ def test_forced_tool_choice_prefills_a_call_the_model_completes(engine: Engine, 
 
 
 def test_tool_choice_none_is_plain_text(engine: Engine, trained: LoadedModel) -> None:
-    out = run(engine, trained, TOOL_QUESTION, False, tools=[WEATHER_TOOL], tool_choice="none", temperature=0, max_tokens=20)
+    out = run(
+        engine, trained, TOOL_QUESTION, False, tools=[WEATHER_TOOL], tool_choice="none", temperature=0, max_tokens=20
+    )
     assert not any(d.tool_calls for d in out.deltas)
     assert out.last().finish_reason in (contract.FINISH_STOP, contract.FINISH_LENGTH)
 
@@ -126,7 +132,15 @@ def test_reasoning_is_split_from_the_answer(engine: Engine, trained: LoadedModel
 
 
 def test_thinking_switched_off_parses_no_reasoning(engine: Engine, trained: LoadedModel) -> None:
-    out = run(engine, trained, THINK_QUESTION, False, temperature=0, max_tokens=30, chat_template_kwargs={"enable_thinking": False})
+    out = run(
+        engine,
+        trained,
+        THINK_QUESTION,
+        False,
+        temperature=0,
+        max_tokens=30,
+        chat_template_kwargs={"enable_thinking": False},
+    )
     assert all(not d.reasoning for d in out.deltas)
     usage = out.last().usage
     assert usage is not None and usage.reasoning_tokens == 0
@@ -147,7 +161,10 @@ def test_grouped_stream_keeps_the_call_whole_and_the_reasoning_split(trained: Lo
     try:
         tool = run(engine, trained, TOOL_QUESTION, True, tools=[WEATHER_TOOL], temperature=0)
         call = only_call(tool)
-        assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == ("get_weather", {"city": "Paris"})
+        assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == (
+            "get_weather",
+            {"city": "Paris"},
+        )
         assert tool.text() == "" and tool.last().finish_reason == contract.FINISH_TOOL_CALLS
         think = run(engine, trained, THINK_QUESTION, True, temperature=0)
         assert ("".join(d.reasoning for d in think.deltas), think.text()) == (THOUGHT, ANSWER)

@@ -189,13 +189,12 @@ async def test_backend_ending_mid_stream_ends_unfinished_choices_with_err_msg() 
 def test_a_running_chunk_is_exact_compact_json() -> None:
     from openai_frontend.chat.sse import StreamFormatter, StreamOptions
 
-    options = StreamOptions("chatcmpl-1", 1700000000, "m\"1", 1, False, True, False, False)
+    options = StreamOptions("chatcmpl-1", 1700000000, 'm"1', 1, False, True, False, False)
     formatter = StreamFormatter(options)
     event = formatter.on_delta(ChoiceDelta(0, text='é "q"\n'))
     assert event == [
         'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"m\\"1",'
-        '"choices":[{"index":0,"delta":{"role":"assistant","content":"é \\"q\\"\\n"},"finish_reason":null}]}\n\n'
-        .encode()
+        '"choices":[{"index":0,"delta":{"role":"assistant","content":"é \\"q\\"\\n"},"finish_reason":null}]}\n\n'.encode()
     ]
     openai = StreamFormatter(StreamOptions("c", 1, "m", 1, False, False, False, False))
     role, text = openai.on_delta(ChoiceDelta(0, text="x"))

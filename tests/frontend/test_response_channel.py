@@ -65,8 +65,11 @@ class _Stream:
 
 
 def _inputs(request: dict[str, Any]) -> dict[str, str]:
-    return {t.name(): deserialize_bytes_tensor(t._get_content())[0].decode() for t in request["inputs"]
-            if t.datatype() == "BYTES" and t.name() != contract.MESSAGES and t.name() != contract.PARAMETERS}
+    return {
+        t.name(): deserialize_bytes_tensor(t._get_content())[0].decode()
+        for t in request["inputs"]
+        if t.datatype() == "BYTES" and t.name() != contract.MESSAGES and t.name() != contract.PARAMETERS
+    }
 
 
 @dataclass
@@ -84,7 +87,9 @@ class _Model:
     async def close(self) -> None:
         pass
 
-    def stream_infer(self, inputs_iterator: AsyncIterator[dict[str, Any]], stream_timeout: float | None = None) -> _Stream:
+    def stream_infer(
+        self, inputs_iterator: AsyncIterator[dict[str, Any]], stream_timeout: float | None = None
+    ) -> _Stream:
         stream = _Stream()
         asyncio.ensure_future(self._serve(inputs_iterator, stream))
         return stream
@@ -280,4 +285,3 @@ async def test_non_streaming_requests_and_a_model_without_channels_use_per_reque
     assert whole.plain == ["r1"] and whole.channels == []  # one response per choice anyway
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-

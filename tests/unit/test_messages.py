@@ -15,7 +15,7 @@ def param_of(messages) -> str | None:
     return caught.value.info.param
 
 
-CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
 
 
 @pytest.mark.parametrize(
@@ -29,8 +29,14 @@ CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments
         ([{"role": "tool", "content": "42"}], "messages.0.tool_call_id"),
         ([{"role": "assistant", "content": ""}], "messages.0.content"),
         ([{"role": "user", "content": "x", "tool_calls": [CALL]}], "messages.0.tool_calls"),
-        ([{"role": "assistant", "content": None, "tool_calls": [{**CALL, "type": "code"}]}], "messages.0.tool_calls.0.type"),
-        ([{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "{bad"}}]}], "messages.0.tool_calls.0.function.arguments"),
+        (
+            [{"role": "assistant", "content": None, "tool_calls": [{**CALL, "type": "code"}]}],
+            "messages.0.tool_calls.0.type",
+        ),
+        (
+            [{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "{bad"}}]}],
+            "messages.0.tool_calls.0.function.arguments",
+        ),
         ([{"role": "user", "content": [{"type": "text", "text": ""}]}], "messages.0.content.0.text"),
         ([{"role": "user", "content": [{"type": "sound"}]}], "messages.0.content.0.type"),
         ([{"role": "user", "content": 5}], "messages.0.content"),

@@ -158,7 +158,11 @@ def test_history_with_tool_calls_and_results_reaches_the_prompt(tiny_tokenizer: 
             "role": "assistant",
             "content": "",
             "tool_calls": [
-                {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+                {
+                    "id": "call_a",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                },
                 {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
             ],
         },

@@ -62,7 +62,13 @@ def error_of(raw: dict, stream: bool = False):
         ({"tools": [{"type": "code", "function": {"name": "f"}}]}, "tools.0.type"),
         ({"tools": [{"type": "function", "function": {}}]}, "tools.0.function.name"),
         ({"tool_choice": "sometimes"}, "tool_choice"),
-        ({"tool_choice": {"type": "function", "function": {"name": "g"}}, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+        (
+            {
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+            },
+            "tool_choice",
+        ),
         ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
         ({"response_format": {"type": "yaml"}}, "response_format"),
     ],

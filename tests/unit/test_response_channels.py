@@ -66,7 +66,10 @@ def test_a_pass_becomes_one_response_per_channel_then_the_ends_on_their_own_stre
     ]
     delivery = plan_delivery(items)
     assert [(c.name, entries) for c, entries in delivery.batches] == [
-        ("channel-aaaa", [ChannelEntry("r1", ChoiceDelta(0, text="x")), ChannelEntry("r2", ChoiceDelta(0, text="y"), True)]),
+        (
+            "channel-aaaa",
+            [ChannelEntry("r1", ChoiceDelta(0, text="x")), ChannelEntry("r2", ChoiceDelta(0, text="y"), True)],
+        ),
         ("channel-bbbb", [ChannelEntry("r3", ChoiceDelta(0, text="z")), ChannelEntry("r6", None, True)]),
     ]
     # Direct sends: the plain request's delta, r2's end (flags only, after its last entry), the
@@ -84,7 +87,12 @@ def test_a_closed_channel_drops_deltas_but_its_requests_still_end() -> None:
     registry = ChannelRegistry()
     channel = registry.open("channel-cccc", link="c")
     registry.close(channel)
-    delivery = plan_delivery([Outgoing("s1", _event("r1", "x"), channel=channel), Outgoing("s1", _event("r1", "y", final=True), channel=channel)])
+    delivery = plan_delivery(
+        [
+            Outgoing("s1", _event("r1", "x"), channel=channel),
+            Outgoing("s1", _event("r1", "y", final=True), channel=channel),
+        ]
+    )
     assert delivery.batches == []
     assert [(o.sender, o.event) for o in delivery.direct] == [("s1", EngineEvent("r1", final=True))]
 

@@ -11,8 +11,15 @@ def row(seed: int = 0, **overrides) -> RowSampling:
     generator = torch.Generator()
     generator.manual_seed(seed)
     values = dict(
-        temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0, presence_penalty=0.0,
-        frequency_penalty=0.0, generator=generator, top_logprobs=None, prompt_ids=torch.tensor([1, 2]),
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        repetition_penalty=1.0,
+        presence_penalty=0.0,
+        frequency_penalty=0.0,
+        generator=generator,
+        top_logprobs=None,
+        prompt_ids=torch.tensor([1, 2]),
     )
     values.update(overrides)
     return RowSampling(**values)

@@ -35,7 +35,12 @@ def test_file_values_apply_and_flags_override(tmp_path: Path, tiny_model_dir: Pa
     assert options.served_model_name == "mine" and options.model == tiny_model_dir
     assert options.lora_modules == {"sql": str(adapter.resolve())}
     settings = engine_settings(options, tiny_model_dir, "mine")
-    assert (settings.max_iter_times, settings.max_seq_len, settings.max_num_seqs, settings.dtype) == (5, 256, 4, "float32")
+    assert (settings.max_iter_times, settings.max_seq_len, settings.max_num_seqs, settings.dtype) == (
+        5,
+        256,
+        4,
+        "float32",
+    )
 
 
 @pytest.mark.parametrize(

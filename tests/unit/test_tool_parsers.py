@@ -200,7 +200,10 @@ def test_unknown_parser_name() -> None:
     ("name", "text"),
     [
         ("hermes", f"Checking.\n{WEATHER}\n{TIME}"),
-        ("chatglm3", "\nChecking.\n<|assistant|>get_weather\n```python\ntool_call(city='A')\n```<|assistant|>get_time\n{}"),
+        (
+            "chatglm3",
+            "\nChecking.\n<|assistant|>get_weather\n```python\ntool_call(city='A')\n```<|assistant|>get_time\n{}",
+        ),
     ],
 )
 def test_one_character_at_a_time_gives_the_same_result(name: str, text: str) -> None:
