@@ -1,4 +1,10 @@
-"""Session-wide fixtures: tiny random-weight chat models built offline once per test session."""
+"""Session-wide fixtures (tiny random-weight chat models built offline once per session) and tiers.
+
+Tiers, as markers set here from where a test lives and what it uses: ``e2e`` (tests/e2e: the real
+tritonserver), ``model`` (torch and a tiny model, no tritonserver), and unmarked unit tests that
+need neither. ``slow`` is set by the tests themselves. ``scripts/test.sh`` runs every tier;
+``scripts/test.sh -m "not e2e"`` the fast ones.
+"""
 
 from __future__ import annotations
 
@@ -41,3 +47,26 @@ def tiny_lora_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
     from tests.fixtures.tiny_lora import build_tiny_lora
 
     return build_tiny_lora(tiny_model_dir, tmp_path_factory.mktemp("tiny-lora"))
+
+
+@pytest.fixture(scope="session")
+def tiny_loaded(tiny_model_dir: Path) -> Any:
+    """The tiny Qwen2 model loaded once on the CPU in float32 (engine and CPU-path tests)."""
+    from python_backend.model.loader import load_model
+    from python_backend.protocol.settings import EngineSettings
+
+    return load_model(EngineSettings(model_path=str(tiny_model_dir), dtype="float32", device="cpu"))
+
+
+_MODEL_FIXTURES = frozenset(
+    {"tiny_model_dir", "tiny_llama_dir", "trained_model_dir", "tiny_lora_dir", "tiny_loaded", "tiny_tokenizer"}
+)
+_E2E_DIR = Path(__file__).parent / "e2e"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _E2E_DIR in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.e2e)
+        elif _MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)

@@ -11,7 +11,6 @@ Every test in this folder is marked ``e2e``.
 from __future__ import annotations
 
 import atexit
-import importlib.util
 import json
 import threading
 import time
@@ -34,13 +33,6 @@ LORA_NAME = "tiny-lora"
 TRAINED_MODEL_NAME = "tiny-trained-chat"
 READY_TIMEOUT_S = 180.0
 FRONTEND_START_TIMEOUT_S = 30.0
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.e2e)
 
 
 @dataclass(frozen=True)
@@ -77,8 +69,6 @@ def start_triton(repo_parent: Path, settings: EngineSettings, log_path: Path) ->
 def triton_server(
     tiny_model_dir: Path, tiny_lora_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[TritonHandle]:
-    if importlib.util.find_spec("python_backend.triton.model") is None:
-        pytest.skip("python_backend.triton.model does not exist yet")
     settings = EngineSettings(
         model_path=str(tiny_model_dir),
         served_model_name=SERVED_MODEL_NAME,
@@ -176,8 +166,6 @@ def _frontend_values(triton: TritonHandle, overrides: dict[str, Any]) -> dict[st
 @pytest.fixture(scope="session")
 def frontend_factory(triton_server: TritonHandle) -> Iterator[Callable[..., str]]:
     """``start(**settings_overrides) -> base URL``: a frontend on its own free port, for the session."""
-    if importlib.util.find_spec("openai_frontend.app") is None:
-        pytest.skip("openai_frontend.app does not exist yet")
     started: list[_Frontend] = []
 
     def start(**overrides: Any) -> str:

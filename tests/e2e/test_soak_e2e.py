@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from benchmarks.soak import run_soak
 from benchmarks.soak_traffic import INVALID, LEAVE, STREAM, WHOLE
 
 
+@pytest.mark.slow
 def test_two_minutes_of_mixed_traffic_leave_nothing_behind(tiny_model_dir: Path, tmp_path: Path) -> None:
     # A prefix cache small enough to fill during the warm-up, so that the soak also churns its
     # evictions (a leak there would show as growth).

@@ -6,10 +6,10 @@ import threading
 import time
 
 import pytest
-from engine_driver import Driver, make_engine
 
 from python_backend.engine.liveness import health_problem
 from python_backend.protocol.contract import ContractError
+from tests.fixtures.engine_driver import Driver, make_engine
 
 
 def test_a_serving_engine_is_healthy_idle_and_busy(tiny_loaded) -> None:

@@ -6,10 +6,10 @@ import time
 
 import pytest
 import torch
-from engine_driver import Driver, make_engine
 
 from python_backend.engine.engine import Engine
 from python_backend.protocol.settings import EngineSettings
+from tests.fixtures.engine_driver import Driver, make_engine
 
 
 def generate_greedy(driver: Driver, content: str, max_new_tokens: int) -> list[int]:

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_driver import Driver
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from python_backend.engine.engine import Engine
 from python_backend.model.loader import load_model
 from python_backend.protocol.settings import EngineSettings, SettingsError
+from tests.fixtures.engine_driver import Driver
 
 
 def greedy(model, driver: Driver, content: str, tokens: int) -> str:

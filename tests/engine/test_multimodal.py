@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from engine_driver import Collected, make_engine
 
 from python_backend.engine.engine import Engine
 from python_backend.engine.sequence import EngineRequest
@@ -25,6 +24,7 @@ from python_backend.prompt.multimodal.positions import mm_token_types
 from python_backend.protocol import contract
 from python_backend.protocol.contract import ContractError
 from python_backend.protocol.settings import EngineSettings
+from tests.fixtures.engine_driver import Collected, make_engine
 from tests.fixtures.tiny_multimodal import (
     build_tiny_audio_model,
     build_tiny_vl25_model,

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from engine_driver import Collected, Driver, make_engine
 
 from python_backend.model.loader import LoadedModel
+from tests.fixtures.engine_driver import Collected, Driver, make_engine
 
 SYSTEM = "you are a careful assistant who answers in plain words. " * 3
 GREEDY = {"temperature": 0, "max_tokens": 20, "ignore_eos": True, "logprobs": True, "top_logprobs": 5}

@@ -6,11 +6,11 @@ import threading
 import time
 
 import pytest
-from engine_driver import Driver, make_engine
 
 from python_backend.engine.engine import Engine
 from python_backend.protocol.contract import ContractError
 from python_backend.protocol.settings import EngineSettings, SettingsError
+from tests.fixtures.engine_driver import Driver, make_engine
 
 
 def test_cancel_frees_the_slot_and_ends_with_one_final_event(tiny_loaded) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from engine_driver import Driver, make_engine
 
 from python_backend.model.loader import LoadedModel
 from python_backend.protocol.settings import EngineSettings, SettingsError
+from tests.fixtures.engine_driver import Driver, make_engine
 
 MAX_TOKENS = 14
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from engine_driver import Collected, Driver
 
 from python_backend.engine.sequence import EngineRequest
 from python_backend.protocol.contract import ContractError
 from python_backend.protocol.params import parse_parameters
 from python_backend.sampling.structured import GrammarCompiler
+from tests.fixtures.engine_driver import Collected, Driver
 
 SCHEMA = {
     "type": "object",

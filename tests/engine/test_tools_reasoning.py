@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_driver import Collected, make_engine
 
 from python_backend.engine.engine import Engine
 from python_backend.engine.sequence import EngineRequest
@@ -23,6 +22,7 @@ from python_backend.prompt.inputs import decode_request
 from python_backend.protocol import contract
 from python_backend.protocol.settings import EngineSettings
 from python_backend.text.output_formats import resolve_formats
+from tests.fixtures.engine_driver import Collected, make_engine
 from tests.fixtures.trained_models import ANSWER, THINK_QUESTION, THOUGHT, TOOL_QUESTION, WEATHER_TOOL
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_driver import Driver, load_on_cpu, make_engine, running_batch
 
 from python_backend.cpu.native.attention_kernel import build_kernel
 from python_backend.engine.limits import Limits
@@ -16,6 +15,7 @@ from python_backend.model.loader import LoadedModel
 from python_backend.model.threads import serialize_current_thread
 from python_backend.protocol.params import parse_parameters
 from python_backend.protocol.settings import EngineSettings
+from tests.fixtures.engine_driver import Driver, load_on_cpu, make_engine, running_batch
 
 
 def _load(model_dir: Path, dtype: str, kv_cache_dtype: str = "auto", native: bool = False) -> LoadedModel:

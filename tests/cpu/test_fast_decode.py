@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_driver import load_on_cpu, running_batch
 
 from python_backend.engine.kv_cache import BatchCache, KVBatch
+from tests.fixtures.engine_driver import load_on_cpu, running_batch
 from tests.fixtures.onednn import BF16_PACK_SKIP
 
 
