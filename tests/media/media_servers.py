@@ -82,8 +82,12 @@ def gzip_bomb(inflated: int, chunked: bool = False) -> Handler:
     return body(packed, extra=headers)
 
 
-def stall() -> Handler:
+def stall(arrived: asyncio.Event | None = None) -> Handler:
+    """Never answer; ``arrived`` is set once a request reached the server."""
+
     async def handler(writer: asyncio.StreamWriter) -> None:
+        if arrived is not None:
+            arrived.set()
         await asyncio.sleep(3600)
 
     return handler

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -178,13 +177,14 @@ async def test_media_errors_name_the_part_and_leak_nothing(net: TestNet, media_r
 
 
 async def test_a_stalled_fetch_does_not_hold_up_other_requests(net: TestNet) -> None:
-    net.origin.routes["/stalled.png"] = stall()
+    arrived = asyncio.Event()
+    net.origin.routes["/stalled.png"] = stall(arrived)
     backend = FakeBackend()
-    media = media_settings(fetch_timeout_s=2.0)
+    media = media_settings(fetch_timeout_s=5.0)
     async with client(net, backend, media=media) as http:
         content = [{"type": "image_url", "image_url": "http://allowed.test/stalled.png"}]
         stalled = asyncio.ensure_future(http.post("/v1/chat/completions", json=chat(content)))
-        await asyncio.sleep(0.1)
+        await asyncio.wait_for(arrived.wait(), 5.0)
         latencies = []
         for _ in range(50):
             started = time.perf_counter()
@@ -193,7 +193,9 @@ async def test_a_stalled_fetch_does_not_hold_up_other_requests(net: TestNet) -> 
         assert not stalled.done()
         response = await stalled
     assert_error(response, 400, "messages.0.content.0.image_url", "media_timeout")
-    assert statistics.quantiles(latencies, n=100)[98] <= 0.1
+    # A request held up by the stalled fetch would wait for its 5 s timeout; one that was not
+    # answers in milliseconds, or a few hundred on a machine busy with other work.
+    assert max(latencies) < 1.0
 
 
 async def test_client_leaving_during_a_fetch_cancels_it(net: TestNet) -> None:
