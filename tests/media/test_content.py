@@ -96,7 +96,9 @@ def test_hostile_file_is_refused_fast(mime: str, data: bytes) -> None:
     started = time.perf_counter()
     with pytest.raises(MediaError) as caught:
         check_content(data, fmt.kind, [fmt], SETTINGS)
-    assert time.perf_counter() - started <= 0.05
+    # Refused from its header, not decoded: decoding one of these takes seconds and gigabytes. The
+    # bound leaves room for a busy machine.
+    assert time.perf_counter() - started <= 1.0
     assert_clean(caught.value.to_contract_error("messages.0.content.1.image_url").info)
 
 

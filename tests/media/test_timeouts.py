@@ -51,7 +51,9 @@ async def test_connect_timeout_per_attempt_and_one_retry(net: TestNet) -> None:
     info = await refusal(settings(), net.network(), "http://allowed.test/a.png")
     elapsed = time.monotonic() - started
     assert info.code == "media_fetch_failed"
-    assert 0.9 <= elapsed <= 1.8, elapsed
+    # Two attempts of about 0.5 s each; the upper bound only says it did not hang (a busy machine
+    # adds its own delay), the dials below say how many attempts there were.
+    assert 0.9 <= elapsed <= 5.0, elapsed
     assert [ip for ip, _, _ in net.dials] == [PUBLIC_IP, PUBLIC_IP]
     assert net.resolutions == ["allowed.test"]  # retries reuse the checked address
 
