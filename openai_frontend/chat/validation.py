@@ -20,7 +20,7 @@ from openai_frontend.chat.schemas import ChatCompletionRequest
 from openai_frontend.http.errors import info_from_validation_errors
 from openai_frontend.media.parts import MediaRef, extract_media
 from openai_frontend.settings import FrontendSettings
-from python_backend.protocol.contract import ContractError, ErrorInfo, invalid
+from python_backend.protocol.errors import ContractError, invalid, invalid_json, model_not_found
 from python_backend.protocol.messages import validate_messages
 from python_backend.protocol.params import GenerationParams, parse_parameters
 
@@ -43,9 +43,7 @@ def _load_json(body: bytes) -> dict[str, Any]:
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as exc:
-        raise ContractError(
-            ErrorInfo(400, "request body is not valid JSON", "invalid_request_error", None, "invalid_json")
-        ) from exc
+        raise ContractError(invalid_json()) from exc
     if not isinstance(data, dict):
         raise invalid("request body must be a JSON object", None)
     return data
@@ -66,12 +64,6 @@ def _include_usage(request: ChatCompletionRequest, settings: FrontendSettings, s
     if value is not None and not isinstance(value, bool):
         raise invalid("'stream_options.include_usage' must be a boolean", "stream_options.include_usage")
     return bool(value)
-
-
-def _model_not_found(name: str) -> ContractError:
-    return ContractError(
-        ErrorInfo(404, f"The model '{name}' does not exist", "invalid_request_error", "model", "model_not_found")
-    )
 
 
 def validate_chat_request(body: bytes, settings: FrontendSettings) -> ValidatedChat:
@@ -95,7 +87,7 @@ def validate_chat_request(body: bytes, settings: FrontendSettings) -> ValidatedC
     params = parse_parameters(parameters, stream=stream)
 
     if request.model not in settings.model_names:
-        raise _model_not_found(request.model)
+        raise ContractError(model_not_found(request.model))
     if request.model != settings.served_model_name:
         parameters["lora"] = request.model
     return ValidatedChat(request, media.messages, parameters, params, stream, include_usage, tuple(ignored), media.refs)

@@ -14,7 +14,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import anyio
 
-from python_backend.protocol.contract import ChoiceDelta, ErrorInfo
+from python_backend.protocol import errors
+from python_backend.protocol.contract import ChoiceDelta
+from python_backend.protocol.errors import ErrorInfo
 
 
 class BackendError(Exception):
@@ -27,7 +29,7 @@ class BackendError(Exception):
 
 def backend_unavailable() -> BackendError:
     """The one message for "cannot reach the model": never addresses or Triton internals."""
-    return BackendError(ErrorInfo(503, "model backend unavailable", "service_unavailable", None, "backend_unavailable"))
+    return BackendError(errors.backend_unavailable())
 
 
 @dataclass(frozen=True)

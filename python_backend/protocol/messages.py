@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from python_backend.protocol.contract import ContractError, ErrorInfo, invalid
+from python_backend.protocol.errors import invalid
 
 MAX_MESSAGES_CHARS = 4 * 1024 * 1024  # the reference: "greater than 0 and at most 4 MB"
 MEDIA_PART_TYPES = ("image_url", "video_url", "audio_url", "input_audio")
@@ -70,9 +70,7 @@ def validate_messages(messages: Any, *, allow_internal_media: bool = False) -> l
         raise invalid("'messages' must be a non-empty list", "messages")
     size = len(json.dumps(messages, ensure_ascii=False))
     if size > MAX_MESSAGES_CHARS:
-        raise ContractError(
-            ErrorInfo(400, f"'messages' is {size} characters; the limit is {MAX_MESSAGES_CHARS}", param="messages")
-        )
+        raise invalid(f"'messages' is {size} characters; the limit is {MAX_MESSAGES_CHARS}", "messages")
     for i, message in enumerate(messages):
         at = f"messages.{i}"
         if not isinstance(message, dict):

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from python_backend.protocol.contract import invalid
+from python_backend.protocol.errors import invalid
 
 INT32_MAX = 2**31 - 1
 UINT64_MAX = 2**64 - 1

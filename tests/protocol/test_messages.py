@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from python_backend.protocol.contract import ContractError
+from python_backend.protocol.errors import ContractError
 from python_backend.protocol.messages import validate_messages
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from python_backend.protocol.contract import ContractError
+from python_backend.protocol.errors import ContractError
 from python_backend.protocol.params import parse_parameters
 
 
