@@ -92,7 +92,7 @@ class ChatCall:
         # A non-streaming answer is asked for whole: one response per choice instead of one per
         # token saves every serving process its per-token work (IPC, gRPC, decoding).
         return BackendRequest(
-            self.request_id, self.chat.messages, dict(self.chat.parameters), stream=self.chat.stream,
+            self.request_id, self.chat.messages, self.chat.params.to_wire(), stream=self.chat.stream,
             media=list(self.media),
         )  # fmt: skip
 

@@ -4,14 +4,15 @@ Owns: ``validate_chat_request`` and the ``ValidatedChat`` it returns. Order (the
 JSON body -> ``messages`` (``python_backend.protocol.messages``, then the media parts' syntax and policy,
 ``media.parts.extract_media``, without any I/O) -> body schema and unknown fields -> generation
 parameters (``python_backend.protocol.params.parse_parameters``, the backend's own rules) -> ``model``
-(404 when not served). The first failure raises ``ContractError`` naming the field. Media are
+(404 when not served). The backend is sent the parsed parameters' canonical form
+(``GenerationParams.to_wire``), never the body's own spelling. The first failure raises ``ContractError`` naming the field. Media are
 loaded only after all of this passed (``media.loader``, called by the route).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -31,8 +32,7 @@ class ValidatedChat:
 
     request: ChatCompletionRequest
     messages: list[dict[str, Any]]  # media parts already rewritten to internal parts (media_index)
-    parameters: dict[str, Any]  # the ``parameters`` tensor (plus ``lora`` for an adapter name)
-    params: GenerationParams  # the typed, validated form, for response formatting decisions
+    params: GenerationParams  # validated; ``lora`` names the adapter when ``model`` is one
     stream: bool
     include_usage: bool  # OpenAI mode: stream_options.include_usage
     ignored: tuple[str, ...]  # unknown body fields, reported in ``x-ignored-params``
@@ -83,11 +83,10 @@ def validate_chat_request(body: bytes, settings: FrontendSettings) -> ValidatedC
 
     stream = bool(request.stream)
     include_usage = _include_usage(request, settings, stream)
-    parameters = request.to_backend_parameters()
-    params = parse_parameters(parameters, stream=stream)
+    params = parse_parameters(request.to_backend_parameters(), stream=stream)
 
     if request.model not in settings.model_names:
         raise ContractError(model_not_found(request.model))
     if request.model != settings.served_model_name:
-        parameters["lora"] = request.model
-    return ValidatedChat(request, media.messages, parameters, params, stream, include_usage, tuple(ignored), media.refs)
+        params = replace(params, lora=request.model)
+    return ValidatedChat(request, media.messages, params, stream, include_usage, tuple(ignored), media.refs)

@@ -38,7 +38,7 @@ class BackendRequest:
 
     request_id: str  # also the Triton request id, so logs on both sides correlate
     messages: list[dict[str, Any]]  # validated OpenAI chat messages
-    parameters: dict[str, Any]  # JSON of the ``parameters`` tensor: only keys parse_parameters knows
+    parameters: dict[str, Any]  # the ``generation_parameters`` tensor: ``GenerationParams.to_wire()``
     # The client's own ``stream``: deltas as they come for streams, one whole answer per choice
     # otherwise (fewer responses; a disconnect still cancels, since the gRPC call stays open).
     stream: bool = True
