@@ -18,7 +18,7 @@ from python_backend.prompt.multimodal.processor import MediaInputs, MediaProcess
 from python_backend.prompt.multimodal.request_media import collect_media
 from python_backend.protocol import contract
 from python_backend.protocol.errors import ContractError, invalid, model_not_found
-from python_backend.protocol.messages import validate_messages
+from python_backend.protocol.messages import validate_tensor_messages
 from python_backend.protocol.params import GenerationParams, parse_parameters
 from python_backend.text.output_formats import ModelFormats, plan_output
 from python_backend.text.output_plan import OutputPlan
@@ -68,7 +68,7 @@ def decode_request(
     media = None
     formats = formats or ModelFormats()
     if messages is not None:
-        messages = validate_messages(messages, allow_internal_media=True)
+        messages = validate_tensor_messages(messages)
         kinds = media_processor.kinds if media_processor is not None else frozenset()
         prompt = render_prompt_text(tokenizer, messages, params, kinds)
         plan, suffix = plan_output(formats, params, prompt)
