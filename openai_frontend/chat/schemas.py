@@ -1,7 +1,7 @@
 """The HTTP request body of ``POST /v1/chat/completions``.
 
-Owns: ``ChatCompletionRequest`` (pydantic v2) and its allow-list conversion to the ``parameters``
-tensor (``to_backend_parameters``). Generation fields are typed ``Any`` on purpose: their ranges,
+Owns: ``ChatCompletionRequest`` (pydantic v2) and the allow-list of its generation fields
+(``to_backend_parameters``, the input of ``parse_parameters``; the tensor carries the parsed form). Generation fields are typed ``Any`` on purpose: their ranges,
 types and cross-field rules live in ``python_backend.protocol.params.parse_parameters``, which both this
 frontend and the Triton model run, so an HTTP caller and a tritonclient caller get identical
 errors. The JSON schema still documents each field's type (for clients and API fuzzers).
@@ -34,7 +34,7 @@ OptToolChoice = Annotated[Any, _nullable({"type": "string"}, _OBJECT)]
 OptStreamOptions = Annotated[Any, _nullable({"type": "object", "properties": {"include_usage": _BOOLEAN}})]
 Messages = Annotated[Any, WithJsonSchema({"type": "array", "items": _OBJECT, "minItems": 1})]
 
-# The request fields that become keys of the ``parameters`` tensor, unchanged. ``lora`` is not
+# The request fields that ``parse_parameters`` reads. ``lora`` is not
 # among them: it comes from ``model``, never from the body.
 GENERATION_FIELDS: tuple[str, ...] = (
     "temperature",
@@ -117,7 +117,7 @@ class ChatCompletionRequest(BaseModel):
         return sorted(self.model_extra or {})
 
     def to_backend_parameters(self) -> dict[str, Any]:
-        """The ``parameters`` tensor: an allow-list of the generation fields that were given."""
+        """The generation fields that were given, as sent, for ``parse_parameters``."""
         values = {name: getattr(self, name) for name in GENERATION_FIELDS}
         return {name: value for name, value in values.items() if value is not None}
 

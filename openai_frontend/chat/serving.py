@@ -22,25 +22,19 @@ from typing import Any
 
 from openai_frontend.chat.accumulate import ChoiceAccumulator
 from openai_frontend.chat.responses import completion_body
-from openai_frontend.chat.sse import EARLY_END_MESSAGE, StreamFormatter, StreamOptions
+from openai_frontend.chat.sse import StreamFormatter, StreamOptions
 from openai_frontend.chat.validation import ValidatedChat
 from openai_frontend.client.base import BackendError, BackendRequest, ChatBackend, close_stream
 from openai_frontend.http.drain import DRAINING, DrainState
 from openai_frontend.http.metrics import ChatObservation
 from openai_frontend.settings import FrontendSettings
-from python_backend.protocol.contract import ChoiceDelta, ErrorInfo
+from python_backend.protocol.contract import ChoiceDelta
+from python_backend.protocol.errors import backend_incomplete, internal, token_timeout
 
 logger = logging.getLogger(__name__)
 
-INTERNAL_ERROR = ErrorInfo(500, "internal server error", "server_error", None, "internal_error")
-EARLY_END = ErrorInfo(500, EARLY_END_MESSAGE, "server_error", None, "backend_incomplete")
-
-
-def token_timeout_error(seconds: float) -> ErrorInfo:
-    """MindIE's ``tokenTimeout`` ran out: the model sent nothing for that long."""
-    return ErrorInfo(
-        504, f"the model sent nothing within the token timeout ({seconds:g} s)", "timeout", None, "token_timeout"
-    )
+INTERNAL_ERROR = internal()
+EARLY_END = backend_incomplete()
 
 
 async def paced(stream: AsyncGenerator[ChoiceDelta, None], timeout_s: float) -> AsyncGenerator[ChoiceDelta, None]:
@@ -59,7 +53,7 @@ async def paced(stream: AsyncGenerator[ChoiceDelta, None], timeout_s: float) -> 
             except StopAsyncIteration:
                 return
             except asyncio.TimeoutError:
-                raise BackendError(token_timeout_error(timeout_s)) from None
+                raise BackendError(token_timeout(timeout_s)) from None
             yield delta
     finally:
         await close_stream(stream)
@@ -98,7 +92,7 @@ class ChatCall:
         # A non-streaming answer is asked for whole: one response per choice instead of one per
         # token saves every serving process its per-token work (IPC, gRPC, decoding).
         return BackendRequest(
-            self.request_id, self.chat.messages, dict(self.chat.parameters), stream=self.chat.stream,
+            self.request_id, self.chat.messages, self.chat.params.to_wire(), stream=self.chat.stream,
             media=list(self.media),
         )  # fmt: skip
 

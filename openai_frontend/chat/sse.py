@@ -23,11 +23,11 @@ from typing import Any
 
 from openai_frontend.chat.accumulate import ChoiceAccumulator, logprobs_json
 from openai_frontend.chat.responses import choice_usage, total_usage
-from python_backend.protocol.contract import ChoiceDelta, ErrorInfo
+from python_backend.protocol.contract import ChoiceDelta
+from python_backend.protocol.errors import ErrorInfo, backend_incomplete
 
 OBJECT_CHUNK = "chat.completion.chunk"
 DONE_EVENT = b"data: [DONE]\n\n"
-EARLY_END_MESSAGE = "model backend ended the response early"
 
 
 # Compact JSON, as in the reference's examples. One configured encoder (it holds no state between
@@ -146,7 +146,7 @@ class StreamFormatter:
     def on_end(self) -> list[bytes]:
         """Events after the backend's last delta: usage (OpenAI), then ``[DONE]``."""
         if self._unfinished():
-            return self.on_error(ErrorInfo(500, EARLY_END_MESSAGE, "server_error", None, "backend_incomplete"))
+            return self.on_error(backend_incomplete())
         if self._closed:
             return []
         self._closed = True

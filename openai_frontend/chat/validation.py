@@ -4,14 +4,15 @@ Owns: ``validate_chat_request`` and the ``ValidatedChat`` it returns. Order (the
 JSON body -> ``messages`` (``python_backend.protocol.messages``, then the media parts' syntax and policy,
 ``media.parts.extract_media``, without any I/O) -> body schema and unknown fields -> generation
 parameters (``python_backend.protocol.params.parse_parameters``, the backend's own rules) -> ``model``
-(404 when not served). The first failure raises ``ContractError`` naming the field. Media are
+(404 when not served). The backend is sent the parsed parameters' canonical form
+(``GenerationParams.to_wire``), never the body's own spelling. The first failure raises ``ContractError`` naming the field. Media are
 loaded only after all of this passed (``media.loader``, called by the route).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -20,7 +21,7 @@ from openai_frontend.chat.schemas import ChatCompletionRequest
 from openai_frontend.http.errors import info_from_validation_errors
 from openai_frontend.media.parts import MediaRef, extract_media
 from openai_frontend.settings import FrontendSettings
-from python_backend.protocol.contract import ContractError, ErrorInfo, invalid
+from python_backend.protocol.errors import ContractError, invalid, invalid_json, model_not_found
 from python_backend.protocol.messages import validate_messages
 from python_backend.protocol.params import GenerationParams, parse_parameters
 
@@ -31,8 +32,7 @@ class ValidatedChat:
 
     request: ChatCompletionRequest
     messages: list[dict[str, Any]]  # media parts already rewritten to internal parts (media_index)
-    parameters: dict[str, Any]  # the ``parameters`` tensor (plus ``lora`` for an adapter name)
-    params: GenerationParams  # the typed, validated form, for response formatting decisions
+    params: GenerationParams  # validated; ``lora`` names the adapter when ``model`` is one
     stream: bool
     include_usage: bool  # OpenAI mode: stream_options.include_usage
     ignored: tuple[str, ...]  # unknown body fields, reported in ``x-ignored-params``
@@ -43,9 +43,7 @@ def _load_json(body: bytes) -> dict[str, Any]:
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as exc:
-        raise ContractError(
-            ErrorInfo(400, "request body is not valid JSON", "invalid_request_error", None, "invalid_json")
-        ) from exc
+        raise ContractError(invalid_json()) from exc
     if not isinstance(data, dict):
         raise invalid("request body must be a JSON object", None)
     return data
@@ -68,12 +66,6 @@ def _include_usage(request: ChatCompletionRequest, settings: FrontendSettings, s
     return bool(value)
 
 
-def _model_not_found(name: str) -> ContractError:
-    return ContractError(
-        ErrorInfo(404, f"The model '{name}' does not exist", "invalid_request_error", "model", "model_not_found")
-    )
-
-
 def validate_chat_request(body: bytes, settings: FrontendSettings) -> ValidatedChat:
     """Check a raw request body; raise ``ContractError`` (400 or 404) naming the first bad field."""
     data = _load_json(body)
@@ -91,11 +83,10 @@ def validate_chat_request(body: bytes, settings: FrontendSettings) -> ValidatedC
 
     stream = bool(request.stream)
     include_usage = _include_usage(request, settings, stream)
-    parameters = request.to_backend_parameters()
-    params = parse_parameters(parameters, stream=stream)
+    params = parse_parameters(request.to_backend_parameters(), stream=stream)
 
     if request.model not in settings.model_names:
-        raise _model_not_found(request.model)
+        raise ContractError(model_not_found(request.model))
     if request.model != settings.served_model_name:
-        parameters["lora"] = request.model
-    return ValidatedChat(request, media.messages, parameters, params, stream, include_usage, tuple(ignored), media.refs)
+        params = replace(params, lora=request.model)
+    return ValidatedChat(request, media.messages, params, stream, include_usage, tuple(ignored), media.refs)

@@ -14,7 +14,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import anyio
 
-from python_backend.protocol.contract import ChoiceDelta, ErrorInfo
+from python_backend.protocol import errors
+from python_backend.protocol.contract import ChoiceDelta
+from python_backend.protocol.errors import ErrorInfo
 
 
 class BackendError(Exception):
@@ -27,7 +29,7 @@ class BackendError(Exception):
 
 def backend_unavailable() -> BackendError:
     """The one message for "cannot reach the model": never addresses or Triton internals."""
-    return BackendError(ErrorInfo(503, "model backend unavailable", "service_unavailable", None, "backend_unavailable"))
+    return BackendError(errors.backend_unavailable())
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class BackendRequest:
 
     request_id: str  # also the Triton request id, so logs on both sides correlate
     messages: list[dict[str, Any]]  # validated OpenAI chat messages
-    parameters: dict[str, Any]  # JSON of the ``parameters`` tensor: only keys parse_parameters knows
+    parameters: dict[str, Any]  # the ``generation_parameters`` tensor: ``GenerationParams.to_wire()``
     # The client's own ``stream``: deltas as they come for streams, one whole answer per choice
     # otherwise (fewer responses; a disconnect still cancels, since the gRPC call stays open).
     stream: bool = True

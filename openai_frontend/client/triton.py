@@ -36,6 +36,7 @@ from openai_frontend.client.results import contract_input, ends_stream, is_final
 from openai_frontend.settings import FrontendSettings
 from python_backend.protocol import contract
 from python_backend.protocol.channel_wire import ChannelEntry
+from python_backend.protocol.errors import ErrorInfo, e2e_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -64,17 +65,10 @@ def probe_inputs() -> list[InferInput]:
     return [contract_input(contract.HEALTH_PROBE, contract.bool_tensor(True))]
 
 
-def e2e_timeout_error(seconds: float) -> contract.ErrorInfo:
-    """MindIE's ``e2eTimeout`` ran out (the gRPC call's deadline)."""
-    return contract.ErrorInfo(
-        504, f"the request did not finish within the end-to-end timeout ({seconds:g} s)", "timeout", None, "timeout"
-    )
-
-
 def _rpc_error(exc: grpc.RpcError, timeout_s: float) -> BackendError:
     code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return BackendError(e2e_timeout_error(timeout_s))
+        return BackendError(e2e_timeout(timeout_s))
     # Details (addresses, Triton internals) go to the log only.
     logger.warning("Triton call failed: %s", exc)
     return backend_unavailable()
@@ -100,7 +94,7 @@ class OwnStream:
             async for _result, error in self.reads:
                 if error is not None and not failed:
                     failed = True  # the request's last response; read on to the stream's end
-                    self._queue.put_nowait(BackendError(contract.ErrorInfo.from_wire(str(error))))
+                    self._queue.put_nowait(BackendError(ErrorInfo.from_wire(str(error))))
         except grpc.RpcError as exc:
             if not failed:
                 self._queue.put_nowait(_rpc_error(exc, self._timeout_s))
@@ -207,7 +201,7 @@ class TritonBackend:
                     continue  # drain: nothing after the final response belongs to this request
                 if error is not None:
                     finished = True  # an error response is the request's last
-                    raise BackendError(contract.ErrorInfo.from_wire(str(error)))
+                    raise BackendError(ErrorInfo.from_wire(str(error)))
                 final = is_final(result)
                 outputs = result.get_response().outputs
                 if len(outputs) > 0:

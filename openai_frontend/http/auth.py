@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from openai_frontend.http.errors import error_response
-from python_backend.protocol.contract import ErrorInfo
+from python_backend.protocol.errors import unauthorized
 
 PUBLIC_PATHS = frozenset({"/health", "/health/ready"})  # liveness/readiness probes carry no key
 
@@ -55,6 +55,5 @@ class ApiKeyMiddleware:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        info = ErrorInfo(401, "invalid or missing API key", "invalid_request_error", None, "invalid_api_key")
-        response = error_response(info, headers={"WWW-Authenticate": "Bearer"})
+        response = error_response(unauthorized(), headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from openai_frontend.http.errors import BodyTooLarge, error_response, too_large_info
-from python_backend.protocol.contract import ErrorInfo
+from openai_frontend.http.errors import BodyTooLarge, error_response
+from python_backend.protocol.errors import body_too_large, invalid_content_length
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -38,13 +38,10 @@ class BodySizeLimitMiddleware:
         try:
             declared = _content_length(scope)
         except ValueError:
-            info = ErrorInfo(
-                400, "invalid Content-Length header", "invalid_request_error", None, "invalid_content_length"
-            )
-            await error_response(info)(scope, receive, send)
+            await error_response(invalid_content_length())(scope, receive, send)
             return
         if declared is not None and declared > self._max:
-            await error_response(too_large_info(self._max))(scope, receive, send)
+            await error_response(body_too_large(self._max))(scope, receive, send)
             return
 
         received = 0

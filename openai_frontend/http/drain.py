@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from openai_frontend.http.errors import error_response
-from python_backend.protocol.contract import ErrorInfo
+from python_backend.protocol.errors import draining
 
 INFERENCE_PREFIX = "/v1/chat/"  # the routes that reach the model
 # After the deadline, streams that still produce tokens end within one (``serving.events``); a
 # stalled one gets this long before the server stops and uvicorn's shutdown cuts it.
 EXPIRY_GRACE_S = 1.0
-DRAINING = ErrorInfo(503, "server is shutting down", "service_unavailable", None, "server_draining")
+DRAINING = draining()
 
 
 @dataclass

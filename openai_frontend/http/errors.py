@@ -18,20 +18,20 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from openai_frontend.client.base import BackendError
-from python_backend.protocol.contract import ContractError, ErrorInfo
+from python_backend.protocol.errors import (
+    INVALID,
+    ContractError,
+    ErrorInfo,
+    body_too_large,
+    http_error,
+    internal,
+    invalid_json,
+)
 
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1  # seconds a 429/503 client should wait; overload and restarts clear quickly
 _RETRYABLE = (429, 503)
-
-# Starlette's own HTTP errors (unknown route, wrong method) in OpenAI terms.
-_HTTP_TYPES: Mapping[int, tuple[str, str | None]] = {
-    401: ("invalid_request_error", "invalid_api_key"),
-    404: ("not_found_error", "not_found"),
-    405: ("invalid_request_error", "method_not_allowed"),
-    413: ("invalid_request_error", "request_too_large"),
-}
 
 
 class BodyTooLarge(Exception):
@@ -40,12 +40,6 @@ class BodyTooLarge(Exception):
     def __init__(self, limit: int) -> None:
         super().__init__(f"request body is larger than {limit} bytes")
         self.limit = limit
-
-
-def too_large_info(limit: int) -> ErrorInfo:
-    return ErrorInfo(
-        413, f"request body is larger than {limit} bytes", "invalid_request_error", None, "request_too_large"
-    )
 
 
 def error_response(info: ErrorInfo, headers: Mapping[str, str] | None = None) -> JSONResponse:
@@ -65,14 +59,14 @@ def _loc_to_param(loc: Sequence[Any]) -> str | None:
 def info_from_validation_errors(errors: Sequence[Mapping[str, Any]]) -> ErrorInfo:
     """A 400 naming the first field pydantic rejected (pydantic's message, without its URL)."""
     if not errors:
-        return ErrorInfo(400, "invalid request", "invalid_request_error")
+        return INVALID.info("invalid request")
     first = errors[0]
     param = _loc_to_param(first.get("loc", ()))
     if first.get("type") == "json_invalid":
-        return ErrorInfo(400, "request body is not valid JSON", "invalid_request_error", None, "invalid_json")
+        return invalid_json()
     message = str(first.get("msg", "invalid value"))
     text = f"'{param}': {message}" if param else message
-    return ErrorInfo(400, text, "invalid_request_error", param)
+    return INVALID.info(text, param)
 
 
 async def _contract_error(_: Request, exc: ContractError) -> JSONResponse:
@@ -88,19 +82,16 @@ async def _request_validation_error(_: Request, exc: RequestValidationError) -> 
 
 
 async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-    default_type = "server_error" if exc.status_code >= 500 else "invalid_request_error"
-    error_type, code = _HTTP_TYPES.get(exc.status_code, (default_type, None))
-    info = ErrorInfo(exc.status_code, str(exc.detail), error_type, None, code)
-    return error_response(info, headers=exc.headers)
+    return error_response(http_error(exc.status_code, str(exc.detail)), headers=exc.headers)
 
 
 async def _body_too_large(_: Request, exc: BodyTooLarge) -> JSONResponse:
-    return error_response(too_large_info(exc.limit))
+    return error_response(body_too_large(exc.limit))
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("unhandled error on %s %s", request.method, request.scope.get("path"), exc_info=exc)
-    return error_response(ErrorInfo(500, "internal server error", "server_error", None, "internal_error"))
+    return error_response(internal())
 
 
 def install_error_handlers(app: FastAPI) -> None:

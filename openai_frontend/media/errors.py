@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import logging
 
-from python_backend.protocol.contract import ContractError, invalid
+from python_backend.protocol.errors import ContractError, invalid
 
 logger = logging.getLogger(__name__)
 

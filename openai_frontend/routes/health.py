@@ -14,7 +14,7 @@ from openai_frontend.chat.schemas import documented_errors
 from openai_frontend.client.base import BackendError
 from openai_frontend.http.drain import DRAINING
 from openai_frontend.state import frontend_state
-from python_backend.protocol.contract import ErrorInfo
+from python_backend.protocol.errors import backend_not_ready
 
 router = APIRouter(tags=["health"])
 
@@ -31,5 +31,5 @@ async def readiness(request: Request) -> dict[str, str]:
         raise BackendError(DRAINING)
     backend = state.backend
     if backend is None or not await backend.is_ready():
-        raise BackendError(ErrorInfo(503, "model backend not ready", "service_unavailable", None, "backend_not_ready"))
+        raise BackendError(backend_not_ready())
     return {"status": "ready"}

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 
 from openai_frontend.chat.schemas import documented_errors
 from openai_frontend.state import FrontendState, frontend_state
-from python_backend.protocol.contract import ContractError, ErrorInfo
+from python_backend.protocol.errors import ContractError, model_not_found
 
 router = APIRouter(tags=["models"])
 
@@ -40,8 +40,5 @@ async def list_models(request: Request) -> dict[str, Any]:
 async def retrieve_model(model: str, request: Request) -> dict[str, Any]:
     state = frontend_state(request)
     if model not in state.settings.model_names:
-        info = ErrorInfo(
-            404, f"The model '{model}' does not exist", "invalid_request_error", "model", "model_not_found"
-        )
-        raise ContractError(info)
+        raise ContractError(model_not_found(model))
     return _card(state, model)

@@ -20,7 +20,7 @@ from python_backend.engine.beam_search import BeamSearch
 from python_backend.engine.kv_cache import BatchCache
 from python_backend.engine.prefix_cache import PrefixHit
 from python_backend.engine.sequence import EngineRequest, Sequence
-from python_backend.protocol.contract import ContractError, ErrorInfo
+from python_backend.protocol.errors import ContractError, overloaded
 
 EARLY_CANCEL_S = 10.0
 MAX_EARLY_CANCELS = 1024
@@ -75,14 +75,7 @@ class Admission:
     def enqueue(self, group: RequestGroup) -> None:
         with self._lock:
             if self._queued >= self._max_waiting:
-                raise ContractError(
-                    ErrorInfo(
-                        429,
-                        f"the server is overloaded ({self._queued} requests waiting); retry later",
-                        "rate_limit_exceeded",
-                        code="overloaded",
-                    )
-                )
+                raise ContractError(overloaded(self._queued))
             self._queued += 1
         self._inbox.put(group)
 

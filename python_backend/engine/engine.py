@@ -36,7 +36,7 @@ from python_backend.engine.sequence import EngineEvent, EngineRequest, Sequence
 from python_backend.model.loader import LoadedModel
 from python_backend.model.lora import adapter_names
 from python_backend.model.threads import engine_thread_count, pinned_cpus, use_compute_threads
-from python_backend.protocol.contract import ContractError, ErrorInfo
+from python_backend.protocol.errors import ContractError, ErrorInfo, engine_failed, invalid, shutting_down
 from python_backend.protocol.settings import EngineSettings
 from python_backend.sampling.sampler import RowSampling, sample
 from python_backend.sampling.structured import GrammarState
@@ -46,8 +46,8 @@ from python_backend.text.token_text import TokenTexts
 logger = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.05
-_SHUTDOWN = ErrorInfo(503, "the model is shutting down", "service_unavailable", code="shutting_down")
-_LOOP_FAILED = ErrorInfo(503, "the engine stopped after an internal error", "service_unavailable", code="engine_failed")
+_SHUTDOWN = shutting_down()
+_LOOP_FAILED = engine_failed()
 
 
 class Engine(PrefillSteps, BeamSteps):
@@ -107,17 +107,14 @@ class Engine(PrefillSteps, BeamSteps):
             raise ContractError(_LOOP_FAILED if self._heartbeat.failure else _SHUTDOWN)
         params = request.params
         if params.use_beam_search and params.logprobs:
-            raise ContractError(ErrorInfo(400, "'logprobs' cannot be used with 'use_beam_search'", param="logprobs"))
+            raise invalid("'logprobs' cannot be used with 'use_beam_search'", "logprobs")
         rows = rows_needed(request)
         max_new = self.limits.max_new_tokens(len(request.prompt_ids), params)
         reservation = self.limits.reservation(len(request.prompt_ids), max_new, rows)
         if rows > self._settings.max_num_seqs:
-            raise ContractError(
-                ErrorInfo(
-                    400,
-                    f"n/best_of is {rows}; the server runs at most {self._settings.max_num_seqs} sequences",
-                    param="best_of" if (params.best_of or 0) > params.n else "n",
-                )
+            raise invalid(
+                f"n/best_of is {rows}; the server runs at most {self._settings.max_num_seqs} sequences",
+                "best_of" if (params.best_of or 0) > params.n else "n",
             )
         self._admission.enqueue(RequestGroup(request, max_new, reservation))
         self._wake.set()

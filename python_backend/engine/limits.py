@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from python_backend.model.loader import LoadedModel
-from python_backend.protocol.contract import ContractError, ErrorInfo
+from python_backend.protocol.errors import ContractError, context_too_long, kv_cache_exceeded
 from python_backend.protocol.params import GenerationParams
 from python_backend.protocol.settings import EngineSettings, SettingsError
 
@@ -103,15 +103,7 @@ class Limits:
     def max_new_tokens(self, prompt_tokens: int, params: GenerationParams) -> int:
         """Reject a prompt that is too long; cap the output (it then ends with ``length``)."""
         if prompt_tokens > self.max_input_tokens:
-            raise ContractError(
-                ErrorInfo(
-                    400,
-                    f"the prompt has {prompt_tokens} tokens; the limit is {self.max_input_tokens} "
-                    "(min of maxInputTokenLen, maxSeqLen - 1 and the model's max_position_embeddings)",
-                    param="messages",
-                    code="context_length_exceeded",
-                )
-            )
+            raise ContractError(context_too_long(prompt_tokens, self.max_input_tokens))
         wanted = params.max_tokens if params.max_tokens is not None else self.max_iter_times
         return max(min(wanted, self.max_iter_times, self.max_seq_len - prompt_tokens), 1)
 
@@ -119,13 +111,5 @@ class Limits:
         """KV slots a request may come to hold; one that can never fit is refused now."""
         needed = (prompt_tokens + max_new) * sequences
         if needed > self.kv_budget_tokens:
-            raise ContractError(
-                ErrorInfo(
-                    400,
-                    f"the request may need {needed} tokens of KV cache (prompt + max_tokens, times n/best_of); "
-                    f"the server's budget is {self.kv_budget_tokens}",
-                    param="max_tokens",
-                    code="kv_cache_exceeded",
-                )
-            )
+            raise ContractError(kv_cache_exceeded(needed, self.kv_budget_tokens))
         return needed

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from python_backend.protocol.contract import ErrorInfo
+from python_backend.protocol.errors import ErrorInfo, engine_failed, engine_stalled, engine_stopped
 
 # A busy loop that has not finished a pass for this long is stuck. A pass is one prefill chunk of
 # at most max_num_batched_tokens plus one decode step: seconds on a CPU, never minutes.
@@ -78,17 +78,9 @@ class Heartbeat:
 def health_problem(health: EngineHealth, stall_limit_s: float = STALL_LIMIT_S) -> ErrorInfo | None:
     """None when the engine serves; otherwise the 503 the probe answers with."""
     if health.failure is not None:
-        return ErrorInfo(
-            503, "the engine stopped after an internal error", "service_unavailable", None, "engine_failed"
-        )
+        return engine_failed()
     if not health.running:
-        return ErrorInfo(503, "the engine is not running", "service_unavailable", None, "engine_stopped")
+        return engine_stopped()
     if health.busy and health.since_last_pass_s > stall_limit_s:
-        return ErrorInfo(
-            503,
-            f"the engine has made no progress for {health.since_last_pass_s:.0f} s",
-            "service_unavailable",
-            None,
-            "engine_stalled",
-        )
+        return engine_stalled(health.since_last_pass_s)
     return None

@@ -24,13 +24,13 @@ from python_backend.engine.prefix_cache import LayerStates, PrefixCache, PrefixH
 from python_backend.engine.sequence import EngineEvent, EngineRequest, Sequence
 from python_backend.model.loader import LoadedModel
 from python_backend.prompt.multimodal.positions import media_prefill_inputs
-from python_backend.protocol.contract import ErrorInfo
+from python_backend.protocol.errors import internal
 from python_backend.protocol.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
 
 # The error a request gets when a forward pass fails under it (the details go to the log).
-INTERNAL_ERROR = ErrorInfo(500, "internal error while generating; the request was stopped", "internal_error")
+INTERNAL_ERROR = internal("internal error while generating; the request was stopped")
 
 
 class PrefillSteps:

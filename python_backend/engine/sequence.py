@@ -20,10 +20,10 @@ from python_backend.protocol.contract import (
     FINISH_TOOL_CALLS,
     ChoiceDelta,
     ChoiceUsage,
-    ErrorInfo,
     TokenLogprob,
     TopLogprob,
 )
+from python_backend.protocol.errors import ErrorInfo
 from python_backend.protocol.params import GenerationParams
 from python_backend.sampling.sampler import RowSampling, SampledToken
 from python_backend.text.detokenizer import IncrementalDetokenizer

@@ -16,7 +16,7 @@ from typing import Any
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
-from python_backend.protocol.contract import invalid
+from python_backend.protocol.errors import invalid
 from python_backend.protocol.messages import INTERNAL_MEDIA_TYPES, MEDIA_PART_TYPES
 from python_backend.protocol.params import GenerationParams
 

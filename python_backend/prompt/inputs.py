@@ -17,8 +17,8 @@ from python_backend.prompt.chat_template import encode_chat_prompt, encode_raw_p
 from python_backend.prompt.multimodal.processor import MediaInputs, MediaProcessor
 from python_backend.prompt.multimodal.request_media import collect_media
 from python_backend.protocol import contract
-from python_backend.protocol.contract import ContractError, ErrorInfo, invalid
-from python_backend.protocol.messages import validate_messages
+from python_backend.protocol.errors import ContractError, invalid, model_not_found
+from python_backend.protocol.messages import validate_tensor_messages
 from python_backend.protocol.params import GenerationParams, parse_parameters
 from python_backend.text.output_formats import ModelFormats, plan_output
 from python_backend.text.output_plan import OutputPlan
@@ -59,11 +59,7 @@ def decode_request(
         raise invalid("'parameters' must be a JSON object", contract.PARAMETERS)
     params = parse_parameters(raw, stream=stream)
     if params.lora is not None and params.lora not in adapters:
-        raise ContractError(
-            ErrorInfo(
-                404, f"the model '{params.lora}' does not exist", "invalid_request_error", "model", "model_not_found"
-            )
-        )
+        raise ContractError(model_not_found(params.lora))
     messages = contract.read_json(get(contract.MESSAGES), contract.MESSAGES)
     text = contract.read_string(get(contract.TEXT_INPUT))
     if (messages is None) == (text is None):
@@ -72,7 +68,7 @@ def decode_request(
     media = None
     formats = formats or ModelFormats()
     if messages is not None:
-        messages = validate_messages(messages, allow_internal_media=True)
+        messages = validate_tensor_messages(messages)
         kinds = media_processor.kinds if media_processor is not None else frozenset()
         prompt = render_prompt_text(tokenizer, messages, params, kinds)
         plan, suffix = plan_output(formats, params, prompt)

@@ -1,7 +1,7 @@
 """The tensor contract between the Triton model and every caller (our frontend or plain tritonclient).
 
 Owns: the name, datatype and shape of every input and output tensor, the JSON layout of the
-JSON-carrying tensors, the wire form of errors, and the encode/decode helpers both sides use.
+JSON-carrying tensors, and the encode/decode helpers both sides use (errors: ``errors.py``).
 It imports neither torch nor tritonclient (numpy only), so the frontend can use it without
 loading a model, and the backend without loading a client.
 
@@ -73,7 +73,7 @@ name                   dtype   shape  meaning
 The parameters tensor is not called ``parameters``: Triton's HTTP generate endpoint reserves that
 JSON key for request parameters and refuses an input tensor of the same name.
 
-Errors travel as a Triton error whose message is ``ErrorInfo.to_wire()`` (a JSON object), so that
+Errors travel as a Triton error whose message is ``errors.ErrorInfo.to_wire()`` (a JSON object), so that
 plain tritonclient callers read a clear message and the frontend recovers the HTTP status, the
 OpenAI error type and the offending field. Every request ends with exactly one final response.
 """
@@ -85,6 +85,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+
+from python_backend.protocol.errors import invalid
 
 # --- input tensor names -------------------------------------------------------------------------
 MESSAGES = "messages"
@@ -172,61 +174,6 @@ OUTPUT_SPECS: tuple[TensorSpec, ...] = (
     TensorSpec(NUM_OUTPUT_TOKENS, "UINT32", (1,), optional=False),
     TensorSpec(CHANNEL_DELTAS, "BYTES", (1,), optional=False),
 )
-
-
-# --- errors -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ErrorInfo:
-    """An error as the user sees it: HTTP status plus the OpenAI envelope fields."""
-
-    status: int  # HTTP status the frontend answers with (400, 404, 429, 500, 503, ...)
-    message: str  # human-readable, names the offending field; never internal paths
-    type: str = "invalid_request_error"  # OpenAI error type
-    param: str | None = None  # the request field at fault, dotted ("messages.0.role")
-    code: str | None = None  # machine-readable code ("context_length_exceeded", ...)
-
-    def to_wire(self) -> str:
-        return json.dumps({"error": asdict(self)}, ensure_ascii=False)
-
-    @staticmethod
-    def from_wire(text: str) -> ErrorInfo:
-        """Recover an ErrorInfo from a Triton error message.
-
-        Messages that are not ours (Triton's own, e.g. a dead backend stub) become a generic
-        503 so that no Triton internals reach the user.
-        """
-        start = text.find('{"error"')
-        if start >= 0:
-            try:
-                body = json.loads(text[start:])["error"]
-                return ErrorInfo(
-                    status=int(body["status"]),
-                    message=str(body["message"]),
-                    type=str(body.get("type") or "invalid_request_error"),
-                    param=body.get("param"),
-                    code=body.get("code"),
-                )
-            except (ValueError, KeyError, TypeError):
-                pass
-        return ErrorInfo(
-            status=503,
-            message="model backend unavailable",
-            type="service_unavailable",
-            code="backend_unavailable",
-        )
-
-
-class ContractError(ValueError):
-    """A request that breaks the contract or a validation rule; carries the user-facing error."""
-
-    def __init__(self, info: ErrorInfo) -> None:
-        super().__init__(info.message)
-        self.info = info
-
-
-def invalid(message: str, param: str | None, code: str | None = None) -> ContractError:
-    """Build the 400 error for a bad field."""
-    return ContractError(ErrorInfo(400, message, "invalid_request_error", param, code))
 
 
 # --- per-response payloads ----------------------------------------------------------------------

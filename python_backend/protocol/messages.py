@@ -1,16 +1,19 @@
 """Chat ``messages`` validation: the reference's rules on roles, content and tool calls.
 
-Owns: ``validate_messages``, run by the frontend on HTTP requests and by the backend on the
-``messages`` tensor (tritonclient callers skip the frontend). Media parts are checked for shape
-here; fetching and decoding them is the media layer's job. No torch here.
+Owns: the two edges' checks, with the same rules and messages: ``validate_messages`` for the
+frontend's HTTP body (media parts as clients send them) and ``validate_tensor_messages`` for the
+model's ``messages`` tensor, which may also carry the internal media parts the frontend rewrites
+media into (tritonclient callers skip the frontend, so the model checks again). Media parts are
+checked for shape here; fetching and decoding them is the media layer's job. No torch here.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from typing import Any
 
-from python_backend.protocol.contract import ContractError, ErrorInfo, invalid
+from python_backend.protocol.errors import invalid
 
 MAX_MESSAGES_CHARS = 4 * 1024 * 1024  # the reference: "greater than 0 and at most 4 MB"
 MEDIA_PART_TYPES = ("image_url", "video_url", "audio_url", "input_audio")
@@ -43,7 +46,7 @@ def _check_tool_calls(calls: Any, where: str) -> None:
             raise invalid(f"'{at}.function.arguments' is not valid JSON", f"{at}.function.arguments") from exc
 
 
-def _check_parts(parts: list[Any], where: str, allow_internal: bool) -> None:
+def _check_parts(parts: list[Any], where: str, internal_kinds: Collection[str]) -> None:
     if not parts:
         raise invalid(f"'{where}' must not be an empty list", where)
     for k, part in enumerate(parts):
@@ -57,22 +60,30 @@ def _check_parts(parts: list[Any], where: str, allow_internal: bool) -> None:
         elif kind in MEDIA_PART_TYPES:
             if part.get(kind) is None:
                 raise invalid(f"'{at}.{kind}' is required for a part of type '{kind}'", f"{at}.{kind}")
-        elif allow_internal and kind in INTERNAL_MEDIA_TYPES:
+        elif kind in internal_kinds:
             if not isinstance(part.get("media_index"), int):
                 raise invalid(f"'{at}.media_index' must be an integer", f"{at}.media_index")
         else:
             raise invalid(f"'{at}.type' must be one of text, {', '.join(MEDIA_PART_TYPES)}", f"{at}.type")
 
 
-def validate_messages(messages: Any, *, allow_internal_media: bool = False) -> list[dict[str, Any]]:
-    """Check ``messages`` and return it; raise ``ContractError`` naming the first bad field."""
+def validate_messages(messages: Any) -> list[dict[str, Any]]:
+    """Check an HTTP body's ``messages`` and return it; raise ``ContractError`` naming the first bad field."""
+    return _validate(messages, ())
+
+
+def validate_tensor_messages(messages: Any) -> list[dict[str, Any]]:
+    """Check the ``messages`` tensor (internal media parts allowed) and return it; raise
+    ``ContractError`` naming the first bad field."""
+    return _validate(messages, INTERNAL_MEDIA_TYPES)
+
+
+def _validate(messages: Any, internal_kinds: Collection[str]) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise invalid("'messages' must be a non-empty list", "messages")
     size = len(json.dumps(messages, ensure_ascii=False))
     if size > MAX_MESSAGES_CHARS:
-        raise ContractError(
-            ErrorInfo(400, f"'messages' is {size} characters; the limit is {MAX_MESSAGES_CHARS}", param="messages")
-        )
+        raise invalid(f"'messages' is {size} characters; the limit is {MAX_MESSAGES_CHARS}", "messages")
     for i, message in enumerate(messages):
         at = f"messages.{i}"
         if not isinstance(message, dict):
@@ -95,7 +106,7 @@ def validate_messages(messages: Any, *, allow_internal_media: bool = False) -> l
                 continue
             raise invalid(f"'{at}.content' must not be empty", f"{at}.content")
         if isinstance(content, list):
-            _check_parts(content, f"{at}.content", allow_internal_media)
+            _check_parts(content, f"{at}.content", internal_kinds)
         elif not isinstance(content, str):
             raise invalid(f"'{at}.content' must be a string or a list of parts", f"{at}.content")
     return messages

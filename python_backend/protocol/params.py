@@ -1,8 +1,9 @@
 """Generation parameters: the keys of the ``parameters`` tensor, their ranges and cross-field rules.
 
-Owns: ``GenerationParams`` (the validated, typed form) and ``parse_parameters`` (the only way to
-build one from untrusted JSON). The frontend runs the same function on the HTTP request, so a
-``tritonclient`` caller and an HTTP caller get the same errors. No torch here.
+Owns: ``GenerationParams`` (the validated, typed form), ``parse_parameters`` (the only way to
+build one from untrusted JSON) and ``GenerationParams.to_wire`` (its canonical JSON). The frontend
+runs the same function on the HTTP request, so a ``tritonclient`` caller and an HTTP caller get the
+same errors, and sends the canonical form: the model parses one shape. No torch here.
 
 Ranges and rules follow ``shared/spec/chat-completions-semantics.md`` §4.2 and its decisions.
 ``None`` means "not given": the engine then takes the model's ``generation_config.json`` value or
@@ -12,10 +13,10 @@ the reference default.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from python_backend.protocol.contract import invalid
+from python_backend.protocol.errors import invalid
 
 INT32_MAX = 2**31 - 1
 UINT64_MAX = 2**64 - 1
@@ -59,6 +60,25 @@ class GenerationParams:
     def candidates(self) -> int:
         """How many sequences are generated: best_of when set, else n."""
         return max(self.n, self.best_of or 0)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The canonical JSON object of these parameters: ``parse_parameters(p.to_wire()) == p``.
+
+        Only the fields that differ from their default, plus ``logprobs`` beside ``top_logprobs``
+        and ``n`` beside ``best_of``: ``parse_parameters`` reads a lone ``top_logprobs`` as
+        logprobs on, and its streaming ``best_of`` rule asks whether ``n`` was given.
+        """
+        wire: dict[str, Any] = {}
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            default = spec.default if spec.default_factory is MISSING else spec.default_factory()
+            if value != default:
+                wire[spec.name] = list(value) if isinstance(value, tuple) else value
+        if "top_logprobs" in wire:
+            wire["logprobs"] = self.logprobs
+        if "best_of" in wire:
+            wire["n"] = self.n
+        return wire
 
 
 def _range_message(key: str, lo: float, hi: float, lo_open: bool, value: object) -> str:

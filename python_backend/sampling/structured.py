@@ -16,7 +16,7 @@ import torch
 import xgrammar as xgr
 from transformers import PreTrainedTokenizerBase
 
-from python_backend.protocol.contract import invalid
+from python_backend.protocol.errors import invalid
 
 _CACHE_SIZE = 64
 

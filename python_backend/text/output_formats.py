@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from python_backend.protocol.contract import invalid
+from python_backend.protocol.errors import invalid
 from python_backend.protocol.params import GenerationParams
 from python_backend.text.output_plan import REASONING_DETECT, REASONING_FORCED, REASONING_OFF, OutputPlan
 from python_backend.text.reasoning import CLOSE_TAG, OPEN_TAG

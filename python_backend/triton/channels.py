@@ -25,7 +25,7 @@ from typing import Any
 from python_backend.engine.sequence import EngineEvent
 from python_backend.protocol import contract
 from python_backend.protocol.channel_wire import ChannelEntry
-from python_backend.protocol.contract import ContractError, ErrorInfo
+from python_backend.protocol.errors import ContractError, channel_closed, invalid
 
 CHANNEL_NAME = re.compile(r"[A-Za-z0-9_.:-]{8,128}")
 # How often an open channel is asked whether its caller cancelled it (a round trip each): a
@@ -71,12 +71,10 @@ class ChannelRegistry:
 
     def open(self, name: str, link: Any) -> Channel:
         if not CHANNEL_NAME.fullmatch(name):
-            raise contract.invalid(
-                "open_channel must be 8-128 characters of letters, digits and _.:-", contract.OPEN_CHANNEL
-            )
+            raise invalid("open_channel must be 8-128 characters of letters, digits and _.:-", contract.OPEN_CHANNEL)
         with self._lock:
             if name in self._open:
-                raise contract.invalid(f"a channel named '{name}' is already open", contract.OPEN_CHANNEL)
+                raise invalid(f"a channel named '{name}' is already open", contract.OPEN_CHANNEL)
             channel = Channel(name, link)
             self._open[name] = channel
             return channel
@@ -89,15 +87,7 @@ class ChannelRegistry:
         channel = self.get(name)
         if channel is None:
             # Usually a race with a restart or the caller's own close: the caller may open again.
-            raise ContractError(
-                ErrorInfo(
-                    503,
-                    f"no open response channel named '{name}'",
-                    "service_unavailable",
-                    contract.STREAM_CHANNEL,
-                    "channel_closed",
-                )
-            )
+            raise ContractError(channel_closed(name, contract.STREAM_CHANNEL))
         return channel
 
     def close(self, channel: Channel) -> bool:

@@ -28,7 +28,7 @@ from python_backend.model.threads import confine_serving_threads, pinned_cpus, s
 from python_backend.prompt.inputs import decode_request
 from python_backend.protocol import contract
 from python_backend.protocol.channel_wire import encode_entries
-from python_backend.protocol.contract import ContractError, ErrorInfo
+from python_backend.protocol.errors import ContractError, ErrorInfo, internal
 from python_backend.protocol.settings import EngineSettings
 from python_backend.sampling.structured import GrammarCompiler
 from python_backend.text.output_formats import resolve_formats
@@ -37,7 +37,7 @@ from python_backend.triton.metrics import MetricsReporter
 
 logger = logging.getLogger("triton_chat")
 
-_INTERNAL = ErrorInfo(500, "internal error while reading the request", "internal_error")
+_INTERNAL = internal("internal error while reading the request")
 _PASS_END = object()  # the engine finished a pass: its events so far are one burst
 # How often a channel-bound request's Triton cancellation flag is asked (see _submit).
 CHANNEL_REQUEST_POLL_S = 0.5

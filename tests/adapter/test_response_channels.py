@@ -7,7 +7,8 @@ import pytest
 from python_backend.engine.sequence import EngineEvent
 from python_backend.protocol import contract
 from python_backend.protocol.channel_wire import ChannelEntry
-from python_backend.protocol.contract import ChoiceDelta, ContractError, ErrorInfo
+from python_backend.protocol.contract import ChoiceDelta
+from python_backend.protocol.errors import ContractError, ErrorInfo
 from python_backend.triton.channels import CANCEL_CHECK_S, ChannelRegistry, Outgoing, plan_delivery
 
 

@@ -22,6 +22,7 @@ import tritonclient.grpc as grpcclient
 
 from python_backend.protocol import contract
 from python_backend.protocol.channel_wire import ChannelEntry, decode_entries
+from python_backend.protocol.errors import ErrorInfo
 from tests.e2e.conftest import TritonHandle
 from tests.e2e.test_chat_e2e import wait_for_gauge
 
@@ -188,7 +189,7 @@ def test_a_request_naming_no_open_channel_gets_a_503_that_names_the_input(triton
         )
         result, error = responses.get(timeout=30)
     assert result is None and error is not None
-    info = contract.ErrorInfo.from_wire(str(error))
+    info = ErrorInfo.from_wire(str(error))
     assert (info.status, info.code, info.param) == (503, "channel_closed", contract.STREAM_CHANNEL)
 
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from python_backend.engine.liveness import health_problem
-from python_backend.protocol.contract import ContractError
+from python_backend.protocol.errors import ContractError
 from tests.fixtures.engine_driver import Driver, make_engine
 
 

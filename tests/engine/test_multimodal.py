@@ -22,7 +22,7 @@ from python_backend.model.loader import LoadedModel, load_model
 from python_backend.prompt.inputs import decode_request
 from python_backend.prompt.multimodal.positions import mm_token_types
 from python_backend.protocol import contract
-from python_backend.protocol.contract import ContractError
+from python_backend.protocol.errors import ContractError
 from python_backend.protocol.settings import EngineSettings
 from tests.fixtures.engine_driver import Collected, make_engine
 from tests.fixtures.tiny_multimodal import (

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from python_backend.engine.sequence import EngineRequest
-from python_backend.protocol.contract import ContractError
+from python_backend.protocol.errors import ContractError
 from python_backend.protocol.params import parse_parameters
 from python_backend.sampling.structured import GrammarCompiler
 from tests.fixtures.engine_driver import Collected, Driver

@@ -17,7 +17,8 @@ import httpx
 from openai_frontend.app import create_app
 from openai_frontend.client.base import BackendError, BackendRequest
 from openai_frontend.settings import FrontendSettings
-from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, ErrorInfo, TokenLogprob, TopLogprob
+from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, TokenLogprob, TopLogprob
+from python_backend.protocol.errors import ErrorInfo
 
 MODEL = "tiny-chat"
 PROMPT_TOKENS = 9

@@ -15,6 +15,7 @@ from frontend_fakes import (
 )
 
 from python_backend.protocol.contract import ChoiceDelta
+from python_backend.protocol.params import parse_parameters
 
 
 def _check_invariants(usage: dict, decode_time_arr: list) -> None:
@@ -175,3 +176,15 @@ async def test_large_body_is_validated_off_the_event_loop() -> None:
         )
     assert ok.status_code == 200
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "n"
+
+
+async def test_the_backend_gets_the_parsed_parameters_not_the_bodys_spelling() -> None:
+    backend = FakeBackend()
+    body = chat_body(max_completion_tokens=8, top_k=-1, temperature=1, repetition_penalty=1.0, stop="END")
+    async with client_for(backend) as client:
+        response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200
+    assert backend.requests[0].parameters == {"temperature": 1.0, "top_k": 0, "stop": ["END"], "max_tokens": 8}
+    assert parse_parameters(backend.requests[0].parameters) == parse_parameters(
+        {"max_completion_tokens": 8, "top_k": -1, "temperature": 1, "stop": "END"}
+    )

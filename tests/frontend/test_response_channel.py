@@ -23,7 +23,8 @@ from openai_frontend.client.channel import ResponseChannel
 from openai_frontend.client.triton import TritonBackend
 from python_backend.protocol import contract
 from python_backend.protocol.channel_wire import ChannelEntry, encode_entries
-from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, ErrorInfo
+from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage
+from python_backend.protocol.errors import ErrorInfo
 
 _END = object()
 

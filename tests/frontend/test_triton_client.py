@@ -21,7 +21,8 @@ from tritonclient.utils import InferenceServerException, deserialize_bytes_tenso
 from openai_frontend.client.base import BackendError, BackendRequest
 from openai_frontend.client.triton import READY_TIMEOUT_S, TritonBackend, build_infer_inputs
 from python_backend.protocol import contract
-from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, ErrorInfo, TokenLogprob, TopLogprob
+from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, TokenLogprob, TopLogprob
+from python_backend.protocol.errors import ErrorInfo
 
 REQUEST = BackendRequest(
     request_id="chatcmpl-abc",

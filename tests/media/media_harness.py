@@ -13,7 +13,7 @@ from openai_frontend.media.loader import LoadedMedia, MediaLoader
 from openai_frontend.media.net import Network
 from openai_frontend.media.parts import extract_media
 from openai_frontend.media.policy import MediaSettings
-from python_backend.protocol.contract import ContractError, ErrorInfo
+from python_backend.protocol.errors import ContractError, ErrorInfo
 from python_backend.protocol.messages import validate_messages
 
 ALLOWED = (

@@ -23,7 +23,7 @@ from media_servers import Handler, body, gzip_bomb, lying_length, stream
 from openai_frontend.media.loader import MediaLoader
 from openai_frontend.media.parts import extract_media
 from openai_frontend.media.policy import MediaSettings
-from python_backend.protocol.contract import ContractError
+from python_backend.protocol.errors import ContractError
 
 CAP = 1024 * 1024
 SLACK = 64 * 1024

@@ -26,7 +26,7 @@ from media_net import TestNet
 from media_samples import jpeg, mp4, noisy_png, png
 
 import openai_frontend.media.local as local
-from python_backend.protocol.contract import ContractError
+from python_backend.protocol.errors import ContractError
 
 SECRET = png(3, 3, (9, 9, 9))  # lives outside the root; must never come back
 GOOD = png()

@@ -14,7 +14,7 @@ from openai_frontend.media.parts import InlineSource, LocalSource, RemoteSource,
 from openai_frontend.media.policy import ALLOWED_MEDIA_DOMAINS_ENV, MediaSettings
 from openai_frontend.media.urls import URLError, join_location, parse_remote_url
 from openai_frontend.settings import FrontendSettings
-from python_backend.protocol.contract import ContractError
+from python_backend.protocol.errors import ContractError
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from media_servers import body, redirect
 
 from openai_frontend.media.addresses import IPAddress
 from openai_frontend.media.net import Connection
-from python_backend.protocol.contract import ContractError
+from python_backend.protocol.errors import ContractError
 
 IMAGE = png()
 TRIALS = 100

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from python_backend.prompt.multimodal.media_decode import AudioClip, MediaLimits, VideoClip, decode_media
-from python_backend.protocol.contract import ContractError
+from python_backend.protocol.errors import ContractError
 from tests.fixtures.tiny_multimodal import encoded_audio, image_bytes, mp4_bytes, wav_bytes
 
 WHERE = "messages.0.content.1"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from python_backend.protocol import contract
-from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, ErrorInfo, TokenLogprob, TopLogprob
+from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, TokenLogprob, TopLogprob
 
 
 def test_delta_round_trip() -> None:
@@ -50,15 +50,6 @@ def test_empty_fields_decode_as_absent() -> None:
     assert decoded.finish_reason is None and decoded.usage is None and decoded.logprobs is None
     assert decoded.tool_calls == []
     assert contract.decode_delta({}).text == ""
-
-
-def test_error_round_trip_and_foreign_errors() -> None:
-    info = ErrorInfo(429, "busy", "rate_limit_exceeded", None, "overloaded")
-    assert ErrorInfo.from_wire(info.to_wire()) == info
-    # Triton prefixes or wraps messages; the JSON is still found.
-    assert ErrorInfo.from_wire("in ensemble: " + info.to_wire()) == info
-    foreign = ErrorInfo.from_wire("Stub process 'triton_chat_0_0' is not healthy.")
-    assert foreign.status == 503 and "Stub" not in foreign.message
 
 
 def test_input_helpers() -> None:

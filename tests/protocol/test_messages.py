@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from python_backend.protocol.contract import ContractError
-from python_backend.protocol.messages import validate_messages
+from python_backend.protocol.errors import ContractError
+from python_backend.protocol.messages import validate_messages, validate_tensor_messages
 
 
 def param_of(messages) -> str | None:
@@ -56,3 +56,22 @@ def test_valid_conversations_pass() -> None:
         {"role": "critic", "content": "custom roles go to the template"},
     ]
     assert validate_messages(messages) is messages
+
+
+def test_internal_media_parts_pass_only_on_the_tensor_edge() -> None:
+    internal = [{"role": "user", "content": [{"type": "image", "media_index": 0}, {"type": "text", "text": "?"}]}]
+    assert validate_tensor_messages(internal) is internal
+    assert param_of(internal) == "messages.0.content.0.type"  # a client may not send them
+    bad_index = [{"role": "user", "content": [{"type": "audio", "media_index": "0"}]}]
+    with pytest.raises(ContractError) as caught:
+        validate_tensor_messages(bad_index)
+    assert caught.value.info.param == "messages.0.content.0.media_index"
+
+
+@pytest.mark.parametrize("messages", [[], [{"content": "x"}], [{"role": "user", "content": [{"type": "sound"}]}]])
+def test_both_edges_refuse_alike(messages) -> None:
+    with pytest.raises(ContractError) as tensor_edge:
+        validate_tensor_messages(messages)
+    with pytest.raises(ContractError) as http_edge:
+        validate_messages(messages)
+    assert tensor_edge.value.info == http_edge.value.info

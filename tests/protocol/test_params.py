@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from python_backend.protocol.contract import ContractError
+from python_backend.protocol.errors import ContractError
 from python_backend.protocol.params import parse_parameters
 
 
@@ -113,3 +113,43 @@ def test_out_of_int32_stop_token_ids_are_ignored() -> None:
 def test_nulls_mean_not_given() -> None:
     p = parse_parameters({k: None for k in ("temperature", "top_p", "seed", "stop", "n", "best_of", "max_tokens")})
     assert p.n == 1 and p.stop == () and p.seed is None
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(
+    ("raw", "stream"),
+    [
+        ({}, False),
+        ({"temperature": 0, "top_p": 0.5, "top_k": -1, "seed": 2**64 - 1, "max_completion_tokens": 7}, False),
+        ({"top_logprobs": 3}, False),
+        ({"top_logprobs": 0}, True),
+        ({"logprobs": False, "top_logprobs": 5}, False),
+        ({"best_of": 1}, False),
+        ({"best_of": 3, "n": 3, "temperature": 0.7}, True),
+        ({"best_of": 2}, False),
+        ({"n": 1, "best_of": 1}, True),
+        ({"stop": "END", "stop_token_ids": [5, 2**40], "include_stop_str_in_output": True}, False),
+        ({"repetition_penalty": 1.0, "presence_penalty": 0, "min_tokens": 0, "skip_special_tokens": False}, True),
+        ({"use_beam_search": True, "best_of": 4}, False),
+        ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, True),
+        ({"tools": [TOOL], "parallel_tool_calls": False, "chat_template_kwargs": {"enable_thinking": False}}, False),
+        ({"response_format": {"type": "text"}, "ignore_eos": True, "lora": "adapter"}, False),
+        ({"response_format": {"type": "json_object"}}, True),
+    ],
+)
+def test_the_canonical_form_parses_back_to_the_same_parameters(raw: dict, stream: bool) -> None:
+    params = parse_parameters(raw, stream=stream)
+    wire = params.to_wire()
+    assert parse_parameters(wire, stream=stream) == params
+    assert parse_parameters(wire, stream=stream).to_wire() == wire
+
+
+def test_the_canonical_form_names_only_what_differs_from_the_defaults() -> None:
+    assert parse_parameters({"temperature": 1, "top_k": -1, "max_completion_tokens": 5, "n": 1}).to_wire() == {
+        "temperature": 1.0,
+        "top_k": 0,
+        "max_tokens": 5,
+    }
+    assert parse_parameters({"stop": "x", "response_format": {"type": "text"}}).to_wire() == {"stop": ["x"]}

@@ -11,7 +11,7 @@ import pytest
 from python_backend.prompt.chat_template import render_prompt_text
 from python_backend.prompt.inputs import decode_request
 from python_backend.protocol import contract
-from python_backend.protocol.contract import ContractError
+from python_backend.protocol.errors import ContractError
 from python_backend.protocol.params import parse_parameters
 from python_backend.protocol.settings import EngineSettings, SettingsError
 from python_backend.text.output_formats import ModelFormats, plan_output, resolve_formats

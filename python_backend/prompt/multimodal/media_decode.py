@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from python_backend.protocol.contract import ContractError, invalid
+from python_backend.protocol.errors import ContractError, invalid
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerBase
 
 from python_backend.prompt.multimodal.features import AudioFeatures, ItemFeatures, VisionFeatures
 from python_backend.prompt.multimodal.media_decode import AudioClip, DecodedMedia, MediaLimits, VideoClip
-from python_backend.protocol.contract import invalid
+from python_backend.protocol.errors import invalid
 
 VISION_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
 AUDIO_MODEL_TYPES = frozenset({"qwen2_audio"})

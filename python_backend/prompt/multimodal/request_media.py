@@ -15,7 +15,7 @@ import numpy as np
 from python_backend.prompt.multimodal.media_decode import decode_media
 from python_backend.prompt.multimodal.processor import MediaItem, MediaProcessor
 from python_backend.protocol import contract
-from python_backend.protocol.contract import invalid
+from python_backend.protocol.errors import invalid
 from python_backend.protocol.messages import INTERNAL_MEDIA_TYPES
 
 TensorGetter = Callable[[str], "np.ndarray | None"]
