@@ -3,6 +3,7 @@
 Owns the file's schema (every key, its type and default; unknown keys and bad values are start-up
 errors naming the key) and its translation into the ``serve`` command's flag defaults, so that
 flags given on the command line override the file, and the file overrides built-in defaults.
+ModelConfig's keys are generated from ``EngineSettings``' ``SettingInfo.mindie_key``s.
 
     {
       "ServerConfig": {"ipAddress": "127.0.0.1", "port": 8000, "openAiSupport": "vllm",
@@ -21,10 +22,13 @@ flags given on the command line override the file, and the file overrides built-
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from python_backend.protocol.settings import EngineSettings, setting_info, setting_kind
 
 
 class ConfigFileError(ValueError):
@@ -51,21 +55,23 @@ class ServerSection(_Section):
     e2eTimeout: float = Field(default=600.0, gt=0)  # seconds a request may take in all
 
 
-class ModelSection(_Section):
-    modelName: str | None = None  # the served name; default: the folder's name
-    modelWeightPath: str | None = None  # local folder; default: the demo model
-    dtype: str = "auto"
-    device: str = "auto"
-    maxSeqLen: int = Field(default=0, ge=0)
-    maxInputTokenLen: int = Field(default=0, ge=0)
-    maxIterTimes: int = Field(default=512, ge=1)
-    maxBatchSize: int = Field(default=32, ge=1)  # sequences in the running batch
-    maxPrefillTokens: int = Field(default=512, ge=1)  # prompt tokens per step
-    maxQueueSize: int = Field(default=256, ge=0)  # waiting requests before 429
-    kvCacheMemoryMb: int = Field(default=0, ge=0)
-    toolCallParser: str = "auto"
-    reasoningParser: str = "auto"
-    trustRemoteCode: bool = False  # run code shipped in the model folder (e.g. ChatGLM3)
+def _model_section() -> type[_Section]:
+    """ModelConfig: one key per ``EngineSettings`` field with a ``SettingInfo.mindie_key``."""
+    keys: dict[str, Any] = {}
+    for spec in fields(EngineSettings):
+        info = setting_info(spec)
+        if info.mindie_key is None:
+            continue
+        kind: Any = {"bool": bool, "int": int}.get(setting_kind(spec), str)
+        if spec.default == "":
+            # The model folder and served name: absent means the demo model and the folder's name.
+            keys[info.mindie_key] = (kind | None, Field(default=None, description=info.help))
+        else:
+            keys[info.mindie_key] = (kind, Field(default=spec.default, ge=info.minimum, description=info.help))
+    return create_model("ModelSection", __base__=_Section, **keys)
+
+
+ModelSection = _model_section()
 
 
 class LoraEntry(_Section):
@@ -76,7 +82,7 @@ class LoraEntry(_Section):
 
 class ServerFile(_Section):
     ServerConfig: ServerSection = Field(default_factory=ServerSection)
-    ModelConfig: ModelSection = Field(default_factory=ModelSection)
+    ModelConfig: ModelSection = Field(default_factory=ModelSection)  # type: ignore[valid-type]
     LoraModules: list[LoraEntry] = Field(default_factory=list)
 
 
@@ -108,22 +114,14 @@ def flag_defaults(config: ServerFile) -> dict[str, Any]:
         "strict_params": server.strictParams,
         "token_timeout": server.tokenTimeout,
         "e2e_timeout": server.e2eTimeout,
-        "served_model_name": model.modelName,
-        "model": Path(model.modelWeightPath) if model.modelWeightPath else None,
-        "dtype": model.dtype,
-        "device": model.device,
-        "max_seq_len": model.maxSeqLen,
-        "max_input_token_len": model.maxInputTokenLen,
-        "max_iter_times": model.maxIterTimes,
-        "max_num_seqs": model.maxBatchSize,
-        "max_num_batched_tokens": model.maxPrefillTokens,
-        "max_waiting_requests": model.maxQueueSize,
-        "kv_cache_memory_mb": model.kvCacheMemoryMb,
-        "tool_call_parser": model.toolCallParser,
-        "reasoning_parser": model.reasoningParser,
-        "trust_remote_code": model.trustRemoteCode,
         "lora_modules": [f"{m.name}={m.path}" for m in config.LoraModules],
     }
+    for spec in fields(EngineSettings):
+        key = setting_info(spec).mindie_key
+        if key is not None:
+            defaults[spec.name] = getattr(model, key)
+    if defaults["model_path"]:
+        defaults["model_path"] = Path(defaults["model_path"])
     if server.httpsEnabled:
         if not server.tlsCert or not server.tlsPk:
             raise ConfigFileError("ServerConfig.httpsEnabled needs tlsCert and tlsPk")
