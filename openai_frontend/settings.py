@@ -83,7 +83,7 @@ class FrontendSettings(BaseModel):
         bool, FlagInfo("--full-text", "full_text", "fullTextEnabled", docs=_FULL_TEXT_DOCS)
     ] = Field(default=False, description="MindIE fullTextEnabled: stream the cumulative text too")
     strict_params: Annotated[bool, FlagInfo("--strict-params", "strict_params", "strictParams")] = Field(
-        default=False, description="reject unknown request fields with 400 instead of naming them in x-ignored-params"
+        default=False, description="reject unknown request fields with 400 instead of naming them in `x-ignored-params`"
     )
     api_keys: Annotated[list[str], FlagInfo("--api-key", "api_keys", "apiKeys", metavar="KEY", docs=_API_KEYS_DOCS)] = (
         Field(default_factory=list, description="accepted Bearer key (repeatable); none = no authentication")
