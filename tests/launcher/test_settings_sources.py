@@ -11,6 +11,7 @@ import pytest
 from openai_frontend.launcher.cli import main, parse_serve_args
 from openai_frontend.launcher.http_flags import frontend_flags
 from openai_frontend.launcher.options import engine_settings
+from openai_frontend.launcher.server_config import ModelSection, ServerSection
 from python_backend.protocol.settings import EngineSettings, setting_info, setting_kind
 
 
@@ -52,3 +53,16 @@ def test_every_model_config_key_reaches_the_engine_settings(tmp_path: Path, tiny
     settings = engine_settings(options, tiny_model_dir, "mine")
     assert {name: getattr(settings, name) for name in expected} == expected
     assert options.model == tiny_model_dir
+
+
+def test_example_config_has_every_key_at_its_default() -> None:
+    example = json.loads((Path(__file__).resolve().parents[2] / "examples" / "config.json").read_text())
+    server, model = ServerSection(), ModelSection()
+    assert set(example["ServerConfig"]) == set(ServerSection.model_fields)
+    assert example["ServerConfig"] == server.model_dump()
+    assert set(example["ModelConfig"]) == set(ModelSection.model_fields)
+    # The folder and its served name have no default; the example shows where they go.
+    placeholders = {"modelName", "modelWeightPath"}
+    assert {k: v for k, v in example["ModelConfig"].items() if k not in placeholders} == {
+        k: v for k, v in model.model_dump().items() if k not in placeholders
+    }
