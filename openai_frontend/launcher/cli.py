@@ -14,42 +14,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from openai_frontend.launcher.engine_flags import add_engine_flags, engine_values
 from openai_frontend.launcher.http_flags import add_http_flags, check_http_flags, non_negative_int
 from openai_frontend.launcher.options import FrontendOptions, ServeOptions, TlsFiles
 from openai_frontend.launcher.server_config import ConfigFileError, flag_defaults, load_server_file
 from openai_frontend.launcher.supervisor import MAX_RESTARTS
-from python_backend.protocol.settings import (
-    DTYPES,
-    KV_CACHE_DTYPE_CHOICES,
-    REASONING_PARSER_CHOICES,
-    TOOL_CALL_PARSER_CHOICES,
-    EngineSettings,
-    SettingsError,
-)
+from python_backend.protocol.settings import EngineSettings, SettingsError
 
 logger = logging.getLogger("openai_frontend.launcher")
 
 DEFAULT_READY_TIMEOUT_S = 600.0
-# Flags that map one to one onto EngineSettings fields of the same name; unset means its default.
-ENGINE_INT_FLAGS = (
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "max_waiting_requests",
-    "kv_cache_memory_mb",
-    "prefix_cache_memory_mb",
-    "max_seq_len",
-    "max_input_token_len",
-    "max_iter_times",
-    "torch_threads",
-    "stream_interval",
-)
-
-
-def _positive_int(text: str) -> int:
-    value = non_negative_int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
@@ -64,120 +38,7 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
         help="start tritonserver with the chat model, then the HTTP frontend",
         description="Start tritonserver (loopback only) with the chat model, then the OpenAI-compatible frontend.",
     )
-    model = serve.add_argument_group("model")
-    model.add_argument(
-        "--model",
-        type=Path,
-        metavar="DIR",
-        help="local Hugging Face model folder (default: the SmolLM2-135M-Instruct demo model)",
-    )
-    model.add_argument(
-        "--served-model-name", metavar="NAME", help="the `model` name clients send (default: the folder's name)"
-    )
-    model.add_argument(
-        "--dtype", choices=DTYPES, default="auto", help="weights dtype (default: auto = the folder's torch_dtype)"
-    )
-    model.add_argument(
-        "--device", default="auto", metavar="DEVICE", help="auto | cpu | cuda[:N] | npu[:N] (default: auto)"
-    )
-    model.add_argument(
-        "--lora-module",
-        dest="lora_modules",
-        action="append",
-        default=[],
-        metavar="NAME=DIR",
-        help="a LoRA adapter (PEFT folder) requests select with model=NAME (repeatable)",
-    )
-    model.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        help="run Python code shipped in the model folder (needed by e.g. ChatGLM3); trusted folders only",
-    )
-    model.add_argument(
-        "--kv-cache-dtype",
-        choices=KV_CACHE_DTYPE_CHOICES,
-        default="auto",
-        help="auto: the model's dtype, or float32 for a 16-bit model on CPU without the C kernel; model: its dtype",
-    )
-    model.add_argument(
-        "--no-cpu-native-attention",
-        dest="cpu_native_attention",
-        action="store_false",
-        help="on CPU, do not build the C decode-attention kernel for bfloat16 models (PyTorch's is slower)",
-    )
-    model.add_argument(
-        "--cpu-bind-threads",
-        action="store_true",
-        help="on CPU, pin the engine's compute threads one per physical core (the stub's other threads to the first)",
-    )
-    model.add_argument(
-        "--no-cpu-prepack-weights",
-        dest="cpu_prepack_weights",
-        action="store_false",
-        help="on CPU, keep linear weights in PyTorch's layout instead of oneDNN's (about 2x slower)",
-    )
-    model.add_argument(
-        "--tool-call-parser",
-        choices=TOOL_CALL_PARSER_CHOICES,
-        default="auto",
-        help="tool-call format of the model's output (default: auto, from the chat template)",
-    )
-    model.add_argument(
-        "--reasoning-parser",
-        choices=REASONING_PARSER_CHOICES,
-        default="auto",
-        help="split <think> reasoning into reasoning_content (default: auto)",
-    )
-
-    engine = serve.add_argument_group("engine limits (defaults: python_backend/protocol/settings.py)")
-    engine.add_argument(
-        "--max-num-seqs", type=_positive_int, metavar="N", help="sequences in the running batch at most"
-    )
-    engine.add_argument(
-        "--max-num-batched-tokens", type=_positive_int, metavar="N", help="prompt tokens prefilled per step"
-    )
-    engine.add_argument(
-        "--max-waiting-requests",
-        type=non_negative_int,
-        metavar="N",
-        help="queued requests beyond which new ones are refused as overloaded",
-    )
-    engine.add_argument(
-        "--kv-cache-memory-mb", type=non_negative_int, metavar="MB", help="KV-cache budget; 0 = automatic"
-    )
-    engine.add_argument(
-        "--prefix-cache-memory-mb",
-        type=non_negative_int,
-        metavar="MB",
-        help="memory for the keys/values of recent prompts, reused by prompts that start the same way; "
-        "0 = automatic (an eighth of the KV-cache budget)",
-    )
-    engine.add_argument(
-        "--no-enable-prefix-caching",
-        dest="enable_prefix_caching",
-        action="store_false",
-        help="recompute every prompt in full instead of reusing the keys/values of a cached prefix",
-    )
-    engine.add_argument(
-        "--stream-interval",
-        type=_positive_int,
-        metavar="N",
-        help="tokens per streamed response after the first (as vLLM's); 1 = every token (default)",
-    )
-    engine.add_argument(
-        "--max-seq-len",
-        type=non_negative_int,
-        metavar="N",
-        help="prompt + output tokens at most; 0 = the model's context length",
-    )
-    engine.add_argument(
-        "--max-input-token-len", type=non_negative_int, metavar="N", help="prompt tokens at most; 0 = max-seq-len - 1"
-    )
-    engine.add_argument("--max-iter-times", type=_positive_int, metavar="N", help="default and cap of max_tokens")
-    engine.add_argument(
-        "--torch-threads", type=non_negative_int, metavar="N", help="CPU intra-op threads; 0 = torch's default"
-    )
-
+    add_engine_flags(serve)
     add_http_flags(serve.add_argument_group("HTTP frontend"))
     serve.add_argument(
         "--config",
@@ -274,7 +135,7 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
     check_http_flags(parser, args)
     if args.ready_timeout <= 0:
         parser.error("--ready-timeout must be > 0")
-    overrides = {name: getattr(args, name) for name in ENGINE_INT_FLAGS if getattr(args, name) is not None}
+    engine = engine_values(args)
     lora_modules: dict[str, str] = {}
     for item in args.lora_modules:
         name, sep, folder = item.partition("=")
@@ -287,22 +148,19 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         lora_modules[name] = str(Path(folder).expanduser().resolve())
     try:
         # The same checks the model runs, here so that a typo fails now and not after the load.
-        EngineSettings(dtype=args.dtype, device=args.device, **overrides)
+        values: dict[str, Any] = {**engine.flags, **engine.overrides}
+        EngineSettings(**values)
     except SettingsError as exc:
         parser.error(str(exc))
     return ServeOptions(
-        model=args.model,
+        model=args.model_path,
         served_model_name=args.served_model_name,
         host=args.host,
         port=args.port,
         allow_external=args.allow_external,
-        dtype=args.dtype,
-        device=args.device,
-        engine_overrides=overrides,
+        engine_overrides=engine.overrides,
+        engine_flags=engine.flags,
         lora_modules=lora_modules,
-        tool_call_parser=args.tool_call_parser,
-        reasoning_parser=args.reasoning_parser,
-        trust_remote_code=args.trust_remote_code,
         openai_mode=args.openai_mode,
         full_text=args.full_text,
         api_keys=tuple(args.api_keys),
@@ -315,11 +173,6 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         response_channel=args.response_channel,
         triton_log=args.triton_log,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,
-        cpu_prepack_weights=args.cpu_prepack_weights,
-        kv_cache_dtype=args.kv_cache_dtype,
-        cpu_native_attention=args.cpu_native_attention,
-        cpu_bind_threads=args.cpu_bind_threads,
-        enable_prefix_caching=args.enable_prefix_caching,
     )
 
 

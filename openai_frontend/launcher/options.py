@@ -33,13 +33,9 @@ class ServeOptions:
     host: str
     port: int
     allow_external: bool
-    dtype: str
-    device: str
     engine_overrides: dict[str, int]  # EngineSettings integer fields given on the command line
+    engine_flags: dict[str, str | bool]  # the other EngineSettings fields with a flag (engine_flags.py)
     lora_modules: dict[str, str]  # adapter name -> local PEFT adapter folder (MindIE LoraModules)
-    tool_call_parser: str
-    reasoning_parser: str
-    trust_remote_code: bool
     openai_mode: str
     full_text: bool
     api_keys: tuple[str, ...]
@@ -47,16 +43,19 @@ class ServeOptions:
     ready_timeout_s: float
     triton_log: Path | None  # None: <cache>/logs/tritonserver-<port>.log
     tls: TlsFiles | None = None  # HTTPS for the frontend
-    cpu_prepack_weights: bool = True  # EngineSettings.cpu_prepack_weights
-    kv_cache_dtype: str = "auto"  # EngineSettings.kv_cache_dtype
-    cpu_native_attention: bool = True  # EngineSettings.cpu_native_attention
-    cpu_bind_threads: bool = False  # EngineSettings.cpu_bind_threads
-    enable_prefix_caching: bool = True  # EngineSettings.enable_prefix_caching
     drain_timeout_s: float = 0.0  # SIGTERM: seconds requests in flight get to finish (0: stop at once)
     token_timeout_s: float = 600.0  # FrontendSettings.token_timeout_s (MindIE tokenTimeout)
     e2e_timeout_s: float = 600.0  # FrontendSettings.request_timeout_s (MindIE e2eTimeout)
     max_restarts: int = MAX_RESTARTS  # tritonserver restarts allowed in 10 minutes (supervisor.py)
     response_channel: bool = True  # FrontendSettings.response_channel
+
+    @property
+    def dtype(self) -> str:
+        return str(self.engine_flags["dtype"])
+
+    @property
+    def device(self) -> str:
+        return str(self.engine_flags["device"])
 
 
 @dataclass(frozen=True)
@@ -93,22 +92,12 @@ def uvicorn_tls(tls: TlsFiles | None) -> dict[str, Any]:
 
 def engine_settings(options: ServeOptions, model_dir: Path, served_model_name: str) -> EngineSettings:
     """The model's settings for these options (raises ``SettingsError`` naming a bad value)."""
-    values: dict[str, Any] = dict(options.engine_overrides)
+    values: dict[str, Any] = {**options.engine_flags, **options.engine_overrides}
     return EngineSettings(
         # Absolute: tritonserver and its stub do not share the launcher's working directory.
         model_path=str(model_dir.expanduser().resolve()),
         served_model_name=served_model_name,
-        dtype=options.dtype,
-        device=options.device,
         lora_modules=json.dumps(options.lora_modules) if options.lora_modules else "",
-        tool_call_parser=options.tool_call_parser,
-        reasoning_parser=options.reasoning_parser,
-        trust_remote_code=options.trust_remote_code,
-        cpu_prepack_weights=options.cpu_prepack_weights,
-        kv_cache_dtype=options.kv_cache_dtype,
-        cpu_native_attention=options.cpu_native_attention,
-        cpu_bind_threads=options.cpu_bind_threads,
-        enable_prefix_caching=options.enable_prefix_caching,
         **values,
     )
 

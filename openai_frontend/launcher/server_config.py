@@ -3,6 +3,8 @@
 Owns the file's schema (every key, its type and default; unknown keys and bad values are start-up
 errors naming the key) and its translation into the ``serve`` command's flag defaults, so that
 flags given on the command line override the file, and the file overrides built-in defaults.
+ModelConfig's keys are generated from ``EngineSettings``' ``SettingInfo.mindie_key``, and
+ServerConfig's from ``FrontendSettings``' ``FlagInfo.mindie_key`` beside the listener's own.
 
     {
       "ServerConfig": {"ipAddress": "127.0.0.1", "port": 8000, "openAiSupport": "vllm",
@@ -21,10 +23,15 @@ flags given on the command line override the file, and the file overrides built-
 from __future__ import annotations
 
 import json
+from copy import copy
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from openai_frontend.settings import MINDIE_MODE, FrontendSettings, flag_info
+from python_backend.protocol.settings import EngineSettings, setting_info, setting_kind
 
 
 class ConfigFileError(ValueError):
@@ -35,37 +42,50 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
 
-class ServerSection(_Section):
+class _ListenerSection(_Section):
+    """ServerConfig's keys of the listener itself; those of FrontendSettings are generated."""
+
     ipAddress: str = "127.0.0.1"  # MindIE's key names
     port: int = Field(default=8000, ge=1, le=65535)
-    openAiSupport: str = "vllm"  # "vllm" (MindIE formats) or anything else (plain OpenAI)
-    fullTextEnabled: bool = False
     allowAllZeroIpListening: bool = False  # needed for any non-loopback ipAddress
     httpsEnabled: bool = False
     tlsCert: str = ""  # server certificate (PEM)
     tlsPk: str = ""  # its private key (PEM)
     tlsCaCert: str = ""  # CA for client certificates: set = mutual TLS required
-    apiKeys: list[str] = Field(default_factory=list)
-    strictParams: bool = False  # unknown request fields: 400 instead of a header
-    tokenTimeout: float = Field(default=600.0, gt=0)  # seconds a stream may wait for its next response
-    e2eTimeout: float = Field(default=600.0, gt=0)  # seconds a request may take in all
 
 
-class ModelSection(_Section):
-    modelName: str | None = None  # the served name; default: the folder's name
-    modelWeightPath: str | None = None  # local folder; default: the demo model
-    dtype: str = "auto"
-    device: str = "auto"
-    maxSeqLen: int = Field(default=0, ge=0)
-    maxInputTokenLen: int = Field(default=0, ge=0)
-    maxIterTimes: int = Field(default=512, ge=1)
-    maxBatchSize: int = Field(default=32, ge=1)  # sequences in the running batch
-    maxPrefillTokens: int = Field(default=512, ge=1)  # prompt tokens per step
-    maxQueueSize: int = Field(default=256, ge=0)  # waiting requests before 429
-    kvCacheMemoryMb: int = Field(default=0, ge=0)
-    toolCallParser: str = "auto"
-    reasoningParser: str = "auto"
-    trustRemoteCode: bool = False  # run code shipped in the model folder (e.g. ChatGLM3)
+def _server_section() -> type[_Section]:
+    """ServerConfig: the listener's keys and one per ``FrontendSettings`` field with a MindIE key."""
+    keys: dict[str, Any] = {}
+    for name, spec in FrontendSettings.model_fields.items():
+        info = flag_info(name)
+        if info is None or info.mindie_key is None:
+            continue
+        # The file takes any openAiSupport (anything but "vllm" is plain OpenAI), as MindIE does.
+        keys[info.mindie_key] = (spec.annotation, copy(spec))
+    return create_model("ServerSection", __base__=_ListenerSection, **keys)
+
+
+ServerSection: Any = _server_section()
+
+
+def _model_section() -> type[_Section]:
+    """ModelConfig: one key per ``EngineSettings`` field with a ``SettingInfo.mindie_key``."""
+    keys: dict[str, Any] = {}
+    for spec in fields(EngineSettings):
+        info = setting_info(spec)
+        if info.mindie_key is None:
+            continue
+        kind: Any = {"bool": bool, "int": int}.get(setting_kind(spec), str)
+        if spec.default == "":
+            # The model folder and served name: absent means the demo model and the folder's name.
+            keys[info.mindie_key] = (kind | None, Field(default=None, description=info.help))
+        else:
+            keys[info.mindie_key] = (kind, Field(default=spec.default, ge=info.minimum, description=info.help))
+    return create_model("ModelSection", __base__=_Section, **keys)
+
+
+ModelSection: Any = _model_section()
 
 
 class LoraEntry(_Section):
@@ -75,8 +95,8 @@ class LoraEntry(_Section):
 
 
 class ServerFile(_Section):
-    ServerConfig: ServerSection = Field(default_factory=ServerSection)
-    ModelConfig: ModelSection = Field(default_factory=ModelSection)
+    ServerConfig: ServerSection = Field(default_factory=ServerSection)  # type: ignore[valid-type]
+    ModelConfig: ModelSection = Field(default_factory=ModelSection)  # type: ignore[valid-type]
     LoraModules: list[LoraEntry] = Field(default_factory=list)
 
 
@@ -101,29 +121,20 @@ def flag_defaults(config: ServerFile) -> dict[str, Any]:
     defaults: dict[str, Any] = {
         "host": server.ipAddress,
         "port": server.port,
-        "openai_mode": "vllm" if server.openAiSupport == "vllm" else "openai",
-        "full_text": server.fullTextEnabled,
         "allow_external": server.allowAllZeroIpListening,
-        "api_keys": list(server.apiKeys),
-        "strict_params": server.strictParams,
-        "token_timeout": server.tokenTimeout,
-        "e2e_timeout": server.e2eTimeout,
-        "served_model_name": model.modelName,
-        "model": Path(model.modelWeightPath) if model.modelWeightPath else None,
-        "dtype": model.dtype,
-        "device": model.device,
-        "max_seq_len": model.maxSeqLen,
-        "max_input_token_len": model.maxInputTokenLen,
-        "max_iter_times": model.maxIterTimes,
-        "max_num_seqs": model.maxBatchSize,
-        "max_num_batched_tokens": model.maxPrefillTokens,
-        "max_waiting_requests": model.maxQueueSize,
-        "kv_cache_memory_mb": model.kvCacheMemoryMb,
-        "tool_call_parser": model.toolCallParser,
-        "reasoning_parser": model.reasoningParser,
-        "trust_remote_code": model.trustRemoteCode,
         "lora_modules": [f"{m.name}={m.path}" for m in config.LoraModules],
     }
+    for name in FrontendSettings.model_fields:
+        info = flag_info(name)
+        if info is not None and info.mindie_key is not None:
+            defaults[info.dest] = getattr(server, info.mindie_key)
+    defaults["openai_mode"] = "vllm" if defaults["openai_mode"] == MINDIE_MODE else "openai"
+    for spec in fields(EngineSettings):
+        key = setting_info(spec).mindie_key
+        if key is not None:
+            defaults[spec.name] = getattr(model, key)
+    if defaults["model_path"]:
+        defaults["model_path"] = Path(defaults["model_path"])
     if server.httpsEnabled:
         if not server.tlsCert or not server.tlsPk:
             raise ConfigFileError("ServerConfig.httpsEnabled needs tlsCert and tlsPk")

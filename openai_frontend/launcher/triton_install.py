@@ -64,7 +64,8 @@ def prepare_wheel_install(cache_dir: Path) -> TritonInstall:
     except importlib.metadata.PackageNotFoundError as exc:
         raise TritonInstallError(
             "tritonserver is not on PATH and the nvidia-pytriton wheel is not installed; "
-            f"run: {sys.executable} -m pip install 'nvidia-pytriton>=0.7' (or use the NGC Triton container)"
+            f"run: {sys.executable} -m pip install 'triton-chat[model]' (the model extra: nvidia-pytriton, torch, ...) "
+            "or use the NGC Triton container"
         ) from exc
     wheel_server = Path(str(dist.locate_file("pytriton/tritonserver")))
     libs = Path(str(dist.locate_file("nvidia_pytriton.libs")))

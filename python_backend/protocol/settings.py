@@ -1,13 +1,14 @@
 """Engine settings: what the model reads from its ``config.pbtxt`` parameters.
 
-Owns: ``EngineSettings`` (typed, validated, with documented defaults) and its conversion from and
-to Triton's string-valued config parameters, so the launcher writes exactly what the model reads.
-No torch here.
+Owns: ``EngineSettings`` (typed, validated, with documented defaults), its conversion from and
+to Triton's string-valued config parameters, so the launcher writes exactly what the model reads,
+and ``SettingInfo``, the description beside each field that the launcher's flags, the
+``config.json`` mapping and the configuration docs are generated from. No torch here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -18,6 +19,11 @@ TOOL_PARSERS = (HERMES, CHATGLM3)
 TOOL_CALL_PARSER_CHOICES = ("auto", *TOOL_PARSERS, "none")
 REASONING_PARSER_CHOICES = ("auto", "think", "none")
 KV_CACHE_DTYPE_CHOICES = ("auto", "model")
+DEVICE_BASES = ("auto", "cpu", "cuda", "npu")
+
+MODEL_GROUP = "model"
+LIMITS_GROUP = "engine limits"
+_INFO = "triton_chat"  # the key of a field's SettingInfo in its dataclasses metadata
 
 
 class SettingsError(ValueError):
@@ -25,83 +31,331 @@ class SettingsError(ValueError):
 
 
 @dataclass(frozen=True)
+class SettingInfo:
+    """What users are told about one setting, and where else it can be given."""
+
+    help: str  # one line: the flag's --help text
+    flag: str | None = None  # the `triton-chat serve` flag; None: config.pbtxt only
+    mindie_key: str | None = None  # its key in MindIE's config.json ModelConfig, where one exists
+    choices: tuple[str, ...] = ()  # the valid values of a string setting; () = any (checked apart)
+    minimum: int | None = None  # integers: the smallest valid value
+    metavar: str | None = None  # the flag's value in --help
+    group: str = MODEL_GROUP  # the --help section the flag is listed in
+    docs: str = ""  # docs/configuration.md's meaning column; "" = the help text
+    docs_default: str = ""  # the default as the docs say it; "" = the value itself
+
+
+def _setting(default: Any, info: SettingInfo) -> Any:
+    return field(default=default, metadata={_INFO: info})
+
+
+def setting_info(spec: Field[Any]) -> SettingInfo:
+    """The ``SettingInfo`` declared beside an ``EngineSettings`` field."""
+    info = spec.metadata.get(_INFO)
+    if not isinstance(info, SettingInfo):
+        raise TypeError(f"EngineSettings.{spec.name} has no SettingInfo")
+    return info
+
+
+def setting_kind(spec: Field[Any]) -> str:
+    """``"bool"``, ``"int"`` or ``"str"``: the type of an ``EngineSettings`` field."""
+    # `from __future__ import annotations` keeps the annotations as strings.
+    return spec.type if isinstance(spec.type, str) else spec.type.__name__
+
+
+@dataclass(frozen=True)
 class EngineSettings:
     """Engine configuration. Every field is a ``config.pbtxt`` parameter of the same name."""
 
-    model_path: str = ""  # local Hugging Face folder; required
-    served_model_name: str = ""  # name clients use; default: the folder's name
-    dtype: str = "auto"  # auto | bfloat16 | float16 | float32 (auto: the folder's torch_dtype)
-    device: str = "auto"  # auto | cpu | cuda[:N] | npu[:N]
-    max_num_seqs: int = 32  # sequences in the running batch at most
-    max_num_batched_tokens: int = 512  # prompt tokens prefilled per step (chunked prefill)
-    max_waiting_requests: int = 256  # queued requests beyond which new ones get "overloaded"
-    kv_cache_memory_mb: int = 0  # KV-cache budget; 0 = automatic (a share of free memory)
+    model_path: str = _setting(
+        "",
+        SettingInfo(
+            "local Hugging Face model folder (default: the SmolLM2-135M-Instruct demo model)",
+            flag="--model",
+            mindie_key="modelWeightPath",
+            metavar="DIR",
+            docs="local Hugging Face folder",
+            docs_default="the demo model",
+        ),
+    )
+    served_model_name: str = _setting(
+        "",
+        SettingInfo(
+            "the `model` name clients send (default: the folder's name)",
+            flag="--served-model-name",
+            mindie_key="modelName",
+            metavar="NAME",
+            docs="the `model` clients send; `/v1/models` lists it",
+            docs_default="the folder's name",
+        ),
+    )
+    dtype: str = _setting(
+        "auto",
+        SettingInfo(
+            "weights dtype (default: auto = the folder's torch_dtype)",
+            flag="--dtype",
+            mindie_key="dtype",
+            choices=DTYPES,
+            docs="`auto` (the checkpoint's), `bfloat16`, `float16`, `float32`",
+        ),
+    )
+    device: str = _setting(
+        "auto",
+        SettingInfo(
+            "auto | cpu | cuda[:N] | npu[:N] (default: auto)",
+            flag="--device",
+            mindie_key="device",
+            metavar="DEVICE",
+            docs="`auto` (CUDA, else Ascend, else CPU), `cpu`, `cuda[:N]`, `npu[:N]`",
+        ),
+    )
+    max_num_seqs: int = _setting(
+        32,
+        SettingInfo(
+            "sequences in the running batch at most",
+            flag="--max-num-seqs",
+            mindie_key="maxBatchSize",
+            minimum=1,
+            metavar="N",
+            group=LIMITS_GROUP,
+            docs="sequences in the running batch",
+        ),
+    )
+    max_num_batched_tokens: int = _setting(
+        512,
+        SettingInfo(
+            "prompt tokens prefilled per step",
+            flag="--max-num-batched-tokens",
+            mindie_key="maxPrefillTokens",
+            minimum=1,
+            metavar="N",
+            group=LIMITS_GROUP,
+            docs="prompt tokens prefilled per step (longer prompts are chunked)",
+        ),
+    )
+    max_waiting_requests: int = _setting(
+        256,
+        SettingInfo(
+            "queued requests beyond which new ones are refused as overloaded",
+            flag="--max-waiting-requests",
+            mindie_key="maxQueueSize",
+            minimum=0,
+            metavar="N",
+            group=LIMITS_GROUP,
+            docs="waiting requests beyond which new ones get 429",
+        ),
+    )
+    kv_cache_memory_mb: int = _setting(
+        0,
+        SettingInfo(
+            "KV-cache budget; 0 = automatic",
+            flag="--kv-cache-memory-mb",
+            mindie_key="kvCacheMemoryMb",
+            minimum=0,
+            metavar="MB",
+            group=LIMITS_GROUP,
+            docs="KV-cache budget (a share of free memory when automatic)",
+            docs_default="`0` (automatic)",
+        ),
+    )
     # Keep the keys/values of recent prompts and reuse them for prompts that start the same way
-    # (a shared system prompt, earlier turns of a chat): prefix_cache.py.
-    enable_prefix_caching: bool = True
-    prefix_cache_memory_mb: int = 0  # memory for it; 0 = automatic (an eighth of the KV budget)
-    max_seq_len: int = 0  # maxSeqLen: prompt + output tokens; 0 = the model's context length
-    max_input_token_len: int = 0  # maxInputTokenLen; 0 = max_seq_len - 1
-    max_iter_times: int = 512  # maxIterTimes: default and cap of max_tokens
-    torch_threads: int = 0  # intra-op threads on CPU; 0 = torch's default
-    # Tokens per streamed response (vLLM's --stream-interval): a stream's first text goes out at
-    # once, then its text every N tokens, and the rest at its end. 1 sends every token; more means
-    # fewer responses through the stub, tritonserver and the frontend, at the price of a burstier
-    # stream (docs/benchmarks.md measures both).
-    stream_interval: int = 1
+    # (a shared system prompt, earlier turns of a chat).
+    enable_prefix_caching: bool = _setting(
+        True,
+        SettingInfo(
+            "recompute every prompt in full instead of reusing the keys/values of a cached prefix",
+            flag="--no-enable-prefix-caching",
+            group=LIMITS_GROUP,
+            docs="reuse the keys/values of a cached prompt start (system prompt, earlier turns); "
+            "`usage.prompt_tokens_details.cached_tokens` says how many prompt tokens were reused",
+        ),
+    )
+    prefix_cache_memory_mb: int = _setting(
+        0,
+        SettingInfo(
+            "memory for the keys/values of recent prompts, reused by prompts that start the same way; "
+            "0 = automatic (an eighth of the KV-cache budget)",
+            flag="--prefix-cache-memory-mb",
+            minimum=0,
+            metavar="MB",
+            group=LIMITS_GROUP,
+            docs="memory of the prefix cache (least recently used entries go first), taken from the KV "
+            "budget; at most half of it",
+            docs_default="`0` (an eighth of the KV budget)",
+        ),
+    )
+    max_seq_len: int = _setting(
+        0,
+        SettingInfo(
+            "prompt + output tokens at most; 0 = the model's context length",
+            flag="--max-seq-len",
+            mindie_key="maxSeqLen",
+            minimum=0,
+            metavar="N",
+            group=LIMITS_GROUP,
+            docs="prompt + output tokens",
+            docs_default="`0` (the model's context)",
+        ),
+    )
+    max_input_token_len: int = _setting(
+        0,
+        SettingInfo(
+            "prompt tokens at most; 0 = max-seq-len - 1",
+            flag="--max-input-token-len",
+            mindie_key="maxInputTokenLen",
+            minimum=0,
+            metavar="N",
+            group=LIMITS_GROUP,
+            docs="prompt tokens; longer prompts get a 400 `context_length_exceeded`",
+            docs_default="`0` (`maxSeqLen - 1`)",
+        ),
+    )
+    max_iter_times: int = _setting(
+        512,
+        SettingInfo(
+            "default and cap of max_tokens",
+            flag="--max-iter-times",
+            mindie_key="maxIterTimes",
+            minimum=1,
+            metavar="N",
+            group=LIMITS_GROUP,
+            docs="default and cap of `max_tokens`",
+        ),
+    )
+    torch_threads: int = _setting(
+        0,
+        SettingInfo(
+            "CPU intra-op threads; 0 = torch's default",
+            flag="--torch-threads",
+            minimum=0,
+            metavar="N",
+            group=LIMITS_GROUP,
+            docs="intra-op threads of the engine thread (the only thread that runs torch in parallel)",
+            docs_default="`0` (torch's choice)",
+        ),
+    )
+    # More tokens per response means fewer responses through the stub, tritonserver and the
+    # frontend, at the price of a burstier stream.
+    stream_interval: int = _setting(
+        1,
+        SettingInfo(
+            "tokens per streamed response after the first (as vLLM's); 1 = every token (default)",
+            flag="--stream-interval",
+            minimum=1,
+            metavar="N",
+            group=LIMITS_GROUP,
+            docs="tokens per streamed response, as vLLM's `--stream-interval`: a stream's first text goes "
+            "out at once, then its text every N tokens, and what is left with the finish reason. Fewer "
+            "responses through the stub, `tritonserver` and the frontend (on 2 CPU cores at 16 streams, "
+            "measurable throughput: [performance](performance.md)), at the price of a burstier stream; the "
+            "answer, its logprobs and its per-token telemetry are the same",
+        ),
+    )
     # auto: hermes when the chat template writes <tool_call>, chatglm3 for model_type chatglm,
-    # else none (requests with tools are then refused). See python_backend/text/output_formats.py.
-    tool_call_parser: str = "auto"  # auto | hermes | chatglm3 | none
+    # else none (requests with tools are then refused).
+    tool_call_parser: str = _setting(
+        "auto",
+        SettingInfo(
+            "tool-call format of the model's output (default: auto, from the chat template)",
+            flag="--tool-call-parser",
+            mindie_key="toolCallParser",
+            choices=TOOL_CALL_PARSER_CHOICES,
+            docs="`auto`, `hermes` (Qwen2.5), `chatglm3`, `none`",
+        ),
+    )
     # auto: think when the vocabulary or chat template has <think>; none: never split reasoning.
-    reasoning_parser: str = "auto"  # auto | think | none
+    reasoning_parser: str = _setting(
+        "auto",
+        SettingInfo(
+            "split <think> reasoning into reasoning_content (default: auto)",
+            flag="--reasoning-parser",
+            mindie_key="reasoningParser",
+            choices=REASONING_PARSER_CHOICES,
+            docs="`auto`, `think`, `none`",
+        ),
+    )
     # MindIE's LoraModules: a JSON object {"adapter name": "/local/peft/adapter/folder"}; a
-    # request whose `model` is an adapter's name runs with that adapter (see lora.py).
-    lora_modules: str = ""
-    # Run Python code shipped inside the model folder (ChatGLM3 and other `auto_map` models need
-    # it). Off by default: that code runs with the server's rights, so only for trusted folders.
-    trust_remote_code: bool = False
-    # On CPU, reorder float32/bfloat16 linear weights once into oneDNN's layout (cpu/linear.py):
-    # about 2x faster linear layers. Off only to rule it out when chasing a numerical difference.
-    cpu_prepack_weights: bool = True
-    # On CPU, build the C decode-attention kernel for bfloat16 text models with the machine's C
-    # compiler (native/attention_kernel.py), once, into ~/.cache/triton-chat/native.
-    cpu_native_attention: bool = True
-    # On CPU, pin the engine's compute threads one per physical core, and the Triton stub's other
-    # threads to the first of them (native/thread_binding.py, as vLLM's VLLM_CPU_OMP_THREADS_BIND).
-    # Off by default: on the 2-core test machine it made no difference beyond the noise
-    # (docs/benchmarks.md), and two model instances on one host would pin to the same cores.
-    cpu_bind_threads: bool = False
-    # auto: the model's dtype, except that a 16-bit text model on CPU without the C kernel keeps
-    # keys/values in float32 (PyTorch's decode attention 2-5x faster, twice the KV memory).
-    kv_cache_dtype: str = "auto"  # auto | model
+    # request whose `model` is an adapter's name runs with that adapter.
+    lora_modules: str = _setting(
+        "",
+        SettingInfo(
+            "a LoRA adapter (PEFT folder) requests select with model=NAME (repeatable)",
+            flag="--lora-module",
+            metavar="NAME=DIR",
+            docs="a LoRA adapter (PEFT folder) requests select with `model=NAME`; in `config.json`: "
+            "`LoraModules` (below)",
+            docs_default="none",
+        ),
+    )
+    # ChatGLM3 and other `auto_map` models need it. Off by default: that code runs with the
+    # server's rights.
+    trust_remote_code: bool = _setting(
+        False,
+        SettingInfo(
+            "run Python code shipped in the model folder (needed by e.g. ChatGLM3); trusted folders only",
+            flag="--trust-remote-code",
+            mindie_key="trustRemoteCode",
+            docs="run Python code shipped in the model folder (ChatGLM3 needs it); only for folders you trust",
+        ),
+    )
+    cpu_prepack_weights: bool = _setting(
+        True,
+        SettingInfo(
+            "on CPU, keep linear weights in PyTorch's layout instead of oneDNN's (about 2x slower)",
+            flag="--no-cpu-prepack-weights",
+            docs="CPU: reorder float32/bfloat16 linear weights once into oneDNN's blocked layout (about 2x "
+            "faster linear layers)",
+        ),
+    )
+    cpu_native_attention: bool = _setting(
+        True,
+        SettingInfo(
+            "on CPU, do not build the C decode-attention kernel for bfloat16 models (PyTorch's is slower)",
+            flag="--no-cpu-native-attention",
+            docs="CPU, bfloat16 text models: build the C decode-attention kernel with the machine's C "
+            "compiler (once, into `<cache>/native/`) and use it; without a compiler the engine logs it "
+            "and uses PyTorch's attention",
+        ),
+    )
+    # Off by default: it made no difference beyond the noise on a 2-core machine, and two model
+    # instances on one host would pin to the same cores.
+    cpu_bind_threads: bool = _setting(
+        False,
+        SettingInfo(
+            "on CPU, pin the engine's compute threads one per physical core (the stub's other threads to the first)",
+            flag="--cpu-bind-threads",
+            docs="CPU: pin the engine's compute threads one per physical core of the CPUs the process may "
+            "use (as vLLM's `VLLM_CPU_OMP_THREADS_BIND`), and the Triton stub's other threads to the first "
+            "of them. Off by default: no difference beyond the noise on the 2-core test machine "
+            "(at 16 streams, 334-377 tok/s over 8 pinned runs against 316-363 over 5 unpinned), and two model instances on one host would pin to the same "
+            "cores. Skipped with fewer cores than threads or without a C compiler",
+        ),
+    )
+    # auto keeps float32 keys/values for a 16-bit text model on CPU without the C kernel:
+    # PyTorch's decode attention is 2-5x faster that way, for twice the KV memory.
+    kv_cache_dtype: str = _setting(
+        "auto",
+        SettingInfo(
+            "auto: the model's dtype, or float32 for a 16-bit model on CPU without the C kernel; model: its dtype",
+            flag="--kv-cache-dtype",
+            choices=KV_CACHE_DTYPE_CHOICES,
+            docs="`auto`: the model's dtype, except that a 16-bit text model on CPU without the C attention "
+            "kernel keeps float32 keys/values (faster PyTorch attention, twice the memory); `model`: always "
+            "the model's dtype",
+        ),
+    )
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise SettingsError(f"dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
-        for name, choices in (
-            ("kv_cache_dtype", KV_CACHE_DTYPE_CHOICES),
-            ("tool_call_parser", TOOL_CALL_PARSER_CHOICES),
-            ("reasoning_parser", REASONING_PARSER_CHOICES),
-        ):
-            if getattr(self, name) not in choices:
-                raise SettingsError(f"{name} must be one of {', '.join(choices)}, got '{getattr(self, name)}'")
+        for spec in fields(self):
+            info, value = setting_info(spec), getattr(self, spec.name)
+            if info.choices and value not in info.choices:
+                raise SettingsError(f"{spec.name} must be one of {', '.join(info.choices)}, got '{value}'")
+            if info.minimum is not None and value < info.minimum:
+                raise SettingsError(f"{spec.name} must be >= {info.minimum}, got {value}")
         device = self.device
         base = device.split(":", 1)[0]
-        if base not in ("auto", "cpu", "cuda", "npu") or (":" in device and not device.split(":", 1)[1].isdigit()):
+        if base not in DEVICE_BASES or (":" in device and not device.split(":", 1)[1].isdigit()):
             raise SettingsError(f"device must be auto, cpu, cuda[:N] or npu[:N], got '{device}'")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_iter_times", "stream_interval"):
-            if getattr(self, name) < 1:
-                raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in (
-            "max_waiting_requests",
-            "kv_cache_memory_mb",
-            "prefix_cache_memory_mb",
-            "max_seq_len",
-            "max_input_token_len",
-            "torch_threads",
-        ):
-            if getattr(self, name) < 0:
-                raise SettingsError(f"{name} must be >= 0, got {getattr(self, name)}")
 
     @staticmethod
     def from_parameters(params: dict[str, str]) -> EngineSettings:
@@ -111,11 +365,12 @@ class EngineSettings:
         for key, text in params.items():
             if key not in known:
                 raise SettingsError(f"unknown model parameter '{key}'")
-            if known[key].type in ("bool", bool):
+            kind = setting_kind(known[key])
+            if kind == "bool":
                 if text.lower() not in ("true", "false", "1", "0"):
                     raise SettingsError(f"model parameter '{key}' must be true or false, got '{text}'")
                 values[key] = text.lower() in ("true", "1")
-            elif known[key].type in ("int", int):
+            elif kind == "int":
                 try:
                     values[key] = int(text)
                 except ValueError as exc:
