@@ -1,4 +1,4 @@
-"""C6 in cycles: kill the model's process again and again and time what a client sees.
+"""Crash recovery in cycles: kill the model's process again and again and time what a client sees.
 
     .venv/bin/python -m benchmarks.crash_recovery --model DIR --cycles 10
 
@@ -8,7 +8,7 @@ flight, idle) and each cycle, send the signal to the Python-backend stub and mea
 kill: when the stream in flight ended and how (error event, then ``[DONE]``), when a new request
 got 503 with ``Retry-After``, when readiness said 503, when a request was answered again, and
 whether the dead stub's shared memory was removed. Prints one JSON report: every cycle, the worst
-of each figure against RELIABILITY C6's bounds, and the server's start-up time for scale
+of each figure against the recovery bounds (streams end within 1 s, readiness 503 within 2 s), and the server's start-up time for scale
 ("first 200 within load time + 5 s").
 """
 

@@ -1,4 +1,4 @@
-"""C1 measured: how long after a streaming client leaves does the engine free its slot?
+"""Disconnect latency: how long after a streaming client leaves does the engine free its slot?
 
     .venv/bin/python -m benchmarks.disconnect_latency --model DIR --trials 100 --background 8
 
@@ -7,7 +7,7 @@ the time from the close to the engine's log line "request <id> cancelled after N
 tokens" (written when the step loop drops the request and frees its KV rows) is one sample.
 The request id is the stream's ``id``, which the frontend passes to Triton. Trials run one after
 another, alone or beside ``--background`` streams that keep the batch busy, and the report gives
-p50 / p99 / max against RELIABILITY C1's 200 ms, and the running gauge once all is over.
+p50 / p99 / max against the 200 ms target, and the running gauge once all is over.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def ours(
 
 
 def vllm(python: str, model_dir: str, dtype: str, log: Path, extra_args: tuple[str, ...] = ()) -> ServedProcess:
-    """vLLM's CPU build, as shared/reference/peer-performance.md ran it (both cores bound)."""
+    """vLLM's CPU build, run the way its CPU docs recommend (both cores bound)."""
     port = free_port()
     env = dict(os.environ)
     env.update(
@@ -160,7 +160,7 @@ class CpuShares:
     """CPU time of the server's processes and of this one (the client) between enter and exit.
 
     On a machine whose cores the engine computes on, every other process's CPU is taken from the
-    engine (docs/benchmarks.md): the shares say where a served figure's gap went. Each share is
+    engine (docs/performance.md): the shares say where a served figure's gap went. Each share is
     a percentage of one core over the wall time.
     """
 

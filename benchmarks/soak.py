@@ -1,4 +1,4 @@
-"""Soak: the served path under a long mixed load, checked for leaks (RELIABILITY C9, C1's mixed variant).
+"""Soak: the served path under a long mixed load, checked for leaks and for disconnects under load.
 
     .venv/bin/python -m benchmarks.soak --model DIR --duration 1200   # the slow tier: 20 min
     .venv/bin/python -m benchmarks.soak --model DIR --duration 120    # the fast tier (CI runs it)
@@ -7,7 +7,7 @@ Owns the run: start ``triton-chat serve`` on the model, send ``soak_traffic``'s 
 let the server go idle and sample each of its processes (the launcher with the frontend,
 tritonserver, the model's stub: resident memory, open files, threads), send the mix again for the
 duration, go idle and sample again, stop the server, and print one JSON report whose ``verdict``
-holds C9's checks: no unexpected answer, resident memory up by at most 5 % per process after the
+holds the soak's checks: no unexpected answer, resident memory up by at most 5 % per process after the
 warm-up (less the prefix cache, which fills up to its own budget before it evicts), open files
 and threads not growing (within ``COUNT_SLACK``), no engine slot left taken when idle (the
 frontend's and the engine's gauges back to 0), the same processes at the end (nothing

@@ -1,6 +1,6 @@
 """The soak's traffic: a fixed mix of chat requests from C workers, and what each one got back.
 
-Owns ``TrafficMix`` (RELIABILITY C9's mix: of every 100 requests 5 are invalid; of the rest 60 %
+Owns ``TrafficMix`` (the soak's mix: of every 100 requests 5 are invalid; of the rest 60 %
 stream, 30 % ask for the whole answer, 10 % stream and leave after three chunks, as a client that
 disconnects), ``Tally`` (outcomes per kind, and every outcome a user would call a failure), and
 ``run_traffic``. Draws come from one seeded ``random.Random`` so that two runs send the same mix.
@@ -27,7 +27,7 @@ PROMPTS = (
     "List three prime numbers.",
     "Explain continuous batching in one paragraph.",
 )
-# Requests a user can get wrong, each with the status the API must answer (RELIABILITY A-rules:
+# Requests a user can get wrong, each with the status the API must answer (the API's validation rules:
 # a clear 4xx naming the field, never a 5xx, never a lost server).
 INVALID_BODIES: tuple[tuple[dict[str, Any] | bytes, int], ...] = (
     ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, 400),

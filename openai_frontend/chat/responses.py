@@ -2,7 +2,7 @@
 
 Owns: ``completion_body`` (the ``chat.completion`` object in MindIE or plain OpenAI form),
 ``choice_usage`` (one choice's usage, as MindIE's final stream chunks carry it) and
-``total_usage`` (all choices together). The rules are the semantics page's decisions 4-6:
+``total_usage`` (all choices together). The rules (docs/api.md, usage):
 ``completion_tokens`` is the sum over choices, ``batch_size``/``queue_wait_time`` and
 ``decode_time_arr`` come from the longest choice, ``prefill_time`` is the largest of the choices',
 ``prompt_tokens_details`` is always present, ``completion_tokens_details`` only when the backend

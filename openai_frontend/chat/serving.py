@@ -98,7 +98,7 @@ class ChatCall:
 
     @property
     def pseudo_stream(self) -> bool:
-        """Decision 3: a streaming beam search answers one whole ``chat.completion`` (MindIE mode)."""
+        """A streaming beam search answers one whole ``chat.completion`` (MindIE mode)."""
         return self.chat.stream and self.chat.params.use_beam_search and self.settings.mindie_mode
 
 

@@ -2,7 +2,7 @@
 
 Owns: ``StreamFormatter``, which turns backend deltas into ``data: {json}\\n\\n`` events and ends
 every stream with ``data: [DONE]``. No I/O here (``serving`` drives it), so the exact bytes are
-unit-testable. Formats (semantics page §4.5 and decisions 4, 6, 7, 8):
+unit-testable. Formats (docs/api.md, streaming):
 
 * MindIE mode: one choice per chunk, ``delta = {"role": "assistant", "content": piece}``;
   a ``logprobs`` key only when n > 1 or logprobs were requested (format 2 vs 3); the last chunk
@@ -30,7 +30,7 @@ OBJECT_CHUNK = "chat.completion.chunk"
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
-# Compact JSON, as in the reference's examples. One configured encoder (it holds no state between
+# Compact JSON, as in MindIE's examples. One configured encoder (it holds no state between
 # calls): json.dumps with these options builds a new encoder for every streamed token.
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
@@ -158,7 +158,7 @@ class StreamFormatter:
         return events
 
     def on_error(self, info: ErrorInfo) -> list[bytes]:
-        """Events that end a started stream with an error (decision 7), then ``[DONE]``."""
+        """Events that end a started stream with an error event, then ``[DONE]``."""
         if self._closed:
             return []
         self._closed = True

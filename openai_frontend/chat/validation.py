@@ -1,6 +1,6 @@
 """Validation of one chat-completions request body, in the contract's order.
 
-Owns: ``validate_chat_request`` and the ``ValidatedChat`` it returns. Order (the semantics page):
+Owns: ``validate_chat_request`` and the ``ValidatedChat`` it returns. Order (docs/api.md, validation):
 JSON body -> ``messages`` (``python_backend.protocol.messages``, then the media parts' syntax and policy,
 ``media.parts.extract_media``, without any I/O) -> body schema and unknown fields -> generation
 parameters (``python_backend.protocol.params.parse_parameters``, the backend's own rules) -> ``model``

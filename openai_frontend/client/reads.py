@@ -23,7 +23,7 @@ import anyio
 
 # How long a leaving consumer waits for the read in flight before cancelling under it anyway
 # (a request still queued sends nothing for a while): one engine step or two, well inside the
-# 200 ms in which RELIABILITY C1 wants the slot freed.
+# 200 ms within which a gone client's slot must be freed.
 CANCEL_GRACE_S = 0.1
 
 

@@ -118,7 +118,7 @@ LAST_ENTRY_WAIT_S = 5.0
 
 # Reconnect at most a second after tritonserver is back (gRPC's default backoff grows to 120 s):
 # the launcher restarts a tritonserver whose model process died on the same port, and the first
-# request after its model is ready should find the channel connected (RELIABILITY C6).
+# request after its model is ready should find the channel connected (the model restarts after a crash).
 RECONNECT_BACKOFF_MS = 1000
 
 

@@ -1,4 +1,4 @@
-"""Graceful drain (RELIABILITY C5): stop taking work, let the work in flight finish, then stop.
+"""Graceful drain: stop taking work, let the work in flight finish, then stop.
 
 Owns: ``DrainState`` (per app, on ``FrontendState``: whether the server is draining, and how many
 inference requests are in flight) and ``DrainMiddleware``, a pure ASGI middleware that counts

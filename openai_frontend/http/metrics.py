@@ -1,4 +1,4 @@
-"""Prometheus metrics of the HTTP frontend (RELIABILITY C8), served at ``GET /metrics``.
+"""Prometheus metrics of the HTTP frontend, served at ``GET /metrics``.
 
 Owns: ``FrontendMetrics`` (one registry per app, never prometheus_client's process-wide default,
 so two apps in one process count apart), ``ChatObservation`` (what one chat request's answer

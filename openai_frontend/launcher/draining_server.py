@@ -1,4 +1,4 @@
-"""uvicorn's server with a graceful drain on SIGTERM (RELIABILITY C5).
+"""uvicorn's server with a graceful drain on SIGTERM.
 
 Owns ``DrainingServer`` and ``draining_server``, the one way both commands build it. Kubernetes
 (and most process managers) stop a pod with SIGTERM and give it a grace period. On the first

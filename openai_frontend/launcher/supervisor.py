@@ -1,7 +1,7 @@
 """Watching tritonserver and the process that runs the model, for ``triton-chat serve``.
 
 Owns ``Supervisor``: a thread that restarts tritonserver when the model stops serving, which it
-notices three ways (RELIABILITY C6):
+notices three ways:
 
 - the Python-backend stub (the model's process) died, e.g. killed by the OOM killer or a crash in
   native code. Triton neither restarts it nor reports the model unready then: new requests would

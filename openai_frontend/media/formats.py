@@ -1,7 +1,7 @@
-"""The media formats the product accepts, from the semantics page (section 4.3).
+"""The media formats the product accepts (docs/api.md, media parts).
 
 Owns: ``MediaFormat`` and the tables that map a part type, a file extension or a declared MIME type
-to a format. The canonical MIME type of each format is the reference's table entry; a few common
+to a format. The canonical MIME type of each format is the one MindIE's API lists; a few common
 aliases (``image/jpg``, ``audio/wav``, ...) are accepted on input and answered with the canonical
 type, so the backend sees one spelling per format.
 """

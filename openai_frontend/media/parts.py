@@ -4,13 +4,13 @@ Owns: ``MediaRef`` (what to load for one part: its source, declared type and siz
 ``extract_media`` (all media parts of a request, checked for syntax and policy without any I/O,
 and the messages rewritten to internal parts ``{"type": "image"|"video"|"audio", "media_index": i}``).
 
-The formats (semantics page, 4.3), for ``image_url`` / ``video_url`` / ``audio_url``:
+The formats (docs/api.md, media parts), for ``image_url`` / ``video_url`` / ``audio_url``:
 
 1. ``"<str>"`` and 2. ``{"url": "<str>"}``: an http(s) URL, a ``file://`` or ``data:`` URL, a
    path below the media root, or (images only) raw base64 JPEG, recognised by its ``/9j/`` start
    (the base64 of the JPEG magic; a path starting so would lie outside the root anyway);
 3. ``{"url": "file://<path>"}``: a path below the media root (``file://demo.png`` is
-   ``<root>/demo.png``, as in the reference's example; ``file:///<root>/demo.png`` works too);
+   ``<root>/demo.png``, as in MindIE's example; ``file:///<root>/demo.png`` works too);
 4. ``{"url": "data:<mime>;base64,<b64>"}``: inline, the MIME type must be a format of the part's kind;
 5. ``{"type": "input_audio", "input_audio": {"data": "<b64>", "format": "mp3|wav|flac"}}``.
 

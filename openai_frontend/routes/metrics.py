@@ -1,7 +1,7 @@
 """``GET /metrics``: the frontend's Prometheus metrics (``openai_frontend.http.metrics``).
 
 Owns: the route only. When API keys are set it needs one like every route but the health probes
-(RELIABILITY D1): request counts and model names are not for anyone who can reach the port.
+: request counts and model names are not for anyone who can reach the port.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ plain row-major weight, and oneDNN reorders it into its blocked layout on every 
 row counts of decode (one row per running sequence) that reorder costs as much as the product.
 Reordering each weight once at load time (what vLLM's CPU backend and Inductor's freezing pass also
 do) made the linear layers of SmolLM2-135M about 2x faster at batch 1 to 512 on the AVX-512 test
-machine (see docs/benchmarks.md). Results are bit-identical to the plain call in bfloat16; in
+machine (docs/performance.md). Results are bit-identical to the plain call in bfloat16; in
 float32 they differ from MKL's in the last bits and, unlike MKL's, do not depend on the row count,
 so a sequence's output does not change with the batch it runs in.
 

@@ -5,7 +5,7 @@ Owns ``CancelWatcher``. Under Triton, ``is_cancelled()`` is a round trip to the 
 concurrency 16. The watcher thread asks instead, while the step loop runs the next forward pass:
 after each step the engine hands it the requests then in flight, the watcher asks each one, and
 reports the cancelled ones through ``Engine.cancel``, which the step loop applies before its next
-step. So every request is still checked once per decode step (RELIABILITY C1), and a cancellation
+step. So every request is still checked once per decode step (a gone client's slot is freed within 200 ms), and a cancellation
 takes effect one step after it is seen. If a round of questions outlasts a step, only the latest
 set of requests is kept for the next round.
 """

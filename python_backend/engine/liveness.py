@@ -6,7 +6,7 @@ a snapshot into "ready" or a 503 that says why, and ``EngineStats`` (the gauges'
 
 Why a probe at all: Triton reports a model READY for as long as it is loaded. A model process that
 hangs (SIGSTOP, a deadlock in native code) or an engine loop that died left readiness at 200 while
-every request waited for its timeout (RELIABILITY C6, vLLM #39863, Triton #7230). The probe is an
+every request waited for its timeout (vLLM #39863, Triton #7230). The probe is an
 inference request the model answers at once, without entering the batch, so it costs nothing
 under load and still proves that the model process, its sender thread and the step loop move.
 """

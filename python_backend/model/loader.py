@@ -30,7 +30,7 @@ from python_backend.protocol.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TOP_K = 1000  # the reference's ATB rule when neither config names top_k
+DEFAULT_TOP_K = 1000  # MindIE's (ATB's) default when neither config names top_k
 
 
 class ModelLoadError(RuntimeError):
@@ -91,13 +91,13 @@ def _as_ids(value: Any) -> set[int]:
 
 
 def _sampling_defaults(gen: dict[str, Any], config: dict[str, Any], vocab_size: int) -> SamplingDefaults:
-    # top_k: generation_config.json first, then config.json, then 1000 (the reference's ATB rule).
+    # top_k: generation_config.json first, then config.json, then 1000 (MindIE's ATB default).
     top_k = gen.get("top_k", config.get("top_k", DEFAULT_TOP_K))
     top_k = DEFAULT_TOP_K if not isinstance(top_k, int) or top_k < 0 else top_k
     if top_k == 0 or top_k > vocab_size:
         top_k = vocab_size
     # A generation_config that says `do_sample: false` asks for greedy decoding (transformers'
-    # meaning); one that says nothing leaves the reference's default of 1.0 to its temperature.
+    # meaning); one that says nothing leaves MindIE's default of 1.0 to its temperature.
     temperature = 0.0 if gen.get("do_sample") is False else float(gen.get("temperature", 1.0))
     return SamplingDefaults(
         temperature=temperature,
@@ -139,7 +139,7 @@ def load_model(settings: EngineSettings) -> LoadedModel:
         tokenizer.chat_template = processor_template
     if not getattr(tokenizer, "chat_template", None):
         raise ModelLoadError(
-            "the tokenizer has no chat_template; the reference requires tokenizer_config.json "
+            "the tokenizer has no chat_template; a chat model needs tokenizer_config.json "
             "(or chat_template.jinja) to define one"
         )
     adapters = parse_lora_modules(settings.lora_modules)

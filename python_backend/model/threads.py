@@ -68,7 +68,7 @@ def confine_serving_threads(cpu: int) -> None:
     the engine, sender and watcher threads start (they inherit it); the engine thread then pins its
     team one thread per core, so the stub's own threads (reading requests, sending responses,
     asking about cancellations) share the engine thread's core and leave the other compute threads
-    alone (measured in docs/benchmarks.md).
+    alone (docs/performance.md).
     """
     for task in os.listdir("/proc/self/task"):
         try:

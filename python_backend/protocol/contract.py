@@ -198,7 +198,7 @@ class TokenLogprob:
 class ChoiceUsage:
     """Usage and timing of one choice; sent on the choice's last response.
 
-    Invariants (see the semantics page, decision 5): ``len(batch_size) == len(queue_wait_time)
+    Invariants (docs/api.md, telemetry): ``len(batch_size) == len(queue_wait_time)
     == completion_tokens`` and ``len(decode_time_arr) == max(completion_tokens - 1, 0)``.
     """
 

@@ -1,4 +1,4 @@
-"""Chat ``messages`` validation: the reference's rules on roles, content and tool calls.
+"""Chat ``messages`` validation: MindIE's rules on roles, content and tool calls.
 
 Owns: the two edges' checks, with the same rules and messages: ``validate_messages`` for the
 frontend's HTTP body (media parts as clients send them) and ``validate_tensor_messages`` for the
@@ -15,7 +15,7 @@ from typing import Any
 
 from python_backend.protocol.errors import invalid
 
-MAX_MESSAGES_CHARS = 4 * 1024 * 1024  # the reference: "greater than 0 and at most 4 MB"
+MAX_MESSAGES_CHARS = 4 * 1024 * 1024  # MindIE: "greater than 0 and at most 4 MB"
 MEDIA_PART_TYPES = ("image_url", "video_url", "audio_url", "input_audio")
 # The backend receives media parts rewritten to these, pointing into the ``media`` tensor.
 INTERNAL_MEDIA_TYPES = ("image", "video", "audio")

@@ -5,9 +5,9 @@ build one from untrusted JSON) and ``GenerationParams.to_wire`` (its canonical J
 runs the same function on the HTTP request, so a ``tritonclient`` caller and an HTTP caller get the
 same errors, and sends the canonical form: the model parses one shape. No torch here.
 
-Ranges and rules follow ``shared/spec/chat-completions-semantics.md`` §4.2 and its decisions.
+Ranges and rules are MindIE's, with our choices where its page contradicts itself (docs/api.md).
 ``None`` means "not given": the engine then takes the model's ``generation_config.json`` value or
-the reference default.
+MindIE's default.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def _top_k(raw: dict[str, Any]) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise invalid(f"'top_k' must be an integer, got {type(value).__name__}", "top_k")
     if value in (-1, 0):
-        return 0  # the reference's own examples send -1 for "no top-k"
+        return 0  # MindIE's own examples send -1 for "no top-k"
     if value < 0 or value > INT32_MAX:
         raise invalid(f"'top_k' must be -1, 0 or in [1, {INT32_MAX}], got {value}", "top_k")
     return value
@@ -272,7 +272,7 @@ def parse_parameters(raw: dict[str, Any] | None, *, stream: bool = False) -> Gen
     top_logprobs = _integer(raw, "top_logprobs", 0, MAX_TOP_LOGPROBS)
     logprobs = _boolean(raw, "logprobs", False)
     if raw.get("top_logprobs") is not None and raw.get("logprobs") is None:
-        logprobs = True  # the reference: a valid top_logprobs turns logprobs on
+        logprobs = True  # MindIE: a valid top_logprobs turns logprobs on
     lora = raw.get("lora")
     if lora is not None and (not isinstance(lora, str) or not lora):
         raise invalid("'lora' must be a non-empty string", "lora")

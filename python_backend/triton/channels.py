@@ -7,7 +7,7 @@ which turns the events of one engine pass into one response per channel plus the
 must go on the requests' own streams, in an order that keeps each request's events in order.
 
 Why channels: under the Python backend every response is a blocking round trip from the stub to
-tritonserver and on through gRPC (docs/benchmarks.md, items 17 and 21); at 16 streams that is 16
+tritonserver and on through gRPC (docs/performance.md); at 16 streams that is 16
 round trips per decode step, on the two cores the engine computes on. A channel carries every
 delta of a pass for the requests that name it in one response, as vLLM's engine sends one message
 per step; each request's own stream then carries only its end (the final flag) or its error.

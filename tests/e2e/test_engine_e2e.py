@@ -97,7 +97,7 @@ def test_telemetry_invariants_hold_for_every_choice_under_load(triton_server: Tr
             body = future.result()
             usage = body["usage"]
             assert len(body["choices"]) == 2
-            longest = len(usage["batch_size"])  # decision 4: the arrays follow the longest choice
+            longest = len(usage["batch_size"])  # the arrays follow the longest choice
             assert longest <= usage["completion_tokens"] <= 2 * longest  # the total over both choices
             assert longest == len(usage["queue_wait_time"]) and len(body["decode_time_arr"]) == longest - 1
             assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]

@@ -1,4 +1,4 @@
-"""RELIABILITY C6 through the launcher: the model's process (the Python-backend stub) dies or hangs,
+"""Crash and hang recovery through the launcher: the model's process (the Python-backend stub) dies or hangs,
 the stream in flight ends with an error event, readiness and new requests answer 503 at once, and
 the launcher's supervisor restarts tritonserver, after which the model answers again."""
 
@@ -91,7 +91,7 @@ def test_a_killed_model_process_is_restarted_and_the_stream_in_flight_ends(
 
 
 def test_a_hung_model_process_fails_readiness_at_once_and_is_restarted(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """C6's hung variant: the stub exists but never answers (SIGSTOP). Triton still calls the model
+    """The hung variant: the stub exists but never answers (SIGSTOP). Triton still calls the model
     READY; our readiness probe is an inference the model must answer, so it fails within its
     timeout, and the supervisor restarts the server once the probe has failed for HANG_RESTART_S."""
     launcher, port = _start_launcher(tiny_model_dir, tmp_path)
@@ -125,7 +125,7 @@ def test_a_hung_model_process_fails_readiness_at_once_and_is_restarted(tiny_mode
                 os.kill(stub, signal.SIGCONT)  # so that a failed test leaves nothing stopped
         code = _finish(launcher, signal.SIGINT, lines)
     output = "".join(lines)
-    assert unready_after < 5.0  # RELIABILITY C6: within the probe timeout
+    assert unready_after < 5.0  # within the probe timeout
     assert refused.status_code == 503 and refused.headers["retry-after"]
     assert refused.json()["error"]["code"] == "backend_unavailable"
     assert answered is not None and answered.json()["usage"]["completion_tokens"] == 2

@@ -1,4 +1,4 @@
-"""RELIABILITY C9's fast tier, with C1's mixed variant: mixed traffic through the real launcher
+"""The soak's fast tier, with disconnects under load: mixed traffic through the real launcher
 (60 % streams, 30 % whole answers, 10 % clients that leave mid-stream, 5 % invalid requests) for
 two minutes after a warm-up, then the checks a user's operator would make: every answer as
 expected, memory, open files and threads not growing, no slot left taken, nothing left behind.

@@ -1,4 +1,4 @@
-"""Timeouts through the real tritonserver (RELIABILITY C4): the client gets the timeout error
+"""Timeouts through the real tritonserver : the client gets the timeout error
 within the timeout + 1 s, and the engine frees the request's slot (the backend saw the cancel).
 
 A stream that stalls mid-answer is tested against a scripted backend

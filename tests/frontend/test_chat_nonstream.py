@@ -138,7 +138,7 @@ async def test_lora_model_name_sets_lora_parameter() -> None:
 
 
 async def test_beam_search_stream_is_one_json_body() -> None:
-    """Decision 3 / format 1: stream=true with beam search answers one chat.completion object."""
+    """Format 1: stream=true with beam search answers one chat.completion object."""
     script = fixed(
         interleave(
             choice_deltas(0, ["You", " are"], finish="length"), choice_deltas(1, ["You", " were"], finish="length")

@@ -80,10 +80,10 @@ async def test_format2_n2_interleaved_with_per_choice_usage() -> None:
         index = final["choices"][0]["index"]
         tokens = len(PIECES) - index
         usage = final["usage"]
-        assert usage["completion_tokens"] == tokens  # that choice's own count (decision 4)
+        assert usage["completion_tokens"] == tokens  # that choice's own count
         assert usage["total_tokens"] == PROMPT_TOKENS + tokens
         assert len(usage["batch_size"]) == len(usage["queue_wait_time"]) == tokens
-        assert usage["prompt_tokens_details"] == {"cached_tokens": 0}  # decision 6
+        assert usage["prompt_tokens_details"] == {"cached_tokens": 0}  # always present, 0 without a cache hit
     assert sum("usage" in c for c in chunks) == 2
     texts = {0: "", 1: ""}
     for chunk in chunks:

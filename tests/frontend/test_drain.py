@@ -1,4 +1,4 @@
-"""Graceful drain (RELIABILITY C5): new work refused with 503, work in flight finished, then stop."""
+"""Graceful drain: new work refused with 503, work in flight finished, then stop."""
 
 from __future__ import annotations
 

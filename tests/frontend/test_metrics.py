@@ -1,4 +1,4 @@
-"""The frontend's ``/metrics`` (RELIABILITY C8): a scripted run with known token counts gives
+"""The frontend's ``/metrics``: a scripted run with known token counts gives
 exactly the expected counters, histogram counts equal the requests, gauges are 0 when idle."""
 
 from __future__ import annotations

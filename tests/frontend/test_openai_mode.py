@@ -1,4 +1,4 @@
-"""Plain OpenAI mode (``openai_mode != "vllm"``, decision 8), driven by the official ``openai`` client."""
+"""Plain OpenAI mode (``openai_mode != "vllm"``), driven by the official ``openai`` client."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ called on torch tensors). Why a kernel of our own: PyTorch has no CPU attention 
 strided bfloat16 cache in place. Its bfloat16 batched matmul copies the cache view before every
 product and builds a new oneDNN primitive for every new length, and SDPA's CPU kernel is slower
 still for one row; widening the cache to float32 doubles the bytes each step reads. The kernel
-reads the bfloat16 rows where they are (measured in docs/benchmarks.md).
+reads the bfloat16 rows where they are (docs/performance.md).
 
 The kernel's parallel regions run on the engine thread's OpenMP team (``native/build.py``).
 Without a compiler, or when the build fails, ``build_kernel`` returns None and the engine keeps its

@@ -7,7 +7,7 @@ Why: on a machine whose cores are all taken by the team, the serving processes (
 the frontend, the stub's sender) still need CPU time now and then; pinned, a preempted compute
 thread waits on its own core instead of being moved next to the other. vLLM's CPU backend binds
 its OpenMP threads the same way (VLLM_CPU_OMP_THREADS_BIND). On the 2-core test machine it made no
-difference beyond the noise (docs/benchmarks.md), so it is opt-in (``cpu_bind_threads``).
+difference beyond the noise (docs/performance.md), so it is opt-in (``cpu_bind_threads``).
 """
 
 from __future__ import annotations
