@@ -46,10 +46,10 @@ def link_class(monkeypatch: pytest.MonkeyPatch) -> Iterator[type]:
     fake = types.ModuleType("triton_python_backend_utils")
     fake.TRITONSERVER_RESPONSE_COMPLETE_FINAL = FINAL  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
-    monkeypatch.delitem(sys.modules, "python_backend.triton.model", raising=False)
-    module = importlib.import_module("python_backend.triton.model")
-    yield module._ResponseLink
-    sys.modules.pop("python_backend.triton.model", None)
+    monkeypatch.delitem(sys.modules, "python_backend.triton.sender", raising=False)
+    module = importlib.import_module("python_backend.triton.sender")
+    yield module.ResponseLink
+    sys.modules.pop("python_backend.triton.sender", None)
 
 
 def test_nothing_is_asked_after_the_final_response(link_class: type) -> None:
