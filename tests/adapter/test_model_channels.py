@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from python_backend.protocol import contract
 from python_backend.triton.channels import CANCEL_CHECK_S
-from tests.adapter.conftest import Served, chat_request, control_request, delta_of, ended_once, entries_of, error_of
+from tests.adapter.model_driver import Served, chat_request, control_request, delta_of, ended_once, entries_of, error_of
 from tests.fakes.pb_utils import InferenceRequest
 
 NAME = "channel-adapter-01"

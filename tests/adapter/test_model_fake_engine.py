@@ -10,7 +10,7 @@ import pytest
 from python_backend.engine.liveness import EngineHealth
 from python_backend.engine.sequence import EngineEvent
 from python_backend.protocol import contract
-from tests.adapter.conftest import Served, chat_request, control_request, ended_once, error_of
+from tests.adapter.model_driver import Served, chat_request, control_request, ended_once, error_of
 from tests.fakes.engine import FakeEngine
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from python_backend.engine import engine as engine_module
 from python_backend.protocol import contract
-from tests.adapter.conftest import Served, chat_request, control_request, delta_of, ended_once, error_of, text_of
+from tests.adapter.model_driver import Served, chat_request, control_request, delta_of, ended_once, error_of, text_of
 
 LONG = {"max_tokens": 4000, "ignore_eos": True}  # still generating when the test acts on it
 LONG_SERVER = {"max_iter_times": "4096"}
