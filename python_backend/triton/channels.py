@@ -11,7 +11,7 @@ tritonserver and on through gRPC (docs/performance.md); at 16 streams that is 16
 round trips per decode step, on the two cores the engine computes on. A channel carries every
 delta of a pass for the requests that name it in one response, as vLLM's engine sends one message
 per step; each request's own stream then carries only its end (the final flag) or its error.
-Nothing here imports Triton: ``triton/model.py`` does the sending.
+Nothing here imports Triton: ``sender.py`` does the sending.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class Channel:
     """One open channel; ``closed`` is set once, from any thread, and read by cancel watchers."""
 
     name: str
-    link: Any  # the sender's _ResponseLink: send(response, flags), is_cancelled()
+    link: Any  # the channel's own ResponseLink: send(response, flags), is_cancelled()
     closed: bool = False
     checked_at: float = field(default_factory=time.monotonic)
 
@@ -47,7 +47,7 @@ class Channel:
 class Outgoing:
     """One engine event for one request, with where it goes."""
 
-    sender: Any  # the request's own the sender's _ResponseLink
+    sender: Any  # the request's own ResponseLink
     event: EngineEvent
     echo_prompt: str = ""
     counts: contract.CountOutputs = contract.CountOutputs()

@@ -3,22 +3,21 @@
 Triton frees a request's response factory when its final response is sent, and asking
 ``is_cancelled()`` after that crashed tritonserver (a use-after-free the cancellation watcher hit
 when a request finished during its check). The Python-backend module exists only inside Triton's
-stub, so a small stand-in provides the one constant the link reads.
+stub, so the fake module (``tests/fakes/pb_utils.py``) stands in for it.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 import threading
 import time
-import types
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-FINAL = 1
+from tests.fakes import pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class FakeSender:
@@ -42,14 +41,9 @@ class FakeSender:
 
 
 @pytest.fixture
-def link_class(monkeypatch: pytest.MonkeyPatch) -> Iterator[type]:
-    fake = types.ModuleType("triton_python_backend_utils")
-    fake.TRITONSERVER_RESPONSE_COMPLETE_FINAL = FINAL  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
-    monkeypatch.delitem(sys.modules, "python_backend.triton.model", raising=False)
-    module = importlib.import_module("python_backend.triton.model")
-    yield module._ResponseLink
-    sys.modules.pop("python_backend.triton.model", None)
+def link_class(monkeypatch: pytest.MonkeyPatch) -> type:
+    pb_utils.install(monkeypatch)
+    return sys.modules["python_backend.triton.sender"].ResponseLink
 
 
 def test_nothing_is_asked_after_the_final_response(link_class: type) -> None:

@@ -10,38 +10,7 @@ import pytest
 
 from openai_frontend.client import reads as grpc_reads
 from openai_frontend.client.reads import GuardedReads
-
-
-class _Stream:
-    """A response stream whose reads take ``delay_s``; records how reads and the call ended."""
-
-    def __init__(self, items: list[Any], delay_s: float) -> None:
-        self.items = items
-        self.delay_s = delay_s
-        self.reads_cancelled = 0
-        self.cancelled_while_reading = False
-        self.cancelled = False
-        self.reading = False
-
-    def __aiter__(self) -> _Stream:
-        return self
-
-    async def __anext__(self) -> Any:
-        self.reading = True
-        try:
-            await asyncio.sleep(self.delay_s)
-        except asyncio.CancelledError:
-            self.reads_cancelled += 1
-            raise
-        finally:
-            self.reading = False
-        if not self.items:
-            raise StopAsyncIteration
-        return self.items.pop(0)
-
-    def cancel(self) -> None:
-        self.cancelled = True
-        self.cancelled_while_reading = self.reading
+from tests.fakes.grpc import FakeStream
 
 
 async def _leave_after(reads: GuardedReads, count: int, ends: Any = lambda item: item == "final") -> None:
@@ -58,21 +27,21 @@ async def _leave_after(reads: GuardedReads, count: int, ends: Any = lambda item:
 
 
 async def test_a_consumer_that_leaves_waits_for_the_read_then_cancels() -> None:
-    stream = _Stream(["a", "b", "c", "d"], delay_s=0.04)
+    stream = FakeStream(["a", "b", "c", "d"], delay_s=0.04)
     await _leave_after(GuardedReads(stream), 0.06)  # leaves during the second read
     assert stream.reads_cancelled == 0
     assert stream.cancelled and not stream.cancelled_while_reading
 
 
 async def test_no_cancel_when_the_read_in_flight_ended_the_stream() -> None:
-    stream = _Stream(["a", "final"], delay_s=0.04)
+    stream = FakeStream(["a", "final"], delay_s=0.04)
     await _leave_after(GuardedReads(stream), 0.06)
     assert not stream.cancelled  # the final response came: Triton must not see a cancel after it
 
 
 async def test_after_the_grace_the_call_is_cancelled_under_the_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(grpc_reads, "CANCEL_GRACE_S", 0.05)
-    stream = _Stream(["a"], delay_s=5.0)  # a request still queued: no token for a long time
+    stream = FakeStream(["a"], delay_s=5.0)  # a request still queued: no token for a long time
     started = asyncio.get_running_loop().time()
     await _leave_after(GuardedReads(stream), 0.02)
     assert stream.cancelled and stream.cancelled_while_reading
@@ -80,5 +49,5 @@ async def test_after_the_grace_the_call_is_cancelled_under_the_read(monkeypatch:
 
 
 async def test_reads_pass_items_and_the_end_through() -> None:
-    stream = _Stream(["a", "b"], delay_s=0.0)
+    stream = FakeStream(["a", "b"], delay_s=0.0)
     assert [item async for item in GuardedReads(stream)] == ["a", "b"]

@@ -10,142 +10,20 @@ deltas in order, the same errors, and a client that leaves cancels its request.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
-from tritonclient.grpc import InferResult, service_pb2
-from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor, serialize_byte_tensor
+from tritonclient.utils import InferenceServerException
 
 from openai_frontend.client.base import BackendError, BackendRequest
 from openai_frontend.client.channel import ResponseChannel
 from openai_frontend.client.triton import TritonBackend
-from python_backend.protocol import contract
-from python_backend.protocol.channel_wire import ChannelEntry, encode_entries
+from python_backend.protocol.channel_wire import ChannelEntry
 from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage
 from python_backend.protocol.errors import ErrorInfo
-
-_END = object()
-
-
-def _response(outputs: dict[str, str], final: bool) -> InferResult:
-    response = service_pb2.ModelInferResponse()
-    for name, text in outputs.items():
-        output = response.outputs.add()
-        output.name, output.datatype = name, "BYTES"
-        output.shape.append(1)
-        response.raw_output_contents.append(serialize_byte_tensor(contract.bytes_tensor(text)).item())
-    response.parameters["triton_final_response"].bool_param = final
-    return InferResult(response)
+from tests.fakes.grpc import END, ChannelModel
 
 
-@dataclass
-class _Stream:
-    """A response stream the test (or the stand-in model) feeds through a queue."""
-
-    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
-    cancelled: bool = False
-
-    def __aiter__(self) -> _Stream:
-        return self
-
-    async def __anext__(self) -> tuple[Any, Any]:
-        item = await self.queue.get()
-        if item is _END:
-            self.queue.put_nowait(_END)
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    def cancel(self) -> bool:
-        self.cancelled = True
-        self.queue.put_nowait(asyncio.CancelledError())
-        return True
-
-
-def _inputs(request: dict[str, Any]) -> dict[str, str]:
-    return {
-        t.name(): deserialize_bytes_tensor(t._get_content())[0].decode()
-        for t in request["inputs"]
-        if t.datatype() == "BYTES" and t.name() != contract.MESSAGES and t.name() != contract.PARAMETERS
-    }
-
-
-@dataclass
-class _Model:
-    """Answers open_channel, stream_channel requests and cancel_request like triton_model does."""
-
-    refuse_channels: bool = False
-    channels: list[_Stream] = field(default_factory=list)
-    names: dict[str, _Stream] = field(default_factory=dict)
-    bound: dict[str, _Stream] = field(default_factory=dict)  # request id -> its channel's stream
-    requests: dict[str, _Stream] = field(default_factory=dict)
-    plain: list[str] = field(default_factory=list)  # requests sent without a channel
-    cancels: list[str] = field(default_factory=list)
-
-    async def close(self) -> None:
-        pass
-
-    def stream_infer(
-        self, inputs_iterator: AsyncIterator[dict[str, Any]], stream_timeout: float | None = None
-    ) -> _Stream:
-        stream = _Stream()
-        asyncio.ensure_future(self._serve(inputs_iterator, stream))
-        return stream
-
-    async def _serve(self, inputs_iterator: AsyncIterator[dict[str, Any]], stream: _Stream) -> None:
-        async for request in inputs_iterator:
-            named = _inputs(request)
-            if contract.OPEN_CHANNEL in named:
-                if self.refuse_channels:
-                    error = InferenceServerException(msg="unexpected inference input 'open_channel'")
-                    stream.queue.put_nowait((None, error))
-                    stream.queue.put_nowait(_END)
-                    return
-                self.channels.append(stream)
-                self.names[named[contract.OPEN_CHANNEL]] = stream
-                stream.queue.put_nowait((_response({contract.TEXT_OUTPUT: named[contract.OPEN_CHANNEL]}, False), None))
-            elif contract.CANCEL_REQUEST in named:
-                target = named[contract.CANCEL_REQUEST]
-                self.cancels.append(target)
-                if target in self.requests:
-                    self.send(target, None, last=True)
-                elif target in self.names:  # the frontend closes its channel
-                    channel = self.names.pop(target)
-                    channel.queue.put_nowait((_response({}, True), None))
-                    channel.queue.put_nowait(_END)
-                stream.queue.put_nowait((_response({}, True), None))
-                stream.queue.put_nowait(_END)
-            elif contract.STREAM_CHANNEL in named:
-                self.requests[request["request_id"]] = stream
-                self.bound[request["request_id"]] = self.names[named[contract.STREAM_CHANNEL]]
-            else:
-                self.plain.append(request["request_id"])
-
-    def send(self, request_id: str, delta: ChoiceDelta | None, last: bool = False) -> None:
-        """One pass's entry for one request on the open channel (and its own end if last)."""
-        self.send_pass([ChannelEntry(request_id, delta, last)])
-
-    def send_pass(self, entries: list[ChannelEntry]) -> None:
-        channel = self.bound[entries[0].request_id]
-        channel.queue.put_nowait((_response({contract.CHANNEL_DELTAS: encode_entries(entries)}, False), None))
-        for entry in entries:
-            if entry.last:
-                own = self.requests.pop(entry.request_id)
-                own.queue.put_nowait((_response({}, True), None))
-                own.queue.put_nowait(_END)
-
-    async def sent(self, count: int) -> None:
-        for _ in range(200):
-            if len(self.requests) >= count:
-                return
-            await asyncio.sleep(0.005)
-        raise AssertionError(f"{count} requests never reached the model")
-
-
-def _backend(model: _Model) -> TritonBackend:
+def _backend(model: ChannelModel) -> TritonBackend:
     return TritonBackend(model, "triton_chat", 30, ResponseChannel(model, "triton_chat"))
 
 
@@ -158,7 +36,7 @@ async def _collect(backend: TritonBackend, request: BackendRequest) -> list[Choi
 
 
 async def test_each_request_gets_its_own_deltas_from_shared_pass_responses() -> None:
-    model = _Model()
+    model = ChannelModel()
     backend = _backend(model)
     tasks = [asyncio.ensure_future(_collect(backend, _request(f"r{i}"))) for i in range(3)]
     await model.sent(3)
@@ -181,24 +59,24 @@ async def test_each_request_gets_its_own_deltas_from_shared_pass_responses() -> 
 
 
 async def test_a_model_error_on_the_requests_own_stream_is_the_users_error() -> None:
-    model = _Model()
+    model = ChannelModel()
     task = asyncio.ensure_future(_collect(_backend(model), _request("r0")))
     await model.sent(1)
     info = ErrorInfo(400, "'top_k' must be ...", "invalid_request_error", "top_k")
     model.requests["r0"].queue.put_nowait((None, InferenceServerException(msg=info.to_wire())))
-    model.requests["r0"].queue.put_nowait(_END)
+    model.requests["r0"].queue.put_nowait(END)
     with pytest.raises(BackendError) as caught:
         await asyncio.wait_for(task, 5)
     assert caught.value.info == info
 
 
 async def test_a_lost_channel_fails_its_requests_with_503_and_the_next_request_opens_another() -> None:
-    model = _Model()
+    model = ChannelModel()
     backend = _backend(model)
     task = asyncio.ensure_future(_collect(backend, _request("r0")))
     await model.sent(1)
     model.send("r0", ChoiceDelta(0, text="a"))
-    model.channels[0].queue.put_nowait(_END)  # tritonserver went away, say
+    model.channels[0].queue.put_nowait(END)  # tritonserver went away, say
     with pytest.raises(BackendError) as caught:
         await asyncio.wait_for(task, 5)
     assert caught.value.info.status == 503 and caught.value.info.code == "backend_unavailable"
@@ -210,7 +88,7 @@ async def test_a_lost_channel_fails_its_requests_with_503_and_the_next_request_o
 
 
 async def test_a_consumer_that_leaves_cancels_through_the_model_without_a_grpc_cancel() -> None:
-    model = _Model()
+    model = ChannelModel()
     stream = _backend(model).generate(_request("r0"))
     first = asyncio.ensure_future(anext(stream))
     await model.sent(1)
@@ -227,7 +105,7 @@ async def test_channels_rotate_and_a_retired_one_closes_when_its_last_request_en
 ) -> None:
     """tritonserver keeps a request's responses until it ends: no channel may live for ever."""
     monkeypatch.setattr("openai_frontend.client.channel.ROTATE_AFTER", 2)
-    model = _Model()
+    model = ChannelModel()
     backend = _backend(model)
     first = asyncio.ensure_future(_collect(backend, _request("r0")))
     await model.sent(1)
@@ -255,7 +133,7 @@ async def test_channels_rotate_and_a_retired_one_closes_when_its_last_request_en
 
 
 async def test_closing_the_backend_asks_the_model_to_end_the_channel() -> None:
-    model = _Model()
+    model = ChannelModel()
     backend = _backend(model)
     task = asyncio.ensure_future(_collect(backend, _request("r0")))
     await model.sent(1)
@@ -268,7 +146,7 @@ async def test_closing_the_backend_asks_the_model_to_end_the_channel() -> None:
 
 
 async def test_non_streaming_requests_and_a_model_without_channels_use_per_request_streams() -> None:
-    model = _Model(refuse_channels=True)
+    model = ChannelModel(refuse_channels=True)
     backend = _backend(model)
     task = asyncio.ensure_future(_collect(backend, _request("r0")))
     for _ in range(200):
@@ -277,7 +155,7 @@ async def test_non_streaming_requests_and_a_model_without_channels_use_per_reque
         await asyncio.sleep(0.005)
     assert model.plain == ["r0"] and model.channels == []
     task.cancel()
-    whole = _Model()
+    whole = ChannelModel()
     task = asyncio.ensure_future(_collect(_backend(whole), _request("r1", stream=False)))
     for _ in range(200):
         if whole.plain:

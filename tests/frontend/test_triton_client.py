@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -23,6 +21,7 @@ from openai_frontend.client.triton import READY_TIMEOUT_S, TritonBackend, build_
 from python_backend.protocol import contract
 from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, TokenLogprob, TopLogprob
 from python_backend.protocol.errors import ErrorInfo
+from tests.fakes.grpc import FakeClient
 
 REQUEST = BackendRequest(
     request_id="chatcmpl-abc",
@@ -73,59 +72,6 @@ def _result(delta: ChoiceDelta | None, final: bool) -> InferResult:
     return InferResult(response)
 
 
-@dataclass
-class _Stream:
-    items: list[Any]
-    delay_s: float = 0.0
-    cancelled: bool = False
-
-    def __aiter__(self) -> _Stream:
-        return self
-
-    async def __anext__(self) -> tuple[Any, Any]:
-        if not self.items:
-            raise StopAsyncIteration
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)
-        item = self.items.pop(0)
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    def cancel(self) -> bool:
-        self.cancelled = True
-        return True
-
-
-@dataclass
-class _Client:
-    items: list[Any]
-    delay_s: float = 0.0
-    sent: list[dict[str, Any]] = field(default_factory=list)
-    streams: list[_Stream] = field(default_factory=list)
-    start_error: BaseException | None = None  # raised by stream_infer itself
-    drains: list[asyncio.Future[None]] = field(default_factory=list)
-    closed: bool = False
-
-    def stream_infer(
-        self, inputs_iterator: AsyncIterator[dict[str, Any]], stream_timeout: float | None = None
-    ) -> _Stream:
-        async def drain() -> None:
-            async for request in inputs_iterator:
-                self.sent.append({**request, "stream_timeout": stream_timeout})
-
-        if self.start_error is not None:
-            raise self.start_error
-        # grpc.aio consumes the request iterator in the background; so does this stand-in.
-        self.drains.append(asyncio.ensure_future(drain()))
-        stream = _Stream(list(self.items), self.delay_s)
-        self.streams.append(stream)
-        return stream
-
-    async def close(self) -> None:
-        self.closed = True
-
-
 def _deltas() -> list[ChoiceDelta]:
     usage = ChoiceUsage(
         prompt_tokens=3, completion_tokens=2, batch_size=[1, 1], queue_wait_time=[9, 8], decode_time_arr=[5.0]
@@ -142,7 +88,7 @@ async def _collect(backend: TritonBackend) -> list[ChoiceDelta]:
 
 async def test_stream_decodes_deltas_and_skips_empty_final() -> None:
     first, second = _deltas()
-    client = _Client([(_result(first, False), None), (_result(second, False), None), (_result(None, True), None)])
+    client = FakeClient([(_result(first, False), None), (_result(second, False), None), (_result(None, True), None)])
     backend = TritonBackend(client, "triton_chat", request_timeout_s=30)
     got = await _collect(backend)
     assert [d.text for d in got] == ["He", "llo"]
@@ -157,21 +103,21 @@ async def test_stream_decodes_deltas_and_skips_empty_final() -> None:
 async def test_final_flag_on_a_data_response_ends_the_stream() -> None:
     first, second = _deltas()
     never = (_result(ChoiceDelta(0, text="never"), False), None)
-    client = _Client([(_result(first, False), None), (_result(second, True), None), never])
+    client = FakeClient([(_result(first, False), None), (_result(second, True), None), never])
     got = await _collect(TritonBackend(client, "m", 30))
     assert [d.text for d in got] == ["He", "llo"]
 
 
 async def test_model_error_becomes_backend_error_with_its_status() -> None:
     info = ErrorInfo(400, "'top_k' must be ...", "invalid_request_error", "top_k")
-    client = _Client([(None, InferenceServerException(msg=info.to_wire()))])
+    client = FakeClient([(None, InferenceServerException(msg=info.to_wire()))])
     with pytest.raises(BackendError) as caught:
         await _collect(TritonBackend(client, "m", 30))
     assert caught.value.info == info
 
 
 async def test_triton_internal_error_is_a_generic_503() -> None:
-    client = _Client([(None, InferenceServerException(msg="Stub process 'triton_chat_0' is not healthy."))])
+    client = FakeClient([(None, InferenceServerException(msg="Stub process 'triton_chat_0' is not healthy."))])
     with pytest.raises(BackendError) as caught:
         await _collect(TritonBackend(client, "m", 30))
     assert caught.value.info.status == 503
@@ -185,7 +131,7 @@ async def test_grpc_failures_are_mapped_without_details(code: grpc.StatusCode, s
     error = grpc.aio.AioRpcError(
         code, grpc.aio.Metadata(), grpc.aio.Metadata(), details="connect to 10.1.2.3:8001 failed"
     )
-    client = _Client([error])
+    client = FakeClient([error])
     with pytest.raises(BackendError) as caught:
         await _collect(TritonBackend(client, "m", 30))
     assert caught.value.info.status == status
@@ -194,7 +140,7 @@ async def test_grpc_failures_are_mapped_without_details(code: grpc.StatusCode, s
 
 async def test_consumer_leaving_cancels_the_grpc_call() -> None:
     deltas = [(_result(ChoiceDelta(0, text=str(i)), False), None) for i in range(10)]
-    client = _Client(deltas, delay_s=0.01)
+    client = FakeClient(deltas, delay_s=0.01)
     stream = TritonBackend(client, "m", 30).generate(REQUEST)
     assert (await anext(stream)).text == "0"
     await stream.aclose()
@@ -203,7 +149,7 @@ async def test_consumer_leaving_cancels_the_grpc_call() -> None:
 
 async def test_task_cancellation_cancels_the_grpc_call() -> None:
     deltas = [(_result(ChoiceDelta(0, text=str(i)), False), None) for i in range(10)]
-    client = _Client(deltas, delay_s=0.2)
+    client = FakeClient(deltas, delay_s=0.2)
     task = asyncio.create_task(_collect(TritonBackend(client, "m", 30)))
     await asyncio.sleep(0.05)
     task.cancel()
@@ -213,7 +159,7 @@ async def test_task_cancellation_cancels_the_grpc_call() -> None:
 
 
 async def test_readiness_is_a_probe_inference_the_model_answers() -> None:
-    client = _Client([(_result(ChoiceDelta(0, text='{"status": "ready"}'), True), None)])
+    client = FakeClient([(_result(ChoiceDelta(0, text='{"status": "ready"}'), True), None)])
     assert await TritonBackend(client, "m", 30).is_ready()
     await asyncio.gather(*client.drains)
     (probe,) = client.sent
@@ -224,23 +170,23 @@ async def test_readiness_is_a_probe_inference_the_model_answers() -> None:
 
 async def test_readiness_fails_when_the_model_answers_with_an_error() -> None:
     stalled = ErrorInfo(503, "the engine has made no progress for 61 s", "service_unavailable", None, "engine_stalled")
-    client = _Client([(None, InferenceServerException(msg=stalled.to_wire()))])
+    client = FakeClient([(None, InferenceServerException(msg=stalled.to_wire()))])
     assert not await TritonBackend(client, "m", 30).is_ready()
     # Triton's own refusal (an unloaded model, a stub it finds unhealthy) is a failure as well.
-    client = _Client([(None, InferenceServerException(msg="Stub process 'x' is not healthy."))])
+    client = FakeClient([(None, InferenceServerException(msg="Stub process 'x' is not healthy."))])
     assert not await TritonBackend(client, "m", 30).is_ready()
 
 
 async def test_readiness_fails_when_the_stream_cannot_start_or_ends_unanswered() -> None:
-    refused = _Client([], start_error=InferenceServerException(msg="connection refused"))
+    refused = FakeClient([], start_error=InferenceServerException(msg="connection refused"))
     assert not await TritonBackend(refused, "m", 30).is_ready()
-    silent = _Client([])
+    silent = FakeClient([])
     assert not await TritonBackend(silent, "m", 30).is_ready()
 
 
 async def test_readiness_fails_within_its_timeout_when_the_model_hangs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("openai_frontend.client.triton.READY_TIMEOUT_S", 0.2)
-    hung = _Client([(_result(ChoiceDelta(0, text="late"), True), None)], delay_s=30)
+    hung = FakeClient([(_result(ChoiceDelta(0, text="late"), True), None)], delay_s=30)
     started = asyncio.get_running_loop().time()
     assert not await TritonBackend(hung, "m", 30).is_ready()
     assert asyncio.get_running_loop().time() - started < 1.5
@@ -267,7 +213,7 @@ async def test_readiness_fails_within_its_timeout_when_the_model_hangs(monkeypat
     ids=["empty", "unicode", "every-output"],
 )
 async def test_every_output_reads_back_from_the_raw_wire_buffers(delta: ChoiceDelta) -> None:
-    client = _Client([(_result(delta, True), None)])
+    client = FakeClient([(_result(delta, True), None)])
     got = await _collect(TritonBackend(client, "triton_chat", request_timeout_s=30))
     assert got == [delta]
 
@@ -275,7 +221,7 @@ async def test_every_output_reads_back_from_the_raw_wire_buffers(delta: ChoiceDe
 async def test_readiness_callers_share_one_probe_and_its_answer_briefly(monkeypatch: pytest.MonkeyPatch) -> None:
     """/health/ready is open without a key: a flood of callers must not become a flood of probes."""
     answer = [(_result(ChoiceDelta(0, text='{"status": "ready"}'), True), None)]
-    client = _Client(answer, delay_s=0.05)
+    client = FakeClient(answer, delay_s=0.05)
     backend = TritonBackend(client, "m", 30)
     assert all(await asyncio.gather(*(backend.is_ready() for _ in range(20))))
     assert await backend.is_ready()  # within READY_REUSE_S of the answer
@@ -287,7 +233,7 @@ async def test_readiness_callers_share_one_probe_and_its_answer_briefly(monkeypa
 
 async def test_a_caller_that_leaves_does_not_cancel_the_shared_probe() -> None:
     answer = [(_result(ChoiceDelta(0, text='{"status": "ready"}'), True), None)]
-    client = _Client(answer, delay_s=0.1)
+    client = FakeClient(answer, delay_s=0.1)
     backend = TritonBackend(client, "m", 30)
     leaving = asyncio.ensure_future(backend.is_ready())
     staying = asyncio.ensure_future(backend.is_ready())
