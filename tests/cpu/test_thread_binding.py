@@ -45,21 +45,22 @@ def test_the_engine_threads_team_is_pinned_one_thread_per_cpu() -> None:
     if shutil.which(os.environ.get("CC", "cc")) is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler: the team stays unpinned")
     before = set(os.listdir("/proc/self/task"))
-    seen: dict[str, object] = {}
+    own: set[int] = set()
+    others: list[set[int]] = []
 
     def engine_thread() -> None:
         use_compute_threads(2, cpus)
         torch.ones(1 << 22).mul_(2).sum()  # a parallel region on this thread's team
-        seen["own"] = os.sched_getaffinity(0)
+        own.update(os.sched_getaffinity(0))
         # The team's other thread lives as long as this one (libgomp's pool is per thread).
         new = set(os.listdir("/proc/self/task")) - before
-        seen["others"] = [os.sched_getaffinity(int(tid)) for tid in new if int(tid) != threading.get_native_id()]
+        others.extend(os.sched_getaffinity(int(tid)) for tid in new if int(tid) != threading.get_native_id())
 
     thread = threading.Thread(target=engine_thread)
     thread.start()
     thread.join(60)
-    assert seen["own"] == {cpus[0]}
-    assert {cpus[1]} in seen["others"]
+    assert own == {cpus[0]}
+    assert {cpus[1]} in others
     assert os.sched_getaffinity(0) != {cpus[0]}  # the calling (test) thread is untouched
 
 

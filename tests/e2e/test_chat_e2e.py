@@ -11,26 +11,36 @@ import queue
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import openai
 import pytest
 import tritonclient.grpc as grpcclient
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.e2e.conftest import TritonHandle
 from tests.e2e.processes import start_frontend, stop, wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+QUESTION: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def client_for(frontend_url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{frontend_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def check_usage_invariants(usage: dict, choices: int = 1) -> None:
+def error_body(error: openai.APIStatusError) -> dict[str, Any]:
+    """The error envelope's ``error`` object, as the openai client parsed it."""
+    body = error.body
+    assert isinstance(body, dict), body
+    return body
+
+
+def check_usage_invariants(usage: dict[str, Any], choices: int = 1) -> None:
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     # The prefix cache may serve a repeated prompt's start, never its last token.
     assert 0 <= usage["prompt_tokens_details"]["cached_tokens"] < usage["prompt_tokens"]
@@ -58,9 +68,12 @@ def test_openai_client_non_streaming(triton_server: TritonHandle, frontend_url: 
 
 def test_openai_client_streaming_matches_non_streaming(triton_server: TritonHandle, frontend_url: str) -> None:
     client = client_for(frontend_url)
-    args = {"model": triton_server.served_model_name, "messages": QUESTION, "max_tokens": 16, "temperature": 0}
-    whole = client.chat.completions.create(**args).choices[0].message.content
-    chunks = list(client.chat.completions.create(stream=True, **args))
+    model = triton_server.served_model_name
+    reply = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=16, temperature=0)
+    whole = reply.choices[0].message.content
+    chunks = list(
+        client.chat.completions.create(model=model, messages=QUESTION, max_tokens=16, temperature=0, stream=True)
+    )
     assert chunks, "no chunks"
     assert all(len(c.choices) == 1 and c.object == "chat.completion.chunk" for c in chunks)
     assert all(c.choices[0].delta.role == "assistant" for c in chunks)  # MindIE: role on every delta
@@ -131,10 +144,10 @@ def stream_text_input(triton: TritonHandle, flags: dict[str, bool]) -> list[dict
         tensor("stream", True, "BOOL"),
         *(tensor(name, value, "BOOL") for name, value in flags.items()),
     ]
-    got: queue.Queue = queue.Queue()
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client = grpcclient.InferenceServerClient(triton.grpc_url)
     client.start_stream(callback=lambda result, error: got.put((result, error)))
-    responses = []
+    responses: list[dict[str, object]] = []
     try:
         client.async_stream_infer(triton.model_name, inputs, enable_empty_final_response=True)
         for _ in range(100):  # bounded: four tokens and a final flag
@@ -150,15 +163,21 @@ def stream_text_input(triton: TritonHandle, flags: dict[str, bool]) -> list[dict
     return [r for r in responses if r]
 
 
+def token_count(response: dict[str, object], name: str) -> int:
+    value = response[name]
+    assert isinstance(value, np.integer), f"{name} is {value!r}"
+    return int(value)
+
+
 def test_token_counts_come_last_or_with_every_response_when_asked(triton_server: TritonHandle) -> None:
     # A token whose text is held back (part of a UTF-8 character) sends no response of its own,
     # so a random model's four tokens may come in fewer responses; the counts say how many.
     plain = stream_text_input(triton_server, {})
     assert plain[-1]["finish_reason"] == b"length"
     assert all(set(r) == {"text_output"} for r in plain[:-1])  # a streamed token is one tensor
-    assert plain[-1]["num_output_tokens"] == 4 and plain[-1]["num_input_tokens"] > 0
+    assert plain[-1]["num_output_tokens"] == 4 and token_count(plain[-1], "num_input_tokens") > 0
     counted = stream_text_input(triton_server, {"return_num_output_tokens": True})
-    counts = [int(r["num_output_tokens"]) for r in counted]
+    counts = [token_count(r, "num_output_tokens") for r in counted]
     assert len(counted) >= 2 and counts == sorted(set(counts)) and counts[-1] == 4
     assert all(set(r) == {"text_output", "num_output_tokens"} for r in counted[:-1])
 
@@ -173,7 +192,7 @@ def running_sequences(triton_server: TritonHandle) -> float:
     raise AssertionError("triton_chat_num_sequences_running is not published")
 
 
-def wait_for_gauge(triton_server: TritonHandle, predicate, timeout: float) -> float:
+def wait_for_gauge(triton_server: TritonHandle, predicate: Callable[[float], bool], timeout: float) -> float:
     deadline = time.monotonic() + timeout
     value = running_sequences(triton_server)
     while not predicate(value) and time.monotonic() < deadline:
@@ -210,14 +229,15 @@ def test_bad_request_gets_a_400_envelope_naming_the_field(triton_server: TritonH
     client = client_for(frontend_url)
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=triton_server.served_model_name, messages=QUESTION, temperature=-1)
-    error = caught.value.body
+    error = error_body(caught.value)
     assert error["param"] == "temperature" and error["type"] == "invalid_request_error"
     # A rule only the model can check (it owns the tokenizer): the prompt's token count.
-    too_long = [{"role": "user", "content": "word " * 1500}]  # the server allows 1024 prompt tokens
+    # The server allows 1024 prompt tokens.
+    too_long: list[ChatCompletionMessageParam] = [{"role": "user", "content": "word " * 1500}]
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=triton_server.served_model_name, messages=too_long, max_tokens=4)
-    assert caught.value.body["code"] == "context_length_exceeded"
-    assert caught.value.body["param"] == "messages"
+    assert error_body(caught.value)["code"] == "context_length_exceeded"
+    assert error_body(caught.value)["param"] == "messages"
 
 
 def test_bad_request_leaves_the_server_serving(triton_server: TritonHandle, frontend_url: str) -> None:
@@ -239,7 +259,7 @@ def test_concurrent_requests_share_decode_steps(triton_server: TritonHandle, fro
 
     client = client_for(frontend_url)
 
-    def ask(i: int) -> dict:
+    def ask(i: int) -> dict[str, Any]:
         reply = client.chat.completions.create(
             model=triton_server.served_model_name, messages=[{"role": "user", "content": f"question {i}"}],
             max_tokens=40, extra_body={"ignore_eos": True},
@@ -263,14 +283,14 @@ def test_frontend_subcommand_serves_an_existing_triton(triton_server: TritonHand
         reply = client_for(url).chat.completions.create(
             model=triton_server.served_model_name, messages=QUESTION, max_tokens=4
         )
-        assert reply.usage.completion_tokens <= 4
+        assert reply.usage is not None and reply.usage.completion_tokens <= 4
     finally:
         code = stop(process)
     assert code == 0
 
 
 def test_json_schema_response_format_through_the_openai_client(triton_server: TritonHandle, frontend_url: str) -> None:
-    schema = {
+    schema: dict[str, object] = {
         "type": "object",
         "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}, "capital": {"type": "boolean"}},
         "required": ["city", "capital"],
@@ -287,13 +307,13 @@ def test_json_schema_response_format_through_the_openai_client(triton_server: Tr
             model=triton_server.served_model_name, messages=QUESTION,
             response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}},
         )  # fmt: skip
-    assert caught.value.body["param"] == "response_format"
+    assert error_body(caught.value)["param"] == "response_format"
 
 
 def test_lora_adapter_name_is_a_404_when_unknown(triton_server: TritonHandle, frontend_url: str) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
         client_for(frontend_url).chat.completions.create(model="no-such-adapter", messages=QUESTION, max_tokens=2)
-    assert caught.value.body["code"] == "model_not_found"
+    assert error_body(caught.value)["code"] == "model_not_found"
 
 
 def _self_signed(tmp_path: Path) -> tuple[Path, Path]:

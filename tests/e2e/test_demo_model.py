@@ -16,13 +16,14 @@ from pathlib import Path
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from openai_frontend.launcher.network import free_port
 from tests.e2e.processes import stop
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 600.0
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+QUESTION: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the capital of France?"}]
 MODEL = "SmolLM2-135M-Instruct"
 
 

@@ -10,7 +10,9 @@ import concurrent.futures
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -24,7 +26,7 @@ PROMPTS = [f"request {i}: " + "the software is provided as is, " * (i + 1) for i
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model_dir: Path):
+def reference(tiny_model_dir: Path) -> Callable[[str, int], str]:
     """The same weights in this process, for transformers' own greedy answers."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
@@ -35,12 +37,14 @@ def reference(tiny_model_dir: Path):
         )
         ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")
         out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
-        return tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+        answer = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+        assert isinstance(answer, str)  # one sequence decodes to one string
+        return answer
 
     return greedy
 
 
-def chat(frontend_url: str, model: str, content: str, **extra) -> dict:
+def chat(frontend_url: str, model: str, content: str, **extra: Any) -> dict[str, Any]:
     body = {"model": model, "messages": [{"role": "user", "content": content}], **extra}
     reply = httpx.post(f"{frontend_url}/v1/chat/completions", json=body, timeout=120)
     assert reply.status_code == 200, reply.text
@@ -48,13 +52,13 @@ def chat(frontend_url: str, model: str, content: str, **extra) -> dict:
 
 
 def test_greedy_is_batch_invariant_through_the_server(
-    triton_server: TritonHandle, frontend_url: str, reference
+    triton_server: TritonHandle, frontend_url: str, reference: Callable[[str, int], str]
 ) -> None:
     # Long enough (the tiny model writes hundreds of tokens a second) that the staggered requests
     # surely overlap.
     expected = [reference(p, 160) for p in PROMPTS]
 
-    def ask(i: int) -> dict:
+    def ask(i: int) -> dict[str, Any]:
         time.sleep(0.02 * i)  # requests join while earlier ones are decoding
         return chat(
             frontend_url, triton_server.served_model_name, PROMPTS[i], temperature=0, max_tokens=160, ignore_eos=True
@@ -81,7 +85,7 @@ def test_a_seed_samples_the_same_alone_or_in_a_batch(triton_server: TritonHandle
 def test_telemetry_invariants_hold_for_every_choice_under_load(triton_server: TritonHandle, frontend_url: str) -> None:
     model = triton_server.served_model_name
 
-    def streamed(i: int) -> list[dict]:
+    def streamed(i: int) -> list[dict[str, Any]]:
         body = {"model": model, "messages": [{"role": "user", "content": f"s{i}"}], "n": 2, "temperature": 0.8,
                 "max_tokens": 10 + i, "stream": True}  # fmt: skip
         text = httpx.post(f"{frontend_url}/v1/chat/completions", json=body, timeout=120).text
@@ -101,8 +105,8 @@ def test_telemetry_invariants_hold_for_every_choice_under_load(triton_server: Tr
             assert longest <= usage["completion_tokens"] <= 2 * longest  # the total over both choices
             assert longest == len(usage["queue_wait_time"]) and len(body["decode_time_arr"]) == longest - 1
             assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
-        for future in streams:
-            usages = future.result()
+        for stream_future in streams:
+            usages = stream_future.result()
             assert len(usages) == 2  # one per choice, on its final chunk
             for usage in usages:
                 assert len(usage["batch_size"]) == len(usage["queue_wait_time"]) == usage["completion_tokens"]
@@ -160,7 +164,9 @@ def test_cancellations_under_load_leave_no_sequence_behind(triton_server: Triton
     )
 
 
-def test_a_repeated_prompt_reuses_its_cached_prefix(triton_server: TritonHandle, frontend_url: str, reference) -> None:
+def test_a_repeated_prompt_reuses_its_cached_prefix(
+    triton_server: TritonHandle, frontend_url: str, reference: Callable[[str, int], str]
+) -> None:
     content = "a prompt long enough to fill whole blocks of the prefix cache, " * 3 + "asked twice"
     expected = reference(content, 24)
     replies = [

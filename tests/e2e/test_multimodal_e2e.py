@@ -11,10 +11,11 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionUserMessageParam
 
 from openai_frontend.launcher.model_repo import MODEL_NAME
 from python_backend.protocol.settings import EngineSettings
@@ -84,9 +85,10 @@ def data_url(data: bytes, mime: str) -> str:
 
 def ask(client: openai.OpenAI, model: str, parts: list[dict[str, Any]], **extra: Any) -> Any:
     content = [*parts, {"type": "text", "text": "What is this?"}]
-    return client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": content}], temperature=0, max_tokens=8, **extra
-    )
+    # The frontend takes more media formats (video_url, a bare image string) than the openai
+    # client's types name; the client sends the message as it is.
+    message = cast(ChatCompletionUserMessageParam, {"role": "user", "content": content})
+    return client.chat.completions.create(model=model, messages=[message], temperature=0, max_tokens=8, **extra)
 
 
 def test_image_as_data_url_and_as_local_file(vl_client: openai.OpenAI, media_root: Path) -> None:

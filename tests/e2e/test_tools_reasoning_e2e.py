@@ -8,20 +8,26 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, cast
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
 from tests.e2e.conftest import TritonHandle
+from tests.e2e.test_chat_e2e import error_body
 from tests.fixtures.trained_models import ANSWER, THINK_QUESTION, THOUGHT, TOOL_QUESTION, WEATHER_TOOL
+
+# The golden tool is a function tool in the OpenAI shape; the fixture keeps it a plain dict
+# because the backend's tests and the chat template take it as one.
+WEATHER_TOOL_PARAM = cast(ChatCompletionFunctionToolParam, WEATHER_TOOL)
 
 
 def client_for(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def ask(question: str) -> list[Any]:
+def ask(question: str) -> list[ChatCompletionMessageParam]:
     return [{"role": "user", "content": question}]
 
 
@@ -31,7 +37,7 @@ def test_tool_call_non_streaming(trained_triton_server: TritonHandle, trained_fr
     reply = client_for(trained_frontend_url).chat.completions.create(
         model=trained_triton_server.served_model_name,
         messages=ask(TOOL_QUESTION),
-        tools=[WEATHER_TOOL],
+        tools=[WEATHER_TOOL_PARAM],
         temperature=0,
         parallel_tool_calls=parallel,
     )
@@ -51,7 +57,7 @@ def test_tool_call_streaming(trained_triton_server: TritonHandle, trained_fronte
         client_for(trained_frontend_url).chat.completions.create(
             model=trained_triton_server.served_model_name,
             messages=ask(TOOL_QUESTION),
-            tools=[WEATHER_TOOL],
+            tools=[WEATHER_TOOL_PARAM],
             tool_choice="required",
             temperature=0,
             stream=True,
@@ -104,7 +110,7 @@ def test_stop_strings_are_refused_while_reasoning_is_parsed(
         client.chat.completions.create(
             model=trained_triton_server.served_model_name, messages=ask(THINK_QUESTION), stop=["four"]
         )
-    assert caught.value.body["param"] == "stop"  # type: ignore[index]
+    assert error_body(caught.value)["param"] == "stop"
     reply = client.chat.completions.create(
         model=trained_triton_server.served_model_name,
         messages=ask(THINK_QUESTION),

@@ -108,7 +108,7 @@ async def test_streaming_request_gets_its_media_before_the_first_event(net: Test
 
 async def test_media_error_on_a_stream_is_a_plain_400_before_any_sse_byte(net: TestNet, media_root: Path) -> None:
     backend = FakeBackend()
-    content = [
+    content: list[dict[str, Any]] = [
         {"type": "text", "text": "x"},
         {"type": "image_url", "image_url": {"url": "http://allowed.test/gone.png"}},
     ]

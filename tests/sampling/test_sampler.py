@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import torch
 
 from python_backend.sampling.sampler import RowSampling, sample
 
 
-def row(seed: int = 0, **overrides) -> RowSampling:
+def row(seed: int = 0, **overrides: Any) -> RowSampling:
     generator = torch.Generator()
     generator.manual_seed(seed)
-    values = dict(
+    neutral = RowSampling(
         temperature=1.0,
         top_p=1.0,
         top_k=0,
@@ -21,8 +24,7 @@ def row(seed: int = 0, **overrides) -> RowSampling:
         top_logprobs=None,
         prompt_ids=torch.tensor([1, 2]),
     )
-    values.update(overrides)
-    return RowSampling(**values)
+    return replace(neutral, **overrides)
 
 
 def test_greedy_top_k_1_and_tiny_top_p_all_pick_the_argmax() -> None:

@@ -3,10 +3,12 @@ the rendered prompt of a conversation with tool calls."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from transformers import PreTrainedTokenizerFast
 
 from python_backend.prompt.chat_template import render_prompt_text
 from python_backend.prompt.inputs import decode_request
@@ -27,21 +29,19 @@ QWEN = ModelFormats(tool_parser="hermes", reasoning=True)
 PROMPT = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
-@dataclass
-class StubTokenizer:
-    chat_template: Any = ""
-    vocab: dict[str, int] = field(default_factory=dict)
-
-    def get_vocab(self) -> dict[str, int]:
-        return self.vocab
+def word_tokenizer(chat_template: str | dict[str, str], vocab: dict[str, int]) -> PreTrainedTokenizerFast:
+    """A real tokenizer with just the template and vocabulary that format detection reads."""
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="[UNK]")))
+    tokenizer.chat_template = chat_template
+    return tokenizer
 
 
 def test_auto_formats_come_from_the_tokenizer(tiny_tokenizer: Any) -> None:
     assert resolve_formats("auto", "auto", tiny_tokenizer, "qwen2") == ModelFormats("hermes", True)
-    plain = StubTokenizer("{{ messages }}", {"a": 0})
+    plain = word_tokenizer("{{ messages }}", {"a": 0})
     assert resolve_formats("auto", "auto", plain, "llama") == ModelFormats(None, False)
     assert resolve_formats("auto", "auto", plain, "chatglm") == ModelFormats("chatglm3", False)
-    thinker = StubTokenizer({"default": "x", "tool_use": "<tool_call>"}, {"<think>": 1, "</think>": 2})
+    thinker = word_tokenizer({"default": "x", "tool_use": "<tool_call>"}, {"<think>": 1, "</think>": 2})
     assert resolve_formats("auto", "auto", thinker, "qwen3") == ModelFormats("hermes", True)
     assert resolve_formats("none", "none", tiny_tokenizer, "qwen2") == ModelFormats(None, False)
     assert resolve_formats("chatglm3", "think", plain, "llama") == ModelFormats("chatglm3", True)
@@ -152,7 +152,7 @@ def test_stop_strings_are_refused_while_reasoning_is_parsed() -> None:
 
 
 def test_history_with_tool_calls_and_results_reaches_the_prompt(tiny_tokenizer: Any) -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "Weather in Paris and the time?"},
         {
             "role": "assistant",
