@@ -81,6 +81,7 @@ OpenAI error type and the offending field. Every request ends with exactly one f
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -327,7 +328,7 @@ def token_logprob(raw: dict[str, Any]) -> TokenLogprob:
     )
 
 
-def decode_delta(outputs: dict[str, np.ndarray | None]) -> ChoiceDelta:
+def decode_delta(outputs: Mapping[str, np.ndarray | None]) -> ChoiceDelta:
     """Decode one response's output tensors (missing tensors read as empty)."""
     index = outputs.get(CHOICE_INDEX)
     logprobs_text = read_string(outputs.get(LOGPROBS)) or ""

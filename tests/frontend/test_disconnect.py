@@ -63,7 +63,7 @@ class AsgiCall:
 async def leave_mid_stream(app: ASGIApp, spec_version: str = "2.4") -> AsgiCall:
     """A streaming request whose client goes away after the first bytes; returns once it is over."""
     call = AsgiCall(chat_body(stream=True), spec_version)
-    task = asyncio.create_task(app(call.scope, call.receive, call.send))
+    task = asyncio.ensure_future(app(call.scope, call.receive, call.send))
     await asyncio.wait_for(call.first_body.wait(), 5)
     call.disconnect.set()
     await asyncio.wait_for(task, 5)

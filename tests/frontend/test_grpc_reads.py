@@ -13,13 +13,13 @@ from openai_frontend.client.reads import GuardedReads
 from tests.fakes.grpc import FakeStream
 
 
-async def _leave_after(reads: GuardedReads, count: int, ends: Any = lambda item: item == "final") -> None:
+async def _leave_after(reads: GuardedReads, after_s: float, ends: Any = lambda item: item == "final") -> None:
     async def consume() -> None:
         async for _ in reads:
             pass
 
     task = asyncio.ensure_future(consume())
-    await asyncio.sleep(count)
+    await asyncio.sleep(after_s)  # the consumer's own pace: this is the client's leaving time
     task.cancel()  # the client disconnects while the consumer waits for the next item
     with pytest.raises(asyncio.CancelledError):
         await task

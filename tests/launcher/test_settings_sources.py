@@ -37,6 +37,7 @@ def test_every_model_config_key_reaches_the_engine_settings(tmp_path: Path, tiny
             continue
         kind = setting_kind(spec)
         if kind == "int":
+            assert isinstance(spec.default, int)
             value: object = spec.default + 3
         elif kind == "bool":
             value = not spec.default
