@@ -1,11 +1,10 @@
 """Admission: the queue of requests waiting for the running batch, and what they may hold.
 
-Owns: ``RequestGroup`` (a request inside the engine with its sequences and bookkeeping), the
-bounded waiting queue (refusing with 429 past ``max_waiting_requests``: no unbounded queue), the
+Owns: the bounded waiting queue (refusing with 429 past ``max_waiting_requests``: no unbounded queue), the
 cancellation requests that arrive from other threads, and the KV-cache reservations of admitted
 requests. FIFO: the head of the queue waits for room rather than being overtaken.
 ``enqueue``/``request_cancel``/``queued`` may be called from any thread; the rest only from the
-engine thread.
+engine thread. Imports no torch: the scheduler (``scheduler.py``) builds on it.
 """
 
 from __future__ import annotations
@@ -14,49 +13,12 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
-from python_backend.engine.beam_search import BeamSearch
-from python_backend.engine.kv_cache import BatchCache
-from python_backend.engine.prefix_cache import PrefixHit
-from python_backend.engine.sequence import EngineRequest, Sequence
+from python_backend.engine.request import RequestGroup
 from python_backend.protocol.errors import ContractError, overloaded
 
 EARLY_CANCEL_S = 10.0
 MAX_EARLY_CANCELS = 1024
-
-
-def rows_needed(request: EngineRequest) -> int:
-    """Batch rows a request occupies: its beams, or its n / best_of sampled sequences."""
-    params = request.params
-    return params.n if params.use_beam_search else params.candidates
-
-
-@dataclass(eq=False)  # identity semantics: groups are compared with `is`, never by value
-class RequestGroup:
-    """A request in the engine: its sequences (n or best_of of them) and its bookkeeping."""
-
-    request: EngineRequest
-    max_new_tokens: int
-    reservation: int
-    sequences: list[Sequence] = field(default_factory=list)
-    finished: int = 0
-    prefill_done: int = 0
-    prefill_cache: BatchCache | None = None
-    prefill_started: float = 0.0
-    beam: BeamSearch | None = None
-    prefill_ms: float = 0.0
-    prefix_hit: PrefixHit | None = None  # cached keys/values its prefill starts from
-    cached_tokens: int = 0  # prompt tokens taken from the prefix cache (usage.cached_tokens)
-
-    @property
-    def candidates(self) -> int:
-        return rows_needed(self.request)
-
-    @property
-    def buffered(self) -> bool:
-        """best_of > n: all candidates finish before the best n are sent."""
-        return self.candidates > self.request.params.n
 
 
 class Admission:

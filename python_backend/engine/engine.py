@@ -2,10 +2,11 @@
 
 Owns: the step loop, the batched decode step (sampling), cancellation, the loop's health for
 the readiness probe (``liveness.py``), and delivering ``EngineEvent``s to each request's sink.
-Admission (the bounded FIFO queue, KV reservations) is in ``admission.py``; the prefill half of a
-step in ``prefill.py``; beam search's part in ``beam_steps.py``.
-Each iteration of the loop: take new requests, drop cancelled ones, prefill within the token
-budget, then one decode step for every running sequence. Requests join and leave between steps;
+What each step does is decided by ``scheduler.py`` (admission, chunking, cache joins, reaping),
+without torch; the engine executes its plan: the prefill passes through ``prefill.py``'s
+``Prefiller``, beam search's part through ``beam_steps.py``, new rows from ``rows.py``.
+Each iteration of the loop: take new requests, drop cancelled ones, prefill what the scheduler
+planned, then one decode step for every running sequence. Requests join and leave between steps;
 a new request's prefill never recomputes running ones.
 
 Transport-free: the Triton adapter (``python_backend.triton``) and the tests drive it the same way.
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -23,24 +23,25 @@ from typing import Any
 
 import torch
 
-from python_backend.engine.admission import Admission, RequestGroup, rows_needed
+from python_backend.engine.admission import Admission
 from python_backend.engine.beam_search import BeamSearch
-from python_backend.engine.beam_steps import BeamSteps
+from python_backend.engine.beam_steps import beam_advance, beam_answers
 from python_backend.engine.cancel_watch import CancelWatcher, Watched
 from python_backend.engine.kv_cache import BatchCache, KVBatch
 from python_backend.engine.limits import Limits
 from python_backend.engine.liveness import EngineHealth, EngineStats, Heartbeat
-from python_backend.engine.prefill import INTERNAL_ERROR, PrefillSteps
-from python_backend.engine.prefix_cache import LayerStates, PrefixCache
-from python_backend.engine.sequence import EngineEvent, EngineRequest, Sequence
+from python_backend.engine.prefill import INTERNAL_ERROR, Prefilled, Prefiller, PrefillResult
+from python_backend.engine.prefix_cache import LayerStates, PrefixCache, PrefixHit
+from python_backend.engine.request import EngineEvent, EngineRequest, RequestGroup, rows_needed
+from python_backend.engine.rows import new_sequences
+from python_backend.engine.scheduler import Scheduler
+from python_backend.engine.sequence import Sequence
 from python_backend.model.loader import LoadedModel
 from python_backend.model.lora import adapter_names
 from python_backend.model.threads import engine_thread_count, pinned_cpus, use_compute_threads
 from python_backend.protocol.errors import ContractError, ErrorInfo, engine_failed, invalid, shutting_down
 from python_backend.protocol.settings import EngineSettings
-from python_backend.sampling.sampler import RowSampling, sample
-from python_backend.sampling.structured import GrammarState
-from python_backend.text.detokenizer import IncrementalDetokenizer
+from python_backend.sampling.sampler import sample
 from python_backend.text.token_text import TokenTexts
 
 logger = logging.getLogger(__name__)
@@ -50,9 +51,8 @@ _SHUTDOWN = shutting_down()
 _LOOP_FAILED = engine_failed()
 
 
-class Engine(PrefillSteps, BeamSteps):
-    """The engine; its prefill steps are in ``prefill.py``, its beam steps in ``beam_steps.py``
-    (they share this state)."""
+class Engine:
+    """The engine: a ``Scheduler`` decides each step, this executes it on the model."""
 
     def __init__(
         self,
@@ -69,12 +69,12 @@ class Engine(PrefillSteps, BeamSteps):
         self._settings = settings
         self.limits = Limits.resolve(settings, loaded)
         self._texts = TokenTexts(loaded.tokenizer)
-        self._admission = Admission(settings.max_waiting_requests, self.limits.kv_budget_tokens)
-        self._prefilling: RequestGroup | None = None
+        admission = Admission(settings.max_waiting_requests, self.limits.kv_budget_tokens)
+        self._scheduler = Scheduler(admission, settings.max_num_seqs, settings.max_num_batched_tokens)
         self._running: list[Sequence] = []  # in KV-batch row order
-        self._groups: dict[str, RequestGroup] = {}
         self._kv = KVBatch(loaded.kv_dtype)
         self._prefix = PrefixCache(self.limits.prefix_cache_tokens)
+        self._prefiller = Prefiller(loaded, self._prefix)
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -116,20 +116,20 @@ class Engine(PrefillSteps, BeamSteps):
                 f"n/best_of is {rows}; the server runs at most {self._settings.max_num_seqs} sequences",
                 "best_of" if (params.best_of or 0) > params.n else "n",
             )
-        self._admission.enqueue(RequestGroup(request, max_new, reservation))
+        self._scheduler.admission.enqueue(RequestGroup(request, max_new, reservation))
         self._wake.set()
 
     def cancel(self, request_id: str, before_arrival: bool = False) -> None:
         """Cancel at the next step (``before_arrival``: see ``Admission.request_cancel``)."""
-        self._admission.request_cancel(request_id, before_arrival)
+        self._scheduler.admission.request_cancel(request_id, before_arrival)
         self._wake.set()
 
     def stats(self) -> EngineStats:
         return EngineStats(
             len(self._running),
-            self._admission.queued,
+            self._scheduler.admission.queued,
             self._kv.bytes_used(),
-            self._admission.reserved,
+            self._scheduler.admission.reserved,
             self.limits.kv_budget_tokens,
             self._prefix.tokens_held,
             self._prefix.bytes_held,
@@ -140,7 +140,7 @@ class Engine(PrefillSteps, BeamSteps):
         thread = self._thread
         return EngineHealth(
             running=thread is not None and thread.is_alive() and not self._stopping.is_set(),
-            busy=bool(self._groups) or self._admission.queued > 0,
+            busy=self._scheduler.busy,
             since_last_pass_s=self._heartbeat.since_last_beat(),
             failure=self._heartbeat.failure,
         )
@@ -155,7 +155,7 @@ class Engine(PrefillSteps, BeamSteps):
             # A bug outside the per-request guards of prefill and decode. Every request still gets
             # its final response, new ones are refused, and the probe reports the engine failed,
             # so readiness turns 503 and the launcher restarts the model (supervisor.py).
-            logger.exception("the engine loop failed; failing its %d requests", len(self._groups))
+            logger.exception("the engine loop failed; failing its %d requests", len(self._scheduler.groups))
             self._heartbeat.fail(f"{type(exc).__name__}: {exc}")
             self._stopping.set()
             self._abandon_all(_LOOP_FAILED)
@@ -164,19 +164,16 @@ class Engine(PrefillSteps, BeamSteps):
 
     def _abandon_all(self, error: ErrorInfo) -> None:
         """End every request with ``error`` without touching the batch state, which may be what broke."""
-        groups = [*self._groups.values(), *self._admission.drain()]
-        self._groups.clear()
-        for group in groups:
+        for group in self._scheduler.abandon():
             self._deliver(group.request, EngineEvent(group.request.request_id, error=error, final=True))
 
     def _run_steps(self) -> None:
         with torch.inference_mode():
             while not self._stopping.is_set():
                 self._heartbeat.beat()
-                self._drain_inbox()
                 self._reap_cancelled()
                 self._after_pass()
-                if not (self._admission.waiting or self._prefilling or self._running):
+                if not (self._scheduler.has_prefill_work or self._running):
                     self._wake.wait(_IDLE_WAIT_S)
                     self._wake.clear()
                     continue
@@ -185,34 +182,24 @@ class Engine(PrefillSteps, BeamSteps):
                 self._decode_step()
                 self._after_pass()
 
-    def _drain_inbox(self) -> None:
-        for group in self._admission.drain():
-            request_id = group.request.request_id
-            self._groups[request_id] = group
-            if self._admission.cancelled_before_arrival(request_id):
-                self._admission.request_cancel(request_id)
-
     def _reap_cancelled(self) -> None:
         """Drop requests cancelled by ``cancel()`` or seen cancelled by the watcher since the last step."""
-        cancelled = self._admission.take_cancelled()
-        for request_id in cancelled:
-            group = self._groups.get(request_id)
-            if group is not None:
-                tokens = sum(len(s.tokens) for s in group.sequences)
-                logger.info("request %s cancelled after %d generated tokens", request_id, tokens)
-                self._remove(group, EngineEvent(request_id, final=True))
-        if self._groups:
+        for group in self._scheduler.reap():
+            tokens = sum(len(s.tokens) for s in group.sequences)
+            logger.info("request %s cancelled after %d generated tokens", group.request.request_id, tokens)
+            self._drop(group, EngineEvent(group.request.request_id, final=True))
+        groups = self._scheduler.groups
+        if groups:
             # Checked while the next step runs; seen cancellations arrive through cancel().
-            self._watcher.check([Watched(rid, g.request.is_cancelled) for rid, g in self._groups.items()])
+            self._watcher.check([Watched(g.request.request_id, g.request.is_cancelled) for g in groups])
 
     def _remove(self, group: RequestGroup, last: EngineEvent) -> None:
         """Take a request out wherever it is, free its rows and reservation, send its last event."""
-        request_id = group.request.request_id
-        if self._groups.pop(request_id, None) is None:
-            return
-        self._admission.withdraw(group)
-        if self._prefilling is group:
-            self._prefilling = None
+        if self._scheduler.discard(group):
+            self._drop(group, last)
+
+    def _drop(self, group: RequestGroup, last: EngineEvent) -> None:
+        """Free the rows of a request the scheduler has let go, and send its last event."""
         if any(s.request is group.request for s in self._running):
             keep = [i for i, s in enumerate(self._running) if s.request is not group.request]
             self._running = [self._running[i] for i in keep]
@@ -220,8 +207,8 @@ class Engine(PrefillSteps, BeamSteps):
         self._deliver(group.request, last)
 
     def _fail_all(self, error: ErrorInfo) -> None:
-        self._drain_inbox()
-        for group in list(self._groups.values()):
+        self._scheduler.take_in()
+        for group in self._scheduler.groups:
             self._remove(group, EngineEvent(group.request.request_id, error=error, final=True))
 
     @staticmethod
@@ -238,61 +225,60 @@ class Engine(PrefillSteps, BeamSteps):
             inputs["adapter_names"] = adapter_names(adapters)
         return self._loaded.model(use_cache=True, **inputs, **{self._cache_arg: cache})
 
-    def _row_sampling(self, group: RequestGroup, index: int) -> RowSampling:
-        params = group.request.params
-        defaults = self._loaded.defaults
-        seed = params.seed if params.seed is not None else secrets.randbits(64)
-        generator = torch.Generator(device=self._loaded.device)
-        generator.manual_seed((seed + index) % (1 << 64))  # distinct draws for each of n choices
-        top_k = params.top_k if params.top_k is not None else defaults.top_k
-        return RowSampling(
-            temperature=params.temperature if params.temperature is not None else defaults.temperature,
-            top_p=params.top_p if params.top_p is not None else defaults.top_p,
-            top_k=min(top_k, self._loaded.vocab_size),
-            repetition_penalty=params.repetition_penalty,
-            presence_penalty=params.presence_penalty,
-            frequency_penalty=params.frequency_penalty,
-            generator=generator,
-            top_logprobs=params.top_logprobs if params.logprobs else (0 if group.buffered else None),
-            prompt_ids=torch.tensor(group.request.prompt_ids, dtype=torch.long),
-            grammar=GrammarState(group.request.grammar, self._loaded.vocab_size)
-            if group.request.grammar is not None
-            else None,
-        )
+    def _prefill_step(self) -> None:
+        """Execute the scheduler's prefill plan for this step, in the plan's order."""
+        hits: dict[str, PrefixHit] = {}
+
+        def lookup(group: RequestGroup) -> int | None:
+            hit = self._prefiller.lookup(group)
+            if hit is None:
+                return None
+            hits[group.request.request_id] = hit
+            return hit.tokens
+
+        plan = self._scheduler.schedule(len(self._running), lookup)
+        if plan.resumed is not None:
+            self._join(self._prefiller.chunk(plan.resumed, None, self._forward))
+        for joined in plan.joins:
+            self._join_cached(joined.group, hits[joined.group.request.request_id])
+        if plan.batch:
+            for admitted in plan.batch:
+                admitted.group.prefix_hit = hits.get(admitted.group.request.request_id)
+            self._join(self._prefiller.batch([a.group for a in plan.batch], self._forward))
+        if plan.media is not None:
+            self._join(self._prefiller.media(plan.media, self._forward))
+        if plan.started is not None:
+            hit = hits.get(plan.started.group.request.request_id)
+            self._join(self._prefiller.chunk(plan.started, hit, self._forward))
+
+    def _join(self, result: PrefillResult) -> None:
+        for group in result.failed:
+            self._remove(group, EngineEvent(group.request.request_id, error=INTERNAL_ERROR, final=True))
+        for done in result.ready:
+            self._start_sequences(done)
+
+    def _join_cached(self, group: RequestGroup, hit: PrefixHit) -> None:
+        """A prompt cached up to its last token needs no forward pass of its own: it joins the
+        running batch, and the next decode step feeds that last token and samples the first
+        output token beside every other row (telemetry: that step's batch size and time)."""
+        group.cached_tokens = hit.tokens
+        self._add_sequences(group, hit.states)
 
     def _add_sequences(self, group: RequestGroup, states: LayerStates, pad: int = 0, rope_delta: int = 0) -> None:
         """The request's sequences join the running batch with these prompt keys/values."""
-        request = group.request
-        group.sequences = [
-            Sequence(
-                index=i,
-                request=request,
-                sampling=self._row_sampling(group, i),
-                detokenizer=IncrementalDetokenizer(
-                    self._loaded.tokenizer, request.prompt_ids, request.params.skip_special_tokens
-                ),
-                max_new_tokens=group.max_new_tokens,
-                eos_ids=self._loaded.eos_token_ids,
-            )
-            for i in range(group.candidates)
-        ]
-        for seq in group.sequences:
-            seq.rope_delta = rope_delta
-            seq.cached_tokens = group.cached_tokens
+        group.sequences = new_sequences(self._loaded, group, rope_delta)
         self._kv.add_states(states, group.candidates, pad=pad)
         self._running.extend(group.sequences)
 
-    def _start_sequences(
-        self, group: RequestGroup, logits: torch.Tensor, cache: BatchCache, row: int, pad: int, rope_delta: int = 0
-    ) -> None:
+    def _start_sequences(self, done: Prefilled) -> None:
         """After its prefill: the request joins the batch and samples its first token."""
-        request = group.request
-        self._add_sequences(group, KVBatch.row_states(cache, row), pad, rope_delta)
+        group, logits, request = done.group, done.logits, done.group.request
+        self._add_sequences(group, KVBatch.row_states(done.cache, done.row), done.pad, done.rope_delta)
         if request.params.use_beam_search:
             eos = frozenset() if request.params.ignore_eos else self._loaded.eos_token_ids
             group.beam = BeamSearch(group.candidates, group.max_new_tokens, eos)
             ended = time.perf_counter()
-            self._beam_advance(group, logits.expand(group.candidates, -1), None, group.prefill_started, ended, 1)
+            beam_advance(group, self._kv, logits.expand(group.candidates, -1), None, group.prefill_started, ended, 1)
             self._after_tokens(group.sequences)
             return
         for seq in group.sequences:
@@ -327,7 +313,7 @@ class Engine(PrefillSteps, BeamSteps):
             plain: list[int] = []
             beams: dict[str, list[int]] = {}
             for i, seq in enumerate(self._running):
-                if self._groups[seq.request.request_id].beam is None:
+                if self._group(seq.request).beam is None:
                     plain.append(i)
                     seq.update_suppression()
                 else:
@@ -335,7 +321,7 @@ class Engine(PrefillSteps, BeamSteps):
             sampled = sample(logits[plain], [self._running[i].sampling for i in plain]) if plain else []
         except Exception:
             logger.exception("decode step failed; stopping the %d running requests", len(self._running))
-            for group in {id(s.request): self._groups[s.request.request_id] for s in self._running}.values():
+            for group in {id(s.request): self._group(s.request) for s in self._running}.values():
                 self._remove(group, EngineEvent(group.request.request_id, error=INTERNAL_ERROR, final=True))
             return
         ended = time.perf_counter()
@@ -344,18 +330,20 @@ class Engine(PrefillSteps, BeamSteps):
             self._running[i].accept(token, self._texts)
             self._running[i].record(started, ended, batch)
         for request_id, rows in beams.items():
-            self._beam_advance(self._groups[request_id], logits[rows], rows, started, ended, batch)
+            beam_advance(self._group_by_id(request_id), self._kv, logits[rows], rows, started, ended, batch)
         self._after_tokens(list(self._running))
 
     def _after_tokens(self, sequences: list[Sequence]) -> None:
         """Send what is ready, then drop finished sequences from the batch at once."""
         for seq in sequences:
-            group = self._groups.get(seq.request.request_id)
+            group = self._scheduler.group(seq.request.request_id)
             if group is None:
                 continue
             if group.beam is not None:
-                if seq.finish_reason is not None and group.request.request_id in self._groups:
-                    self._send_beams(group)
+                if seq.finish_reason is not None and self._scheduler.group(group.request.request_id) is group:
+                    for event in beam_answers(group, self._loaded.tokenizer):
+                        self._deliver(group.request, event)
+                    self._scheduler.finish(group)
                 continue
             if seq.finish_reason is not None:
                 group.finished += 1
@@ -370,9 +358,10 @@ class Engine(PrefillSteps, BeamSteps):
             if delta is not None or done:
                 self._deliver(group.request, EngineEvent(group.request.request_id, delta=delta, final=done))
             if done:
-                self._finish_group(group)
+                self._scheduler.finish(group)
         if any(s.finish_reason is not None for s in self._running):
-            self._offer_finished([i for i, s in enumerate(self._running) if s.finish_reason is not None])
+            finished = [i for i, s in enumerate(self._running) if s.finish_reason is not None]
+            self._prefiller.offer_finished(self._running, self._kv, finished)
             keep = [i for i, s in enumerate(self._running) if s.finish_reason is None]
             self._running = [self._running[i] for i in keep]
             self._kv.keep(keep)
@@ -387,8 +376,14 @@ class Engine(PrefillSteps, BeamSteps):
                 delta.logprobs = None
             final = index == len(chosen) - 1
             self._deliver(group.request, EngineEvent(group.request.request_id, delta=delta, final=final))
-        self._finish_group(group)
+        self._scheduler.finish(group)
 
-    def _finish_group(self, group: RequestGroup) -> None:
-        self._groups.pop(group.request.request_id, None)
-        self._admission.release(group)
+    def _group(self, request: EngineRequest) -> RequestGroup:
+        return self._group_by_id(request.request_id)
+
+    def _group_by_id(self, request_id: str) -> RequestGroup:
+        """The group of a running row; every running row's request is on the scheduler's books."""
+        group = self._scheduler.group(request_id)
+        if group is None:
+            raise RuntimeError(f"running row of unknown request {request_id}")
+        return group

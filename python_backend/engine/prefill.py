@@ -1,106 +1,83 @@
-"""Prefill: turning admitted prompts into KV-cache rows and first tokens, within a token budget.
+"""Prefill execution: turning admitted prompts into KV-cache rows and first-token logits.
 
-Owns the prefill half of the engine's step: short prompts prefilled together in one left-padded
-forward pass, a prompt longer than the budget in chunks across steps (so running streams keep
-decoding), and a media prompt alone with its model inputs; and the prefix cache's traffic. A text
-prompt that starts like a cached one (prefix_cache.py) starts from the cached keys/values and
+Owns the forward passes of the prefill half of a step, as the scheduler (``scheduler.py``) planned
+them: a chunk of a long prompt (its cache carried across steps), short prompts together in one
+left-padded pass, a media prompt alone with its model inputs; and the prefix cache's traffic. A
+text prompt that starts like a cached one (prefix_cache.py) starts from the cached keys/values and
 computes only the rest; every prefilled prompt, and every finished one-choice answer, is offered
-to the cache. ``PrefillSteps`` is a base of ``Engine`` and works on the engine's state, which it
-declares here; the engine thread alone runs it.
+to the cache. ``Prefiller`` returns what it computed (``PrefillResult``); the engine adds the rows
+to the running batch and samples. The engine thread alone runs it.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from python_backend.engine.admission import Admission, RequestGroup, rows_needed
 from python_backend.engine.kv_cache import BatchCache, KVBatch, left_pad
 from python_backend.engine.prefix_cache import LayerStates, PrefixCache, PrefixHit
-from python_backend.engine.sequence import EngineEvent, EngineRequest, Sequence
+from python_backend.engine.request import EngineRequest, RequestGroup, rows_needed
+from python_backend.engine.scheduler import PrefillChunk
+from python_backend.engine.sequence import Sequence
 from python_backend.model.loader import LoadedModel
 from python_backend.prompt.multimodal.positions import media_prefill_inputs
 from python_backend.protocol.errors import internal
-from python_backend.protocol.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
 
 # The error a request gets when a forward pass fails under it (the details go to the log).
 INTERNAL_ERROR = internal("internal error while generating; the request was stopped")
 
+# One forward pass: (each row's LoRA adapter, the cache to extend, **model inputs) -> model output.
+Forward = Callable[..., Any]
 
-class PrefillSteps:
-    # The engine's state and steps this part uses (defined by Engine).
-    _loaded: LoadedModel
-    _settings: EngineSettings
-    _admission: Admission
-    _prefix: PrefixCache
-    _kv: KVBatch
-    _running: list[Sequence]
-    _prefilling: RequestGroup | None
-    _forward: Callable[..., Any]
-    _remove: Callable[[RequestGroup, EngineEvent], None]
-    _start_sequences: Callable[..., None]
-    _add_sequences: Callable[..., None]
 
-    def _prefill_step(self) -> None:
-        """Prefill within the token budget: a long prompt in chunks, short ones batched together."""
-        budget = self._settings.max_num_batched_tokens
-        if self._prefilling is not None:
-            budget -= self._prefill_chunk(self._prefilling, budget)
-            if self._prefilling is not None or budget <= 0:
-                return
-        batch: list[RequestGroup] = []
-        waiting = self._admission.waiting
-        while budget > 0 and waiting and self._can_admit(waiting[0], sum(g.candidates for g in batch)):
-            if self._admission.waiting[0].request.media is not None:
-                if not batch:  # media inputs are per request: its prefill runs alone, whole
-                    self._prefill_media(self._admit())
-                break
-            hit = self._lookup(waiting[0])
-            size = len(waiting[0].request.prompt_ids) - (hit.tokens if hit is not None else 0)
-            if size == 1 and hit is not None and not waiting[0].request.params.use_beam_search:
-                self._join_cached(self._admit(hit), hit)
-                budget -= 1
-                continue
-            if size > budget:
-                if not batch:  # too long for one step: prefill it in chunks from now on
-                    self._prefilling = self._admit(hit)
-                    self._prefill_chunk(self._prefilling, budget)
-                break
-            batch.append(self._admit(hit))
-            budget -= size
-        if batch:
-            self._prefill_batch(batch)
+@dataclass
+class Prefilled:
+    """A prompt whose prefill is complete: its keys/values are row ``row`` of ``cache``."""
 
-    def _can_admit(self, group: RequestGroup, pending_rows: int) -> bool:
-        """Room for the head of the queue: sequence seats and KV budget (FIFO, no overtaking)."""
-        seats = self._settings.max_num_seqs - len(self._running) - self._admitted_rows - pending_rows
-        return self._admission.can_admit(group, seats)
+    group: RequestGroup
+    logits: torch.Tensor  # the last position's logits, [1, vocab]
+    cache: BatchCache
+    row: int = 0
+    pad: int = 0
+    rope_delta: int = 0
 
-    def _lookup(self, group: RequestGroup) -> PrefixHit | None:
+
+@dataclass
+class PrefillResult:
+    ready: list[Prefilled] = field(default_factory=list)
+    failed: list[RequestGroup] = field(default_factory=list)  # a forward pass failed under them
+
+
+class Prefiller:
+    def __init__(self, loaded: LoadedModel, prefix: PrefixCache) -> None:
+        self._loaded = loaded
+        self._prefix = prefix
+
+    def lookup(self, group: RequestGroup) -> PrefixHit | None:
         return self._prefix.lookup(group.request.prompt_ids, _namespace(group.request))
 
-    def _admit(self, hit: PrefixHit | None = None) -> RequestGroup:
-        group = self._admission.admit()
-        group.prefill_cache = BatchCache()
-        group.prefill_started = time.perf_counter()
-        group.prefix_hit = hit
-        return group
-
-    def _join_cached(self, group: RequestGroup, hit: PrefixHit) -> None:
-        """A prompt cached up to its last token needs no forward pass of its own: it joins the
-        running batch, and the next decode step feeds that last token and samples the first
-        output token beside every other row (telemetry: that step's batch size and time)."""
-        group.prefill_done = len(group.request.prompt_ids)
-        group.prefill_cache = None
-        group.prefix_hit = None
-        group.cached_tokens = hit.tokens
-        self._add_sequences(group, hit.states)
+    def offer_finished(self, running: list[Sequence], kv: KVBatch, rows: list[int]) -> None:
+        """Keep finished answers' keys/values, prompt and output, for the conversation's next
+        turn: its prompt repeats this one and the answer. ``rows`` index the running batch."""
+        if not self._prefix.enabled:
+            return
+        for i in rows:
+            seq = running[i]
+            request = seq.request
+            if request.params.use_beam_search or rows_needed(request) != 1:
+                continue  # beams move between rows; best_of keeps only some candidates
+            tokens = request.prompt_ids + seq.tokens[:-1]  # the last token was never fed back
+            # Stored in the model's dtype, as prefill caches are (the batch may keep float32).
+            dtype = self._loaded.dtype
+            states: LayerStates = [(k.to(dtype), v.to(dtype)) for k, v in KVBatch.row_states(kv.cache, i, kv.pad[i])]
+            if states[0][0].shape[-2] == len(tokens):
+                self._prefix.insert(tokens, states, _namespace(request))
 
     def _offer_prefix(self, group: RequestGroup, cache: BatchCache, row: int, pad: int) -> None:
         """Keep a prefilled prompt's keys/values for later prompts that start the same way."""
@@ -108,73 +85,47 @@ class PrefillSteps:
             request = group.request
             self._prefix.insert(request.prompt_ids, KVBatch.row_states(cache, row, pad), _namespace(request))
 
-    def _offer_finished(self, rows: list[int]) -> None:
-        """Keep finished answers' keys/values, prompt and output, for the conversation's next
-        turn: its prompt repeats this one and the answer. ``rows`` index the running batch."""
-        if not self._prefix.enabled:
-            return
-        for i in rows:
-            seq = self._running[i]
-            request = seq.request
-            if request.params.use_beam_search or rows_needed(request) != 1:
-                continue  # beams move between rows; best_of keeps only some candidates
-            tokens = request.prompt_ids + seq.tokens[:-1]  # the last token was never fed back
-            # Stored in the model's dtype, as prefill caches are (the batch may keep float32).
-            dtype = self._loaded.dtype
-            states: LayerStates = [
-                (k.to(dtype), v.to(dtype)) for k, v in KVBatch.row_states(self._kv.cache, i, self._kv.pad[i])
-            ]
-            if states[0][0].shape[-2] == len(tokens):
-                self._prefix.insert(tokens, states, _namespace(request))
-
-    @property
-    def _admitted_rows(self) -> int:
-        """Rows promised to a request whose chunked prefill is still running."""
-        return self._prefilling.candidates if self._prefilling is not None else 0
-
-    def _prefill_chunk(self, group: RequestGroup, budget: int) -> int:
-        """One chunk of a long prompt; returns the tokens it used."""
-        prompt = group.request.prompt_ids
-        hit, group.prefix_hit = group.prefix_hit, None
-        if hit is not None and group.prefill_done == 0 and group.prefill_cache is not None:
-            group.prefill_cache.set_layer_states(hit.states)  # copied into the group's own cache
-            group.prefill_done = group.cached_tokens = hit.tokens
-        chunk = prompt[group.prefill_done : group.prefill_done + budget]
+    def chunk(self, chunk: PrefillChunk, hit: PrefixHit | None, forward: Forward) -> PrefillResult:
+        """Compute one chunk of a long prompt (``hit``: the cached keys/values of its first)."""
+        group = chunk.group
+        if group.prefill_cache is None:
+            group.prefill_cache = BatchCache()
+            if hit is not None and chunk.cached:
+                group.prefill_cache.set_layer_states(hit.states)  # copied into the group's own cache
+                group.cached_tokens = chunk.cached
+        tokens = group.request.prompt_ids[chunk.start : chunk.end]
         device = self._loaded.device
-        start = group.prefill_done
         try:
-            out = self._forward(
+            out = forward(
                 [group.request.params.lora],
                 group.prefill_cache,
-                input_ids=torch.tensor([chunk], dtype=torch.long, device=device),
-                position_ids=torch.arange(start, start + len(chunk), device=device).unsqueeze(0),
+                input_ids=torch.tensor([tokens], dtype=torch.long, device=device),
+                position_ids=torch.arange(chunk.start, chunk.end, device=device).unsqueeze(0),
                 logits_to_keep=1,
             )
         except Exception:
             logger.exception("prefill failed for %s", group.request.request_id)
-            self._prefilling = None
-            self._remove(group, EngineEvent(group.request.request_id, error=INTERNAL_ERROR, final=True))
-            return len(chunk)
-        group.prefill_done += len(chunk)
-        if group.prefill_done == len(prompt):
-            self._prefilling = None
-            cache = group.prefill_cache
-            group.prefill_cache = None
-            if cache is None:
-                raise RuntimeError("prefill finished without a cache")
-            self._offer_prefix(group, cache, row=0, pad=0)
-            self._start_sequences(group, out.logits[0, -1:, :], cache, row=0, pad=0)
-        return len(chunk)
+            return PrefillResult(failed=[group])
+        if not chunk.last:
+            return PrefillResult()
+        cache, group.prefill_cache = group.prefill_cache, None
+        self._offer_prefix(group, cache, row=0, pad=0)
+        return PrefillResult(ready=[Prefilled(group, out.logits[0, -1:, :], cache)])
 
-    def _prefill_batch(self, groups: list[RequestGroup]) -> None:
-        """Prefill short prompts: those with a cached prefix in one pass, the others in another."""
+    def batch(self, groups: list[RequestGroup], forward: Forward) -> PrefillResult:
+        """Prefill short prompts (``prefix_hit`` set where cached): those with a cached prefix in
+        one pass, the others in another."""
+        result = PrefillResult()
         hits = [g for g in groups if g.prefix_hit is not None]
         misses = [g for g in groups if g.prefix_hit is None]
         for part in (misses, hits):
             if part:
-                self._prefill_rows(part)
+                done = self._prefill_rows(part, forward)
+                result.ready += done.ready
+                result.failed += done.failed
+        return result
 
-    def _prefill_rows(self, groups: list[RequestGroup]) -> None:
+    def _prefill_rows(self, groups: list[RequestGroup], forward: Forward) -> PrefillResult:
         """Prefill several prompts in one forward pass, left-padded to a common length.
 
         Every row computes the same number of new tokens (``width``: the longest uncached part);
@@ -198,7 +149,7 @@ class PrefillSteps:
         try:
             if past:
                 cache.set_layer_states(self._cached_rows(groups, reuse, past))
-            out = self._forward(
+            out = forward(
                 [g.request.params.lora for g in groups],
                 cache,
                 input_ids=input_ids.to(device),
@@ -208,16 +159,16 @@ class PrefillSteps:
             )
         except Exception:
             logger.exception("batched prefill of %d requests failed", len(groups))
-            for group in groups:
-                self._remove(group, EngineEvent(group.request.request_id, error=INTERNAL_ERROR, final=True))
-            return
+            return PrefillResult(failed=list(groups))
+        result = PrefillResult()
         for row, group in enumerate(groups):
             group.prefill_done = len(group.request.prompt_ids)
             group.prefill_cache = None
             group.prefix_hit = None
             group.cached_tokens = reuse[row]
             self._offer_prefix(group, cache, row=row, pad=pads[row])
-            self._start_sequences(group, out.logits[row, -1:, :], cache, row=row, pad=pads[row])
+            result.ready.append(Prefilled(group, out.logits[row, -1:, :], cache, row=row, pad=pads[row]))
+        return result
 
     @staticmethod
     def _cached_rows(
@@ -239,7 +190,7 @@ class PrefillSteps:
             for layer in range(len(template.states))
         ]
 
-    def _prefill_media(self, group: RequestGroup) -> None:
+    def media(self, group: RequestGroup, forward: Forward) -> PrefillResult:
         """Prefill a request with images, video or audio: batch of one, the whole prompt."""
         request, loaded = group.request, self._loaded
         if request.media is None:
@@ -254,15 +205,14 @@ class PrefillSteps:
                 loaded.dtype,
                 loaded.uses_mrope,
             )
-            out = self._forward([request.params.lora], cache, logits_to_keep=1, **prefill.inputs)
+            out = forward([request.params.lora], cache, logits_to_keep=1, **prefill.inputs)
         except Exception:
             logger.exception("media prefill failed for %s", request.request_id)
-            self._remove(group, EngineEvent(request.request_id, error=INTERNAL_ERROR, final=True))
-            return
+            return PrefillResult(failed=[group])
         request.media = None  # the pixels / features are not needed after prefill: free them now
         group.prefill_done = len(request.prompt_ids)
         group.prefill_cache = None
-        self._start_sequences(group, out.logits[0, -1:, :], cache, row=0, pad=0, rope_delta=prefill.rope_delta)
+        return PrefillResult(ready=[Prefilled(group, out.logits[0, -1:, :], cache, rope_delta=prefill.rope_delta)])
 
 
 def _namespace(request: EngineRequest) -> str:

@@ -3,17 +3,15 @@
 Owns: per-sequence state (tokens, detokenizer, stop matcher, output pipeline, telemetry) and the
 rules that end a sequence (EOS, stop token, stop string, length), plus turning its progress into
 ``ChoiceDelta``s. Text flows detokenizer -> stop strings -> ``OutputPipeline`` (reasoning split,
-tool calls). The engine drives it; nothing here touches the model.
+tool calls). The engine drives it; nothing here touches the model. ``EngineRequest`` and
+``EngineEvent`` live in ``request.py`` and are re-exported here for the transports.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
-from python_backend.prompt.multimodal.processor import MediaInputs
+from python_backend.engine.request import EngineEvent, EngineRequest
 from python_backend.protocol.contract import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -23,38 +21,12 @@ from python_backend.protocol.contract import (
     TokenLogprob,
     TopLogprob,
 )
-from python_backend.protocol.errors import ErrorInfo
-from python_backend.protocol.params import GenerationParams
 from python_backend.sampling.sampler import RowSampling, SampledToken
 from python_backend.text.detokenizer import IncrementalDetokenizer
-from python_backend.text.output_plan import OutputPipeline, OutputPlan
+from python_backend.text.output_plan import OutputPipeline
 from python_backend.text.stop_strings import StopStringMatcher
 
-
-@dataclass
-class EngineEvent:
-    """What the engine tells a request's sink: a delta, an error, or just the end."""
-
-    request_id: str
-    delta: ChoiceDelta | None = None
-    error: ErrorInfo | None = None
-    final: bool = False  # the request's last event
-
-
-@dataclass
-class EngineRequest:
-    """A validated, tokenized request handed to the engine."""
-
-    request_id: str
-    prompt_ids: list[int]
-    params: GenerationParams
-    sink: Callable[[EngineEvent], None]
-    is_cancelled: Callable[[], bool] = lambda: False
-    stream: bool = True
-    arrival: float = field(default_factory=time.perf_counter)
-    output: OutputPlan = field(default_factory=OutputPlan)  # reasoning / tool-call parsing
-    grammar: Any = None  # compiled response_format grammar (structured.GrammarCompiler.compile)
-    media: MediaInputs | None = None  # a media request's extra prefill inputs, dropped after prefill
+__all__ = ["EngineEvent", "EngineRequest", "Sequence", "TokenText"]
 
 
 TokenText = Callable[[int], tuple[str, list[int]]]  # token id -> (text, raw bytes)

@@ -1,0 +1,179 @@
+"""The scheduler's decisions, driven with synthetic requests: no model, no torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from python_backend.engine.request import RequestGroup
+from tests.engine.scheduler_factories import ids, make_books, no_hits
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_requests_are_admitted_first_come_first_served() -> None:
+    books = make_books()
+    groups = [books.submit(5) for _ in range(3)]
+    plan = books.scheduler.schedule(0, no_hits)
+    assert ids([a.group for a in plan.batch]) == ids(groups)
+    assert plan.tokens == 15 and not books.scheduler.admission.waiting
+
+
+def test_the_head_of_the_queue_is_not_overtaken() -> None:
+    books = make_books(max_num_seqs=4)
+    books.submit(5, n=3, temperature=1.0)
+    books.submit(5, n=3, temperature=1.0)
+    books.submit(5)  # would fit, but waits behind the second request
+    plan = books.scheduler.schedule(0, no_hits)
+    assert ids(plan.admitted) == ["r0"]
+    assert ids(list(books.scheduler.admission.waiting)) == ["r1", "r2"]
+
+
+def test_the_row_limit_holds_requests_until_rows_are_free() -> None:
+    books = make_books(max_num_seqs=2)
+    for _ in range(3):
+        books.submit(5)
+    assert ids(books.scheduler.schedule(0, no_hits).admitted) == ["r0", "r1"]
+    assert books.scheduler.schedule(2, no_hits).empty  # both rows still running
+    books.scheduler.finish(books.groups["r0"])
+    assert ids(books.scheduler.schedule(1, no_hits).admitted) == ["r2"]
+
+
+def test_the_kv_budget_refuses_until_a_reservation_is_released() -> None:
+    books = make_books(kv_budget_tokens=100)
+    first = books.submit(5, reservation=60)
+    books.submit(5, reservation=60)
+    assert ids(books.scheduler.schedule(0, no_hits).admitted) == ["r0"]
+    assert books.scheduler.admission.reserved == 60
+    assert books.scheduler.schedule(1, no_hits).empty
+    books.scheduler.finish(first)
+    assert books.scheduler.admission.reserved == 0
+    assert ids(books.scheduler.schedule(0, no_hits).admitted) == ["r1"]
+    assert books.scheduler.admission.reserved == 60
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_within_the_token_budget() -> None:
+    books = make_books(max_num_batched_tokens=16)
+    books.submit(40)
+    first = books.scheduler.schedule(0, no_hits)
+    assert first.started is not None and (first.started.start, first.started.end, first.started.last) == (0, 16, False)
+    books.submit(5)  # arrives while the long prompt is prefilled: it waits for the last chunk
+    second = books.scheduler.schedule(0, no_hits)
+    assert second.resumed is not None and (second.resumed.start, second.resumed.end) == (16, 32)
+    assert second.admitted == [] and second.tokens == 16
+    third = books.scheduler.schedule(0, no_hits)
+    assert third.resumed is not None and (third.resumed.start, third.resumed.end, third.resumed.last) == (32, 40, True)
+    assert ids([a.group for a in third.batch]) == ["r1"]  # the budget left after the last chunk
+    assert third.tokens == 13
+    assert books.scheduler.schedule(2, no_hits).empty
+
+
+def test_short_prompts_batch_up_to_the_budget_and_a_longer_one_waits() -> None:
+    books = make_books(max_num_batched_tokens=16)
+    books.submit(6)
+    books.submit(6)
+    books.submit(10)
+    plan = books.scheduler.schedule(0, no_hits)
+    assert ids([a.group for a in plan.batch]) == ["r0", "r1"] and plan.started is None
+    assert ids(books.scheduler.schedule(2, no_hits).admitted) == ["r2"]
+
+
+def test_a_prompt_cached_up_to_its_last_token_joins_without_a_prefill() -> None:
+    books = make_books()
+    cached = books.submit(30)
+    partly = books.submit(30)
+    beams = books.submit(30, use_beam_search=True, n=2)
+    hits = {cached.request.request_id: 29, partly.request.request_id: 20, beams.request.request_id: 29}
+
+    def lookup(group: RequestGroup) -> int | None:
+        return hits.get(group.request.request_id)
+
+    plan = books.scheduler.schedule(0, lookup)
+    assert [(a.group.request.request_id, a.cached) for a in plan.joins] == [("r0", 29)]
+    assert cached.prefill_done == 30
+    # A partial hit prefills the rest; beam search always prefills, so its first step sees logits.
+    assert [(a.group.request.request_id, a.cached) for a in plan.batch] == [("r1", 20), ("r2", 29)]
+    assert plan.tokens == 1 + 10 + 1
+
+
+def test_a_chunked_prompt_starts_after_its_cached_prefix() -> None:
+    books = make_books(max_num_batched_tokens=16)
+    books.submit(60)
+    plan = books.scheduler.schedule(0, lambda group: 24)
+    assert plan.started is not None
+    assert (plan.started.start, plan.started.end, plan.started.cached) == (24, 40, 24)
+    resumed = books.scheduler.schedule(0, lambda group: 24).resumed
+    assert resumed is not None and (resumed.start, resumed.end, resumed.cached) == (40, 56, 0)
+
+
+def test_a_media_prompt_is_prefilled_alone() -> None:
+    books = make_books()
+    books.submit(5)
+    books.submit(5, media=True)
+    books.submit(5)
+    first = books.scheduler.schedule(0, no_hits)
+    assert ids([a.group for a in first.batch]) == ["r0"] and first.media is None
+    second = books.scheduler.schedule(1, no_hits)
+    assert second.media is not None and second.media.request.request_id == "r1" and second.batch == []
+    assert ids(books.scheduler.schedule(2, no_hits).admitted) == ["r2"]
+
+
+def test_a_request_cancelled_while_waiting_is_reaped_and_leaves_the_queue() -> None:
+    books = make_books(max_num_seqs=1)
+    books.submit(5)
+    books.submit(5)
+    books.scheduler.schedule(0, no_hits)
+    books.scheduler.admission.request_cancel("r1")
+    assert ids(books.scheduler.reap()) == ["r1"]
+    assert books.scheduler.admission.queued == 0 and not books.scheduler.admission.waiting
+    assert ids(books.scheduler.groups) == ["r0"]
+
+
+def test_a_request_cancelled_after_admission_frees_its_reservation() -> None:
+    books = make_books(kv_budget_tokens=100)
+    books.submit(40, reservation=70)
+    books.submit(5, reservation=70)
+    books.scheduler.reap()
+    books.scheduler.schedule(0, no_hits)
+    assert books.scheduler.admission.reserved == 70
+    books.scheduler.admission.request_cancel("r0")
+    assert ids(books.scheduler.reap()) == ["r0"]
+    assert books.scheduler.admission.reserved == 0
+    assert ids(books.scheduler.schedule(0, no_hits).admitted) == ["r1"]
+    assert books.scheduler.reap() == []  # reaped once only
+
+
+def test_a_cancelled_chunked_prompt_stops_being_prefilled() -> None:
+    books = make_books(max_num_batched_tokens=16)
+    books.submit(40)
+    books.scheduler.reap()
+    books.scheduler.schedule(0, no_hits)
+    books.scheduler.admission.request_cancel("r0")
+    assert ids(books.scheduler.reap()) == ["r0"]
+    assert books.scheduler.schedule(0, no_hits).empty and not books.scheduler.has_prefill_work
+
+
+def test_a_cancel_that_overtakes_its_request_still_reaps_it() -> None:
+    books = make_books()
+    books.scheduler.admission.request_cancel("r0", before_arrival=True)
+    books.scheduler.reap()  # the cancel arrives first and finds nothing
+    books.submit(5)
+    assert ids(books.scheduler.reap()) == ["r0"]
+    assert books.scheduler.schedule(0, no_hits).empty
+
+
+def test_n_best_of_and_beams_take_their_rows() -> None:
+    books = make_books(max_num_seqs=8)
+    books.submit(5, n=3, temperature=1.0)  # 3 rows
+    books.submit(5, n=2, best_of=4, temperature=1.0)  # 4 candidates
+    books.submit(5, use_beam_search=True, n=2)  # 2 beams: 9 rows in all, one too many
+    assert ids(books.scheduler.schedule(0, no_hits).admitted) == ["r0", "r1"]
+    assert books.scheduler.schedule(7, no_hits).empty
+    assert ids(books.scheduler.schedule(6, no_hits).admitted) == ["r2"]
+
+
+def test_importing_the_scheduler_loads_no_torch() -> None:
+    probe = "import sys, python_backend.engine.scheduler; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
