@@ -68,7 +68,11 @@ def test_a_newer_set_replaces_one_not_yet_started() -> None:
         return False
 
     def seen(name: str) -> Watched:
-        return Watched(name, lambda: asked.append(name) or True)
+        def ask() -> bool:
+            asked.append(name)
+            return True
+
+        return Watched(name, ask)
 
     reports = _Reports()
     watcher = CancelWatcher(reports)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import torch
 
 from python_backend.engine.engine import Engine
+from python_backend.protocol.errors import ContractError
 from python_backend.protocol.settings import EngineSettings
-from tests.fixtures.engine_driver import Driver, make_engine
+from tests.fixtures.engine_driver import Driver, make_engine, usage_of
 
 
 def generate_greedy(driver: Driver, content: str, max_new_tokens: int) -> list[int]:
@@ -26,7 +28,9 @@ def generate_greedy(driver: Driver, content: str, max_new_tokens: int) -> list[i
 
 
 def decode(driver: Driver, tokens: list[int]) -> str:
-    return driver.loaded.tokenizer.decode(tokens, skip_special_tokens=True)
+    text = driver.loaded.tokenizer.decode(tokens, skip_special_tokens=True)
+    assert isinstance(text, str)  # one sequence decodes to one string
+    return text
 
 
 def test_greedy_matches_generate_alone(driver: Driver) -> None:
@@ -45,12 +49,19 @@ def test_greedy_in_a_batch_matches_generate_for_every_request(driver: Driver) ->
         time.sleep(0.005)
     texts = [c.wait().text() for c in collected]
     assert texts == expected
-    batch_sizes = [max(c.last().usage.batch_size) for c in collected]
+    batch_sizes = [max(c.usage().batch_size) for c in collected]
     assert max(batch_sizes) > 1, "requests should have shared decode steps"
 
 
 def test_same_seed_same_sample_alone_or_in_a_batch(driver: Driver) -> None:
-    params = {"temperature": 1.0, "top_k": 50, "top_p": 0.95, "seed": 2**64 - 5, "max_tokens": 16, "ignore_eos": True}
+    params: dict[str, Any] = {
+        "temperature": 1.0,
+        "top_k": 50,
+        "top_p": 0.95,
+        "seed": 2**64 - 5,
+        "max_tokens": 16,
+        "ignore_eos": True,
+    }
     alone = driver.submit("sample me", **params).wait().text()
     noise = [driver.submit(f"other {i}", temperature=1.0, max_tokens=16, ignore_eos=True) for i in range(4)]
     batched = driver.submit("sample me", **params)
@@ -103,7 +114,7 @@ def test_stop_token_ids_end_the_choice_without_the_token(driver: Driver) -> None
     first = tokens.index(target)
     got = driver.submit("stop token", temperature=0, max_tokens=12, ignore_eos=True, stop_token_ids=[target]).wait()
     assert got.last().finish_reason == "stop"
-    assert got.last().usage.completion_tokens == first + 1
+    assert got.usage().completion_tokens == first + 1
     assert got.text() == decode(driver, tokens[:first])
 
 
@@ -118,7 +129,7 @@ def test_n_choices_and_best_of(driver: Driver) -> None:
     got = driver.submit("many", temperature=1.0, n=3, max_tokens=5, ignore_eos=True, seed=7).wait()
     assert sorted({d.index for d in got.deltas}) == [0, 1, 2]
     for i in range(3):
-        assert got.last(i).usage.completion_tokens == 5
+        assert got.usage(i).completion_tokens == 5
     assert sum(1 for e in got.events if e.final) == 1
     best = driver.submit("many", stream=False, temperature=1.0, n=1, best_of=4, max_tokens=5, ignore_eos=True).wait()
     assert [d.index for d in best.deltas] == [0]
@@ -140,7 +151,7 @@ def test_prompt_too_long_is_a_400(tiny_loaded) -> None:
     engine = make_engine(tiny_loaded, max_input_token_len=10)
     try:
         driver = Driver(engine, tiny_loaded)
-        with pytest.raises(Exception) as caught:
+        with pytest.raises(ContractError) as caught:
             driver.submit("this prompt is certainly longer than ten tokens once templated")
         info = caught.value.info
         assert info.status == 400 and info.code == "context_length_exceeded" and info.param == "messages"
@@ -150,14 +161,14 @@ def test_prompt_too_long_is_a_400(tiny_loaded) -> None:
 
 def test_max_tokens_is_capped_by_max_iter_times(driver: Driver) -> None:
     got = driver.submit("cap", temperature=0, max_tokens=1000, ignore_eos=True).wait()
-    assert got.last().usage.completion_tokens == 64
+    assert got.usage().completion_tokens == 64
     assert got.last().finish_reason == "length"
 
 
 def test_min_tokens_suppresses_eos(driver: Driver) -> None:
     eos = sorted(driver.loaded.eos_token_ids)
     got = driver.submit("min", temperature=0, max_tokens=10, min_tokens=10, stop_token_ids=eos).wait()
-    assert got.last().usage.completion_tokens == 10
+    assert got.usage().completion_tokens == 10
 
 
 def test_batched_prefill_of_different_lengths_matches_generate(tiny_loaded) -> None:
@@ -182,7 +193,7 @@ def test_batched_prefill_of_different_lengths_matches_generate(tiny_loaded) -> N
         assert [r.wait().text() for r in runs] == expected
         longest = max(len(driver.prompt_ids(p)) for p in prompts)
         assert shapes[0] == (4, longest)
-        assert all(max(r.last().usage.batch_size) == 4 for r in runs)
+        assert all(max(r.usage().batch_size) == 4 for r in runs)
     finally:
         engine.stop()
 
@@ -199,10 +210,10 @@ def test_beam_search_matches_transformers_beam_search(driver: Driver) -> None:
     got = driver.submit("beam me up", stream=False, use_beam_search=True, n=3, max_tokens=8).wait()
     assert [d.index for d in got.deltas] == [0, 1, 2]
     assert [d.text for d in got.deltas] == expected
-    scores = [d.usage.cumulative_logprob / d.usage.completion_tokens for d in got.deltas]
+    scores = [usage_of(d).cumulative_logprob / usage_of(d).completion_tokens for d in got.deltas]
     assert scores == sorted(scores, reverse=True)
     for delta in got.deltas:
-        usage = delta.usage
+        usage = usage_of(delta)
         assert len(usage.batch_size) == len(usage.queue_wait_time) == usage.completion_tokens
         assert len(usage.decode_time_arr) == usage.completion_tokens - 1
 

@@ -22,7 +22,9 @@ def greedy(model, driver: Driver, content: str, tokens: int) -> str:
         torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), max_new_tokens=tokens,
         do_sample=False, eos_token_id=None, pad_token_id=0,
     )  # fmt: skip
-    return driver.loaded.tokenizer.decode(out[0, len(ids) :].tolist(), skip_special_tokens=True)
+    text = driver.loaded.tokenizer.decode(out[0, len(ids) :].tolist(), skip_special_tokens=True)
+    assert isinstance(text, str)  # one sequence decodes to one string
+    return text
 
 
 def test_adapter_and_base_requests_share_a_batch(tiny_model_dir: Path, tiny_lora_dir: Path) -> None:
@@ -54,7 +56,7 @@ def test_adapter_and_base_requests_share_a_batch(tiny_model_dir: Path, tiny_lora
     try:
         texts = [r.wait().text() for r in runs]
         assert texts == base_expected + lora_expected
-        assert all(max(r.last().usage.batch_size) == 4 for r in runs)
+        assert all(max(r.usage().batch_size) == 4 for r in runs)
     finally:
         engine.stop()
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from transformers import GenerationMixin
 
 from python_backend.engine.engine import Engine
 from python_backend.engine.sequence import EngineRequest
@@ -35,7 +36,14 @@ from tests.fixtures.tiny_multimodal import (
 )
 
 _ids = itertools.count()
-GREEDY = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}
+GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}
+
+
+def generator(loaded: LoadedModel) -> GenerationMixin:
+    """The transformers model behind ``loaded``, whose ``generate`` is the reference answer."""
+    model = loaded.transformers_model
+    assert isinstance(model, GenerationMixin), type(model)
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +111,9 @@ def test_an_image_changes_the_output_and_counts_its_tokens(vl_engine: Engine, vl
     blue = submit(vl_engine, vl_loaded, tensors([image_part(), *text], [(image_bytes(2), "image/png")])).wait()
     for out in (plain, red, blue):
         assert out.error is None, out.error
-        assert out.last().usage is not None and out.last().usage.completion_tokens == 12
+        assert out.usage().completion_tokens == 12
     # 96x64 -> grid (1, 4, 6) -> 6 image tokens, plus vision start and end.
-    assert red.last().usage.prompt_tokens == plain.last().usage.prompt_tokens + 8
+    assert red.usage().prompt_tokens == plain.usage().prompt_tokens + 8
     assert len({plain.text(), red.text(), blue.text()}) == 3
 
 
@@ -136,7 +144,7 @@ def test_a_media_request_matches_transformers_generate(request: pytest.FixtureRe
     if kind == "video" and "second_per_grid_ts" in accepted:
         extra["second_per_grid_ts"] = torch.tensor(prepared.media.video_seconds_per_grid)
     with torch.inference_mode():
-        generated = vl_loaded.transformers_model.generate(
+        generated = generator(vl_loaded).generate(
             input_ids=input_ids,
             max_new_tokens=12,
             do_sample=False,
@@ -159,7 +167,7 @@ def test_text_on_a_vl_model_matches_transformers_generate(vl_engine: Engine, vl_
     prepared = decode_request(inputs.get, vl_loaded.tokenizer, frozenset(), None, vl_loaded.media)
     assert prepared.media is None
     with torch.inference_mode():
-        generated = vl_loaded.transformers_model.generate(
+        generated = generator(vl_loaded).generate(
             input_ids=torch.tensor([prepared.prompt_ids]), max_new_tokens=12, do_sample=False, eos_token_id=None
         )
     expected = vl_loaded.tokenizer.decode(generated[0, len(prepared.prompt_ids) :], skip_special_tokens=True)
@@ -184,7 +192,7 @@ def test_a_video_changes_the_output(vl_engine: Engine, vl_loaded: LoadedModel) -
     plain = submit(vl_engine, vl_loaded, tensors([text])).wait()
     assert one.error is None and two.error is None, (one.error, two.error)
     assert len({one.text(), two.text(), plain.text()}) == 3
-    assert one.last().usage.prompt_tokens > plain.last().usage.prompt_tokens
+    assert one.usage().prompt_tokens > plain.usage().prompt_tokens
 
 
 def test_media_request_batches_with_text_requests_without_changing_them(
@@ -221,7 +229,7 @@ def test_an_audio_clip_changes_the_output(audio_engine: Engine, audio_loaded: Lo
     assert low.error is None and high.error is None, (low.error, high.error)
     assert len({low.text(), high.text(), plain.text()}) == 3
     # 1 s at 16 kHz -> 100 mel frames -> 25 audio tokens (two stride-2 stages).
-    assert low.last().usage.prompt_tokens - plain.last().usage.prompt_tokens == 25 + len(
+    assert low.usage().prompt_tokens - plain.usage().prompt_tokens == 25 + len(
         audio_loaded.tokenizer.encode("Audio: <|audio_bos|><|audio_eos|>", add_special_tokens=False)
     )
 
@@ -235,7 +243,7 @@ def test_an_audio_request_matches_transformers_generate(audio_engine: Engine, au
     prepared = decode_request(inputs.get, audio_loaded.tokenizer, frozenset(), None, audio_loaded.media)
     assert prepared.media is not None
     with torch.inference_mode():
-        generated = audio_loaded.transformers_model.generate(
+        generated = generator(audio_loaded).generate(
             input_ids=torch.tensor([prepared.prompt_ids]),
             max_new_tokens=12,
             do_sample=False,
@@ -297,7 +305,7 @@ def test_media_inputs_follow_the_model_dtype(tmp_path: Path, tiny_tokenizer: Any
         out = submit(engine, loaded, tensors([{"type": kind, "media_index": 0}], [media])).wait()
     finally:
         engine.stop()
-    assert out.error is None and out.last().usage.completion_tokens == 12
+    assert out.error is None and out.usage().completion_tokens == 12
 
 
 def test_a_template_kept_with_the_processor_is_used(tmp_path: Path, tiny_tokenizer: Any) -> None:

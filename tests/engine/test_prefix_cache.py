@@ -93,7 +93,8 @@ def test_entries_sharing_a_prefix_stay_reachable_after_one_is_evicted() -> None:
     cache.insert(b, states_for(b))  # b is the newest holder of the shared blocks
     assert cache.lookup(a + [1]) is not None  # a is touched: b is now the oldest
     cache.insert(c, states_for(c))  # over capacity: b goes
-    assert cache.lookup(b + [1]) is not None and cache.lookup(b + [1]).tokens == 32  # the system part, via a or c
+    shared = cache.lookup(b + [1])
+    assert shared is not None and shared.tokens == 32  # the system part, via a or c
     hit = cache.lookup(a + [1])
     assert hit is not None and hit.tokens == len(a)
 

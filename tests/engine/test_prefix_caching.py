@@ -12,7 +12,7 @@ from python_backend.model.loader import LoadedModel
 from tests.fixtures.engine_driver import Collected, Driver, make_engine
 
 SYSTEM = "you are a careful assistant who answers in plain words. " * 3
-GREEDY = {"temperature": 0, "max_tokens": 20, "ignore_eos": True, "logprobs": True, "top_logprobs": 5}
+GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 20, "ignore_eos": True, "logprobs": True, "top_logprobs": 5}
 
 
 @pytest.fixture
@@ -57,9 +57,9 @@ def test_a_repeated_prompt_reuses_all_but_its_last_token(cached: Driver, uncache
     first = cached.submit(SYSTEM + "what is a licence?", **GREEDY).wait()
     second = cached.submit(SYSTEM + "what is a licence?", **GREEDY).wait()
     prompt_tokens = len(cached.prompt_ids(SYSTEM + "what is a licence?"))
-    assert first.last().usage.cached_tokens == 0
-    assert second.last().usage.cached_tokens == prompt_tokens - 1
-    assert reference.last().usage.cached_tokens == 0
+    assert first.usage().cached_tokens == 0
+    assert second.usage().cached_tokens == prompt_tokens - 1
+    assert reference.usage().cached_tokens == 0
     assert_same_answer(first, reference)
     assert_same_answer(second, reference)
     stats = cached.engine.stats()
@@ -86,7 +86,7 @@ def test_prompts_sharing_a_start_reuse_it_in_one_batch(cached: Driver, uncached:
         reference.wait()
         assert_same_answer(run, reference)
         shared = common_prefix(cached.prompt_ids(prompt), warm_ids)
-        reused = run.last().usage.cached_tokens
+        reused = run.usage().cached_tokens
         if shared >= 16:
             assert 0 < reused <= min(shared, len(cached.prompt_ids(prompt)) - 1)
         else:
@@ -108,7 +108,7 @@ def test_a_long_prompt_prefilled_in_chunks_starts_from_the_cached_prefix(tiny_lo
         expected = off.submit(prompt, **GREEDY).wait()
         assert_same_answer(got, expected)
         shared = common_prefix(on.prompt_ids(prompt), on.prompt_ids(long_system + "warm the cache"))
-        assert got.last().usage.cached_tokens == shared
+        assert got.usage().cached_tokens == shared
         assert len(on.prompt_ids(prompt)) - shared > 16  # the rest did need chunks
     finally:
         for engine in engines:
@@ -120,7 +120,7 @@ def test_the_same_seed_samples_the_same_with_a_cached_prefix(cached: Driver, unc
     expected = uncached.submit(SYSTEM + "sample me", **params).wait().text()
     cached.submit(SYSTEM + "sample me", **params).wait()
     again = cached.submit(SYSTEM + "sample me", **params).wait()
-    assert again.last().usage.cached_tokens > 0
+    assert again.usage().cached_tokens > 0
     assert again.text() == expected
 
 
@@ -140,7 +140,7 @@ def test_the_next_turn_of_a_chat_reuses_the_previous_answer(cached: Driver, unca
     got = cached.submit("and a follow-up", history=history, **GREEDY).wait()
     expected = uncached.submit("and a follow-up", history=history, **GREEDY).wait()
     # Beyond the first prompt: the answer's tokens were cached when it finished.
-    assert got.last().usage.cached_tokens > turn_one_tokens
+    assert got.usage().cached_tokens > turn_one_tokens
     assert got.text() == expected.text()
     for (lp, top), (ref_lp, ref_top) in zip(logprobs(got), logprobs(expected), strict=True):
         assert top == ref_top

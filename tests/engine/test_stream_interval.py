@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,13 @@ def every_fourth(tiny_loaded: LoadedModel) -> Iterator[Driver]:
 def test_first_text_at_once_then_every_interval_tokens_and_the_rest_at_the_end(
     every_fourth: Driver, driver: Driver
 ) -> None:
-    params = {"temperature": 0, "max_tokens": MAX_TOKENS, "ignore_eos": True, "logprobs": True, "top_logprobs": 2}
+    params: dict[str, Any] = {
+        "temperature": 0,
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
     grouped = every_fourth.submit("group my tokens", **params).wait()
     single = driver.submit("group my tokens", **params).wait()
 
