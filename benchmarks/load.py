@@ -29,6 +29,8 @@ class RequestResult:
     ttft_s: float = 0.0
     itl_s: float = 0.0  # mean gap between content chunks
     error: str = ""
+    gaps_s: list[float] = field(default_factory=list)  # every gap between content chunks
+    prompt_tokens: int = 0
 
 
 @dataclass
@@ -46,7 +48,7 @@ class LoadReport:
     error_samples: list[str] = field(default_factory=list)
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
@@ -58,9 +60,10 @@ async def one_request(connection: StreamingConnection, body: dict[str, object], 
     started = time.perf_counter()
     stamps: list[float] = []
     tokens = 0
+    prompt_tokens = 0
 
     async def consume() -> None:
-        nonlocal tokens
+        nonlocal tokens, prompt_tokens
         async for line in connection.post_lines(body):
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
                 continue
@@ -68,6 +71,7 @@ async def one_request(connection: StreamingConnection, body: dict[str, object], 
             usage = chunk.get("usage")
             if usage and usage.get("completion_tokens"):
                 tokens = int(usage["completion_tokens"])
+                prompt_tokens = int(usage.get("prompt_tokens") or 0)
             for choice in chunk.get("choices", []):
                 if (choice.get("delta") or {}).get("content"):
                     stamps.append(time.perf_counter())
@@ -85,6 +89,8 @@ async def one_request(connection: StreamingConnection, body: dict[str, object], 
         tokens=tokens or len(stamps),
         ttft_s=stamps[0] - started,
         itl_s=statistics.mean(gaps) if gaps else 0.0,
+        gaps_s=gaps,
+        prompt_tokens=prompt_tokens,
     )
 
 
@@ -146,9 +152,9 @@ async def run_load(
         wall_s=round(wall, 3),
         tokens=tokens,
         tokens_per_s=round(tokens / wall, 2) if wall > 0 else 0.0,
-        ttft_p50_ms=round(_percentile([r.ttft_s for r in good], 0.5) * 1e3, 1),
-        ttft_p95_ms=round(_percentile([r.ttft_s for r in good], 0.95) * 1e3, 1),
-        itl_p50_ms=round(_percentile([r.itl_s for r in good], 0.5) * 1e3, 2),
+        ttft_p50_ms=round(percentile([r.ttft_s for r in good], 0.5) * 1e3, 1),
+        ttft_p95_ms=round(percentile([r.ttft_s for r in good], 0.95) * 1e3, 1),
+        itl_p50_ms=round(percentile([r.itl_s for r in good], 0.5) * 1e3, 2),
         error_samples=[r.error for r in results if not r.ok][:3],
     )
 

@@ -1,0 +1,31 @@
+"""The realistic-traffic benchmark's command against the real served path: it reports what ran."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.e2e.conftest import TritonHandle
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_traffic_benchmark_reports_distinct_prompt_figures(frontend_url: str, triton_server: TritonHandle) -> None:
+    command = [
+        sys.executable, "-m", "benchmarks.traffic", "--base-url", f"{frontend_url}/v1",
+        "--model", triton_server.served_model_name, "--mix", "distinct", "-c", "2", "-n", "4",
+        "--input-len", "24", "--input-range", "8", "--output-len", "6", "--output-range", "2",
+        "--timeout", "120", "--deadline", "300",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=400, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["errors"] == 0, report["error_samples"]
+    assert report["requests"] == 4
+    assert report["arrivals"] == "closed C=2"
+    # The server counted prompts of about the words sent (plus the chat template and first line).
+    assert 20 < report["prompt_tokens_mean"] < 200
+    assert report["output_tokens_per_s"] > 0 and report["total_tokens_per_s"] > report["output_tokens_per_s"]
+    assert report["workload"]["mix"] == "distinct"
