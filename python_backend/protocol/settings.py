@@ -110,7 +110,7 @@ class EngineSettings:
         ),
     )
     max_num_seqs: int = _setting(
-        32,
+        64,
         SettingInfo(
             "sequences in the running batch at most",
             flag="--max-num-seqs",

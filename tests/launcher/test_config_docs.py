@@ -21,7 +21,7 @@ def test_docs_tables_are_up_to_date() -> None:
 def test_a_stale_table_is_rewritten_and_check_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     page = DOCS.read_text(encoding="utf-8")
     stale = tmp_path / "configuration.md"
-    stale.write_text(page.replace("| `maxBatchSize` | `32` |", "| `maxBatchSize` | `64` |"), encoding="utf-8")
+    stale.write_text(page.replace("| `maxBatchSize` | `64` |", "| `maxBatchSize` | `32` |"), encoding="utf-8")
     assert config_docs.main(["--check", str(stale)]) == 1
     assert "out of date" in capsys.readouterr().err
     assert config_docs.main([str(stale)]) == 0
