@@ -46,7 +46,9 @@ from python_backend.text.token_text import TokenTexts
 
 logger = logging.getLogger(__name__)
 
-_IDLE_WAIT_S = 0.05
+# An idle loop sleeps until submit(), cancel() or stop() wakes it; the timeout only bounds how
+# long a missed wake-up could last, so it can be long and cost nothing when no request comes.
+_IDLE_WAIT_S = 0.5
 _SHUTDOWN = shutting_down()
 _LOOP_FAILED = engine_failed()
 
