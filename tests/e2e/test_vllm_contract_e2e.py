@@ -23,6 +23,7 @@ import queue
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -345,3 +346,19 @@ def test_every_l0_additional_outputs_case_passes(triton_server: TritonHandle) ->
         except AssertionError as exc:
             failures.append(f"{case}: {exc}")
     assert not failures, f"{len(failures)} of {len(L0_CASES)} cases failed, e.g.\n" + "\n".join(failures[:5])
+
+
+def test_http_generate_reads_sampling_parameters_from_the_request_parameters(triton_server: TritonHandle) -> None:
+    # Triton's HTTP generate endpoint turns the body's "parameters" object into request parameters.
+    body = {
+        "text_input": "The capital of France is",
+        "parameters": {"max_tokens": "5", "ignore_eos": "true", "temperature": "0"},
+        "return_num_output_tokens": True,
+        "return_finish_reason": True,
+    }
+    url = f"{triton_server.http_url}/v2/models/{triton_server.model_name}/generate"
+    reply = httpx.post(url, json=body, timeout=RESPONSE_TIMEOUT_S)
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()
+    assert answer["num_output_tokens"] == 5 and answer["finish_reason"] == "length"
+    assert answer["text_output"].startswith("The capital of France is")
