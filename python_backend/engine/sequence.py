@@ -158,6 +158,7 @@ class Sequence:
             usage=self.usage(prompt_tokens) if finished else None,
             num_input_tokens=prompt_tokens,
             num_output_tokens=len(self.tokens),
+            cumulative_logprob=self.cumulative_logprob,
         )
         self.pending_logprobs = []
         self.sent_tokens = len(self.tokens)
@@ -182,5 +183,5 @@ def _logprob_entry(sampled: SampledToken, token_text: TokenText) -> TokenLogprob
     top = []
     for token_id, logprob in sampled.top:
         top_text, top_raw = token_text(token_id)
-        top.append(TopLogprob(top_text, logprob, top_raw))
-    return TokenLogprob(text, sampled.logprob, raw, top)
+        top.append(TopLogprob(top_text, logprob, top_raw, token_id))
+    return TokenLogprob(text, sampled.logprob, raw, top, sampled.token_id, sampled.rank)

@@ -2,13 +2,15 @@
 
 Owns: ``decode_request`` (contract checks, parameter and message validation, the chat template or
 raw prompt) and ``PreparedRequest``. It sees tensors as numpy arrays by name, so it is tested
-without Triton; the adapter only fetches the arrays.
+without Triton; the adapter only fetches the arrays. A request in the vLLM backend's contract
+(``protocol/vllm_compat.py``) gets its parameters from there and its raw text untouched.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
@@ -16,7 +18,7 @@ from transformers import PreTrainedTokenizerBase
 from python_backend.prompt.chat_template import encode_chat_prompt, encode_raw_prompt, render_prompt_text
 from python_backend.prompt.multimodal.processor import MediaInputs, MediaProcessor
 from python_backend.prompt.multimodal.request_media import collect_media
-from python_backend.protocol import contract
+from python_backend.protocol import contract, vllm_compat
 from python_backend.protocol.errors import ContractError, invalid, model_not_found
 from python_backend.protocol.messages import validate_tensor_messages
 from python_backend.protocol.params import GenerationParams, parse_parameters
@@ -35,6 +37,7 @@ class PreparedRequest:
     output: OutputPlan  # reasoning / tool-call parsing of the generated text
     media: MediaInputs | None = None  # a multimodal request's extra prefill inputs
     counts: contract.CountOutputs = contract.CountOutputs()  # token counts in every response
+    vllm: vllm_compat.VllmOutputs | None = None  # set: answer in the vLLM backend's formats
 
 
 def decode_request(
@@ -43,20 +46,22 @@ def decode_request(
     adapters: frozenset[str],
     formats: ModelFormats | None = None,
     media_processor: MediaProcessor | None = None,
+    request_parameters: str = "",
 ) -> PreparedRequest:
     """Validate the tensors of one request; raise ``ContractError`` naming the bad input.
 
     ``formats`` are the model's tool-call and reasoning formats (None: plain text only);
-    ``media_processor`` is a multimodal model's prompt step (None: media parts are refused).
+    ``media_processor`` is a multimodal model's prompt step (None: media parts are refused);
+    ``request_parameters`` is the Triton request's parameters as JSON (read in the vLLM contract).
     """
     stream = contract.read_bool(get(contract.STREAM), default=False)
-    raw = contract.read_json(get(contract.PARAMETERS), contract.PARAMETERS)
-    alias = contract.read_json(get(contract.SAMPLING_PARAMETERS), contract.SAMPLING_PARAMETERS)
-    if raw is not None and alias is not None:
-        raise invalid("give either 'parameters' or 'sampling_parameters', not both", contract.SAMPLING_PARAMETERS)
-    raw = raw if raw is not None else alias
-    if raw is not None and not isinstance(raw, dict):
-        raise invalid("'parameters' must be a JSON object", contract.PARAMETERS)
+    vllm = vllm_compat.read_vllm_request(get, request_parameters, stream) if vllm_compat.speaks_vllm(get) else None
+    raw: dict[str, Any] | None
+    if vllm is not None:
+        raw = vllm.parameters
+        formats = None  # the vLLM backend returns the generated text as it is
+    else:
+        raw = _own_parameters(get)
     params = parse_parameters(raw, stream=stream)
     if params.lora is not None and params.lora not in adapters:
         raise ContractError(model_not_found(params.lora))
@@ -82,8 +87,9 @@ def decode_request(
             raise invalid("'text_input' must not be empty", contract.TEXT_INPUT)
         plan, suffix = plan_output(formats, params, text)
         prompt_ids = encode_raw_prompt(tokenizer, text + suffix)
-        exclude = contract.read_bool(get(contract.EXCLUDE_INPUT_IN_OUTPUT), default=False)
-        if not stream and not exclude:
+        if vllm is not None:
+            echo = text if vllm.echo_prompt else ""
+        elif not stream and not contract.read_bool(get(contract.EXCLUDE_INPUT_IN_OUTPUT), default=False):
             echo = text
     if plan.tool_parser is not None and formats.keeps_special_tokens_for_tools:
         params = replace(params, skip_special_tokens=False)
@@ -92,5 +98,24 @@ def decode_request(
         output_tokens=contract.read_bool(get(contract.RETURN_NUM_OUTPUT_TOKENS), default=False),
     )
     return PreparedRequest(
-        prompt_ids=prompt_ids, params=params, stream=stream, echo_prompt=echo, output=plan, media=media, counts=counts
+        prompt_ids=prompt_ids,
+        params=params,
+        stream=stream,
+        echo_prompt=echo,
+        output=plan,
+        media=media,
+        counts=counts,
+        vllm=vllm.outputs if vllm is not None else None,
     )
+
+
+def _own_parameters(get: TensorGetter) -> dict[str, Any] | None:
+    """Our contract's parameters: ``generation_parameters``, or its alias ``sampling_parameters``."""
+    raw = contract.read_json(get(contract.PARAMETERS), contract.PARAMETERS)
+    alias = contract.read_json(get(contract.SAMPLING_PARAMETERS), contract.SAMPLING_PARAMETERS)
+    if raw is not None and alias is not None:
+        raise invalid("give either 'parameters' or 'sampling_parameters', not both", contract.SAMPLING_PARAMETERS)
+    raw = raw if raw is not None else alias
+    if raw is not None and not isinstance(raw, dict):
+        raise invalid("'parameters' must be a JSON object", contract.PARAMETERS)
+    return raw

@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, token_logprob
+from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, logprob_wire, token_logprob
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def _delta_fields(delta: ChoiceDelta) -> dict[str, Any]:
     if delta.finish_reason:
         fields["finish_reason"] = delta.finish_reason
     if delta.logprobs is not None:
-        fields["logprobs"] = [asdict(lp) for lp in delta.logprobs]
+        fields["logprobs"] = [logprob_wire(lp) for lp in delta.logprobs]
     if delta.usage is not None:
         fields["usage"] = asdict(delta.usage)
     if delta.num_input_tokens:

@@ -14,21 +14,29 @@ name                       dtype   shape  meaning
                                           chat template (with ``tools`` / ``chat_template_kwargs``
                                           from ``generation_parameters``).
 ``text_input``             BYTES   [1]    a raw prompt, used as is (no chat template); the name of
-                                          Triton's vLLM backend, so its clients work unchanged.
+                                          Triton's vLLM backend, so its clients work unchanged. A
+                                          request with it and none of ``messages``,
+                                          ``generation_parameters``, ``media``, ``stream_channel``
+                                          speaks the vLLM backend's contract (``vllm_compat``).
 ``generation_parameters``  BYTES   [1]    JSON object of generation parameters; keys and rules in
                                           ``python_backend.protocol.params`` (unknown keys are an error).
-``sampling_parameters``    BYTES   [1]    vLLM-backend alias of ``generation_parameters``; giving
-                                          both is an error.
+``sampling_parameters``    BYTES   [1]    the vLLM backend's parameters (its keys and casts,
+                                          ``vllm_compat``); beside ``messages`` an alias of
+                                          ``generation_parameters`` (giving both is an error).
 ``stream``                 BOOL    [1]    true: one response per text delta; false (default): one
                                           response per choice carrying its whole text.
 ``exclude_input_in_output`` BOOL   [1]    vLLM-backend compatibility: for a non-streaming
                                           ``text_input`` request the prompt is prepended to the
                                           output unless this is true (vLLM's default).
-``return_finish_reason``   BOOL    [1]    accepted for vLLM-backend compatibility (a choice's last
-                                          response always carries ``finish_reason``).
+``return_finish_reason``   BOOL    [1]    vLLM contract: send ``finish_reason`` (``"None"`` while
+                                          running); ours: ignored (the last response has it).
+``return_cumulative_logprob`` BOOL [1]    vLLM contract: send ``cumulative_logprob``; ours: ignored.
+``return_logprobs``        BOOL    [1]    vLLM contract: send ``logprobs`` in the vLLM format;
+                                          ours: ignored (``logprobs`` follows the parameters).
 ``return_num_input_tokens`` BOOL   [1]    true: every response carries this count (the vLLM
-                                          backend's flag); otherwise a choice's last one only.
-``return_num_output_tokens`` BOOL  [1]    the same for ``num_output_tokens``.
+                                          backend's flag); otherwise (ours) a choice's last one only.
+``return_num_output_tokens`` BOOL  [1]    the same for ``num_output_tokens`` (vLLM contract: the
+                                          tokens of this response; ours: of the choice so far).
 ``media``                  BYTES   [-1]   raw bytes of each media item, in the order the
                                           ``messages`` parts reference them (``media_index``).
 ``media_types``            BYTES   [-1]   the MIME type of each ``media`` item.
@@ -51,7 +59,8 @@ name                       dtype   shape  meaning
 Outputs (one response describes one choice; ``text_output`` is in every response, the others
 only when they say something: an absent output reads as empty, an absent ``choice_index`` as 0,
 and the token counts come with a choice's last response unless ``return_num_*_tokens`` asks for
-them in every response):
+them in every response; a vLLM-contract request gets ``text_output`` and only the outputs its
+``return_*`` flags ask for, in every response, written by ``vllm_compat.VllmResponder``):
 
 =====================  ======  =====  ===============================================================
 name                   dtype   shape  meaning
@@ -66,7 +75,9 @@ name                   dtype   shape  meaning
                                       or empty when not requested
 ``usage``              BYTES   [1]    JSON ``ChoiceUsage``, only on a choice's last response
 ``num_input_tokens``   UINT32  [1]    prompt tokens (vLLM-backend compatible)
-``num_output_tokens``  UINT32  [1]    tokens generated for this choice so far
+``num_output_tokens``  UINT32  [1]    tokens generated for this choice so far (vLLM contract: in
+                                      this response)
+``cumulative_logprob`` FP32    [1]    vLLM contract only: the choice's summed token logprobs so far
 ``channel_deltas``     BYTES   [1]    a channel's response only: JSON list of entries (``channel_wire``)
 =====================  ======  =====  ===============================================================
 
@@ -97,9 +108,17 @@ SAMPLING_PARAMETERS = "sampling_parameters"
 STREAM = "stream"
 EXCLUDE_INPUT_IN_OUTPUT = "exclude_input_in_output"
 RETURN_FINISH_REASON = "return_finish_reason"
+RETURN_CUMULATIVE_LOGPROB = "return_cumulative_logprob"
+RETURN_LOGPROBS = "return_logprobs"
 RETURN_NUM_INPUT_TOKENS = "return_num_input_tokens"
 RETURN_NUM_OUTPUT_TOKENS = "return_num_output_tokens"
-RETURN_FLAGS = (RETURN_FINISH_REASON, RETURN_NUM_INPUT_TOKENS, RETURN_NUM_OUTPUT_TOKENS)
+RETURN_FLAGS = (  # the vLLM backend's additional-output flags, in its order
+    RETURN_FINISH_REASON,
+    RETURN_CUMULATIVE_LOGPROB,
+    RETURN_LOGPROBS,
+    RETURN_NUM_INPUT_TOKENS,
+    RETURN_NUM_OUTPUT_TOKENS,
+)
 MEDIA = "media"
 MEDIA_TYPES = "media_types"
 HEALTH_PROBE = "health_probe"
@@ -117,9 +136,10 @@ LOGPROBS = "logprobs"
 USAGE = "usage"
 NUM_INPUT_TOKENS = "num_input_tokens"
 NUM_OUTPUT_TOKENS = "num_output_tokens"
+CUMULATIVE_LOGPROB = "cumulative_logprob"
 CHANNEL_DELTAS = "channel_deltas"
 
-DELTA_OUTPUT_NAMES = (  # what a request's own response may carry
+DELTA_OUTPUT_NAMES = (  # what a request's own response may carry in our contract
     TEXT_OUTPUT,
     REASONING_OUTPUT,
     TOOL_CALLS,
@@ -130,7 +150,8 @@ DELTA_OUTPUT_NAMES = (  # what a request's own response may carry
     NUM_INPUT_TOKENS,
     NUM_OUTPUT_TOKENS,
 )
-OUTPUT_NAMES = (*DELTA_OUTPUT_NAMES, CHANNEL_DELTAS)  # the config's order
+# The config's order: then the vLLM contract's own output and the channels' one.
+OUTPUT_NAMES = (*DELTA_OUTPUT_NAMES, CUMULATIVE_LOGPROB, CHANNEL_DELTAS)
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -142,7 +163,7 @@ class TensorSpec:
     """One tensor of the contract, as config.pbtxt and tritonclient need it."""
 
     name: str
-    datatype: str  # Triton datatype string: "BYTES", "BOOL", "INT32", "UINT32"
+    datatype: str  # Triton datatype string: "BYTES", "BOOL", "INT32", "UINT32", "FP32"
     dims: tuple[int, ...]
     optional: bool = True
 
@@ -173,6 +194,7 @@ OUTPUT_SPECS: tuple[TensorSpec, ...] = (
     TensorSpec(USAGE, "BYTES", (1,), optional=False),
     TensorSpec(NUM_INPUT_TOKENS, "UINT32", (1,), optional=False),
     TensorSpec(NUM_OUTPUT_TOKENS, "UINT32", (1,), optional=False),
+    TensorSpec(CUMULATIVE_LOGPROB, "FP32", (1,), optional=False),
     TensorSpec(CHANNEL_DELTAS, "BYTES", (1,), optional=False),
 )
 
@@ -183,6 +205,7 @@ class TopLogprob:
     token: str
     logprob: float
     bytes: list[int]
+    token_id: int = -1  # for the vLLM format only; not in our logprobs JSON
 
 
 @dataclass
@@ -193,6 +216,18 @@ class TokenLogprob:
     logprob: float
     bytes: list[int]
     top_logprobs: list[TopLogprob] = field(default_factory=list)
+    token_id: int = -1  # token_id and rank: for the vLLM format only; not in our logprobs JSON
+    rank: int = 0  # 1 + how many vocabulary entries were more likely
+
+
+def logprob_wire(item: TokenLogprob) -> dict[str, Any]:
+    """One token's entry in our ``logprobs`` JSON (the OpenAI fields only)."""
+    return {
+        "token": item.token,
+        "logprob": item.logprob,
+        "bytes": item.bytes,
+        "top_logprobs": [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes} for t in item.top_logprobs],
+    }
 
 
 @dataclass
@@ -234,6 +269,7 @@ class ChoiceDelta:
     usage: ChoiceUsage | None = None
     num_input_tokens: int = 0
     num_output_tokens: int = 0
+    cumulative_logprob: float = 0.0  # of the choice so far (the vLLM contract's output)
 
 
 # --- encode / decode helpers --------------------------------------------------------------------
@@ -312,14 +348,14 @@ def encode_delta(delta: ChoiceDelta, counts: CountOutputs = CountOutputs()) -> d
     if delta.finish_reason:
         tensors[FINISH_REASON] = bytes_tensor(delta.finish_reason)
     if delta.logprobs is not None:
-        tensors[LOGPROBS] = bytes_tensor(json.dumps([asdict(lp) for lp in delta.logprobs]))
+        tensors[LOGPROBS] = bytes_tensor(json.dumps([logprob_wire(lp) for lp in delta.logprobs]))
     if delta.usage is not None:
         tensors[USAGE] = bytes_tensor(delta.usage.to_json())
     return tensors
 
 
 def token_logprob(raw: dict[str, Any]) -> TokenLogprob:
-    """A ``TokenLogprob`` from its JSON object (``asdict`` form)."""
+    """A ``TokenLogprob`` from its JSON object (``logprob_wire`` form)."""
     return TokenLogprob(
         token=raw["token"],
         logprob=float(raw["logprob"]),

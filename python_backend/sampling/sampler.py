@@ -41,6 +41,7 @@ class SampledToken:
     token_id: int
     logprob: float  # under the model's raw distribution
     top: list[tuple[int, float]]  # requested top alternatives (empty when not asked)
+    rank: int = 0  # 1 + vocabulary entries more likely under the raw distribution; 0: not asked
 
 
 def _apply_penalties(logits: torch.Tensor, row: RowSampling) -> None:
@@ -119,10 +120,12 @@ def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[SampledToken]:
     for i, row in enumerate(rows):
         top: list[tuple[int, float]] = []
         token_logprob = 0.0
+        rank = 0
         if logprobs is not None and row.top_logprobs is not None:
             token_logprob = float(logprobs[i, tokens[i]])
+            rank = int((logprobs[i] > logprobs[i, tokens[i]]).sum()) + 1
             if row.top_logprobs > 0:
                 values, ids = torch.topk(logprobs[i], row.top_logprobs)
                 top = [(int(t), float(v)) for t, v in zip(ids.tolist(), values.tolist(), strict=True)]
-        out.append(SampledToken(tokens[i], token_logprob, top))
+        out.append(SampledToken(tokens[i], token_logprob, top, rank))
     return out

@@ -26,6 +26,7 @@ from python_backend.engine.sequence import EngineEvent
 from python_backend.protocol import contract
 from python_backend.protocol.channel_wire import ChannelEntry
 from python_backend.protocol.errors import ContractError, channel_closed, invalid
+from python_backend.protocol.vllm_compat import VllmResponder
 
 CHANNEL_NAME = re.compile(r"[A-Za-z0-9_.:-]{8,128}")
 # How often an open channel is asked whether its caller cancelled it (a round trip each): a
@@ -52,6 +53,7 @@ class Outgoing:
     echo_prompt: str = ""
     counts: contract.CountOutputs = contract.CountOutputs()
     channel: Channel | None = None  # the channel its deltas go to, if it named one
+    vllm: VllmResponder | None = None  # set: a vLLM-contract request, answered in its formats
 
 
 @dataclass

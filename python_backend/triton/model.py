@@ -27,6 +27,7 @@ from python_backend.prompt.inputs import decode_request
 from python_backend.protocol import contract
 from python_backend.protocol.errors import ContractError, ErrorInfo, internal
 from python_backend.protocol.settings import EngineSettings
+from python_backend.protocol.vllm_compat import VllmResponder
 from python_backend.sampling.structured import GrammarCompiler
 from python_backend.text.output_formats import resolve_formats
 from python_backend.triton.channels import ChannelRegistry, Outgoing
@@ -117,13 +118,17 @@ class TritonPythonModel:
 
         channel_name = _string_input(request, contract.STREAM_CHANNEL)
         channel = self._channels.find(channel_name) if channel_name is not None else None
-        prepared = decode_request(get, self._tokenizer, self._adapters, self._formats, self._media)
+        prepared = decode_request(
+            get, self._tokenizer, self._adapters, self._formats, self._media, request_parameters=request.parameters()
+        )
         response_format = prepared.params.response_format
         grammar = self._grammars.compile(response_format) if response_format is not None else None
         echo, counts = prepared.echo_prompt, prepared.counts
+        # One per request: it counts the tokens each choice has reported (the sender thread only).
+        vllm = VllmResponder(prepared.vllm) if prepared.vllm is not None else None
 
         def sink(event: EngineEvent) -> None:
-            self._sender.put(Outgoing(sender, event, echo, counts, channel))
+            self._sender.put(Outgoing(sender, event, echo, counts, channel, vllm))
 
         asked = [0.0]
 

@@ -179,5 +179,6 @@ def _send(item: Outgoing) -> None:
     delta = event.delta
     if item.echo_prompt:
         delta.text = item.echo_prompt + delta.text
-    tensors = [pb_utils.Tensor(name, array) for name, array in contract.encode_delta(delta, item.counts).items()]
+    encoded = item.vllm.encode(delta) if item.vllm is not None else contract.encode_delta(delta, item.counts)
+    tensors = [pb_utils.Tensor(name, array) for name, array in encoded.items()]
     item.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=flags)

@@ -128,7 +128,8 @@ def test_tritonclient_example_script_talks_to_the_model_directly(triton_server: 
 
 
 def stream_text_input(triton: TritonHandle, flags: dict[str, bool]) -> list[dict[str, object]]:
-    """A vLLM-backend style tritonclient stream (``text_input``); each response's outputs."""
+    """A raw-prompt tritonclient stream in our contract (``text_input`` with our parameters
+    tensor; test_vllm_contract_e2e covers the vLLM backend's); each response's outputs."""
 
     def tensor(name: str, value: object, datatype: str) -> grpcclient.InferInput:
         array = np.array([value], dtype=np.object_ if datatype == "BYTES" else bool)
@@ -139,7 +140,9 @@ def stream_text_input(triton: TritonHandle, flags: dict[str, bool]) -> list[dict
     inputs = [
         tensor("text_input", b"Once upon a time", "BYTES"),
         tensor(
-            "sampling_parameters", json.dumps({"max_tokens": 4, "ignore_eos": True, "temperature": 0}).encode(), "BYTES"
+            "generation_parameters",
+            json.dumps({"max_tokens": 4, "ignore_eos": True, "temperature": 0}).encode(),
+            "BYTES",
         ),
         tensor("stream", True, "BOOL"),
         *(tensor(name, value, "BOOL") for name, value in flags.items()),

@@ -14,7 +14,13 @@ from python_backend.protocol.settings import EngineSettings
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "model_repository" / "triton_chat"
 # contract.TensorSpec.datatype -> config.pbtxt data_type
-PBTXT_TYPES = {"BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL", "INT32": "TYPE_INT32", "UINT32": "TYPE_UINT32"}
+PBTXT_TYPES = {
+    "BYTES": "TYPE_STRING",
+    "BOOL": "TYPE_BOOL",
+    "INT32": "TYPE_INT32",
+    "UINT32": "TYPE_UINT32",
+    "FP32": "TYPE_FP32",
+}
 
 
 def _config() -> model_config_pb2.ModelConfig:
