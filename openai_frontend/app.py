@@ -66,7 +66,7 @@ def create_app(
     app.include_router(health.router)
     app.include_router(metrics.router)
     # add_middleware wraps: the last added runs first, so the key check precedes any body read.
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     if settings.api_keys:
         app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys)
     # While draining, new inference requests get their 503 before anything else runs.
