@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from openai_frontend.chat.schemas import ChatCompletionRequest
 from openai_frontend.client.base import ChatBackend
 from openai_frontend.client.triton import TritonBackend
 from openai_frontend.http.auth import ApiKeyMiddleware
@@ -21,6 +22,7 @@ from openai_frontend.http.body_limit import BodySizeLimitMiddleware
 from openai_frontend.http.drain import DrainMiddleware
 from openai_frontend.http.errors import install_error_handlers
 from openai_frontend.http.metrics import FrontendMetrics, MetricsMiddleware
+from openai_frontend.http.openapi import install_openapi
 from openai_frontend.media.loader import MediaLoader
 from openai_frontend.media.net import Network
 from openai_frontend.routes import chat, health, metrics, models
@@ -58,12 +60,13 @@ def create_app(
     )
     app.state.frontend = state
     install_error_handlers(app)
+    install_openapi(app, request_models=(ChatCompletionRequest,))
     app.include_router(chat.router)
     app.include_router(models.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
     # add_middleware wraps: the last added runs first, so the key check precedes any body read.
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     if settings.api_keys:
         app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys)
     # While draining, new inference requests get their 503 before anything else runs.

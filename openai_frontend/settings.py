@@ -21,6 +21,11 @@ MINDIE_MODE = "vllm"  # MindIE's ``openAiSupport`` value that selects its own (v
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024  # Triton's default; one 40 MB base64 image fits
 DEFAULT_TIMEOUT_S = 600.0  # MindIE's default tokenTimeout and e2eTimeout
 OPENAI_MODES = (MINDIE_MODE, "openai")  # the launcher's --openai-mode choices
+DEFAULT_MAX_HEADER_BYTES = 32 * 1024  # nginx's large_client_header_buffers in all; long JWTs fit
+DEFAULT_MAX_HEADERS = 100  # Apache's LimitRequestFields
+DEFAULT_HEADER_TIMEOUT_S = 20.0  # Apache's mod_reqtimeout header default
+DEFAULT_BODY_TIMEOUT_S = 120.0  # a 64 MiB body at about 0.5 MB/s
+DEFAULT_MAX_CONNECTIONS = 1024  # each holds a file descriptor and buffers; streams are long-lived
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,31 @@ _RESPONSE_CHANNEL_DOCS = (
     "turn off the response channel: each streamed delta of each request becomes its own gRPC response "
     "instead of one channel response per engine step for all streaming requests (docs/design.md, "
     '"Response channels")'
+)
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """The HTTP layer's limits (``openai_frontend.http.limits``); names as in ``FrontendSettings``."""
+
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_headers: int = DEFAULT_MAX_HEADERS
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+
+
+_HEADER_TIMEOUT_DOCS = (
+    "seconds a connection may take to send a request's line and headers, from its opening or its previous "
+    "response's end: past it a 408 (code `request_timeout`) and the connection closes"
+)
+_BODY_TIMEOUT_DOCS = (
+    "seconds a request may take to send its whole body once the server reads it: past it a 408 (code "
+    "`request_timeout`) and the connection closes"
+)
+_MAX_CONNECTIONS_DOCS = (
+    "open connections the frontend accepts requests on; a request on one more gets a 503 (code "
+    "`too_many_connections`, with `Retry-After`) and its connection closes"
 )
 
 
@@ -112,6 +142,35 @@ class FrontendSettings(BaseModel):
         "streaming requests, instead of one per delta",
     )
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0, description="largest accepted request body")
+    max_header_bytes: Annotated[int, FlagInfo("--max-header-bytes", "max_header_bytes", metavar="N")] = Field(
+        default=DEFAULT_MAX_HEADER_BYTES,
+        gt=0,
+        description="largest request line and headers in bytes; more is a 431",
+    )
+    max_headers: Annotated[int, FlagInfo("--max-headers", "max_headers", metavar="N")] = Field(
+        default=DEFAULT_MAX_HEADERS, gt=0, description="most header fields in one request; more is a 431"
+    )
+    header_timeout_s: Annotated[
+        float, FlagInfo("--header-timeout", "header_timeout", metavar="S", docs=_HEADER_TIMEOUT_DOCS)
+    ] = Field(
+        default=DEFAULT_HEADER_TIMEOUT_S,
+        gt=0,
+        description="seconds a connection may take to send a request's headers; then a 408 and the close",
+    )
+    body_timeout_s: Annotated[
+        float, FlagInfo("--body-timeout", "body_timeout", metavar="S", docs=_BODY_TIMEOUT_DOCS)
+    ] = Field(
+        default=DEFAULT_BODY_TIMEOUT_S,
+        gt=0,
+        description="seconds a request may take to send its whole body; then a 408 and the close",
+    )
+    max_connections: Annotated[
+        int, FlagInfo("--max-connections", "max_connections", metavar="N", docs=_MAX_CONNECTIONS_DOCS)
+    ] = Field(
+        default=DEFAULT_MAX_CONNECTIONS,
+        gt=0,
+        description="open connections served at most; a request on one more gets a 503",
+    )
     media: MediaSettings = Field(
         default_factory=MediaSettings,
         description="media fetching policy; the default refuses remote media (see docs/media-security.md)",
@@ -131,6 +190,17 @@ class FrontendSettings(BaseModel):
         if len(set(self.lora_names)) != len(self.lora_names):
             raise ValueError("lora_names must be distinct")
         return self
+
+    @property
+    def http_limits(self) -> HttpLimits:
+        """The limits the HTTP layer enforces."""
+        return HttpLimits(
+            max_header_bytes=self.max_header_bytes,
+            max_headers=self.max_headers,
+            header_timeout_s=self.header_timeout_s,
+            body_timeout_s=self.body_timeout_s,
+            max_connections=self.max_connections,
+        )
 
     @property
     def mindie_mode(self) -> bool:

@@ -4,7 +4,8 @@ Owns: ``ChatCompletionRequest`` (pydantic v2) and the allow-list of its generati
 (``to_backend_parameters``, the input of ``parse_parameters``; the tensor carries the parsed form). Generation fields are typed ``Any`` on purpose: their ranges,
 types and cross-field rules live in ``python_backend.protocol.params.parse_parameters``, which both this
 frontend and the Triton model run, so an HTTP caller and a tritonclient caller get identical
-errors. The JSON schema still documents each field's type (for clients and API fuzzers).
+errors. The JSON schema still documents each field's type and range, taken from the same
+constants (for generated clients and API fuzzers).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, WithJsonSchema
+
+from python_backend.protocol.params import INT32_MAX, MAX_N, MAX_TOP_LOGPROBS, UINT64_MAX
 
 
 def _nullable(*types: dict[str, Any]) -> WithJsonSchema:
@@ -22,16 +25,40 @@ _BOOLEAN: dict[str, Any] = {"type": "boolean"}
 _OBJECT: dict[str, Any] = {"type": "object"}
 _OBJECTS: dict[str, Any] = {"type": "array", "items": _OBJECT}
 
-# Validated as ``Any`` (the rules are parse_parameters'), documented with the type clients send.
+
+def _number(**bounds: float) -> WithJsonSchema:
+    return _nullable({"type": "number", **bounds})
+
+
+def _integer(low: int, high: int) -> WithJsonSchema:
+    return _nullable({"type": "integer", "minimum": low, "maximum": high})
+
+
+# Validated as ``Any`` (the rules are parse_parameters'), documented with the type and range
+# clients may send.
 OptNumber = Annotated[Any, _nullable({"type": "number"})]
 OptInteger = Annotated[Any, _nullable({"type": "integer"})]
+OptIntegers = Annotated[Any, _nullable({"type": "array", "items": {"type": "integer"}})]
 OptBoolean = Annotated[Any, _nullable(_BOOLEAN)]
 OptObject = Annotated[Any, _nullable(_OBJECT)]
 OptObjects = Annotated[Any, _nullable(_OBJECTS)]
-OptIntegers = Annotated[Any, _nullable({"type": "array", "items": {"type": "integer"}})]
-OptStop = Annotated[Any, _nullable({"type": "string"}, {"type": "array", "items": {"type": "string"}})]
-OptToolChoice = Annotated[Any, _nullable({"type": "string"}, _OBJECT)]
+OptTokenIds = Annotated[
+    Any, _nullable({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": INT32_MAX}})
+]
+_STOP_TEXT: dict[str, Any] = {"type": "string", "minLength": 1}
+OptStop = Annotated[Any, _nullable(_STOP_TEXT, {"type": "array", "items": _STOP_TEXT})]
+OptToolChoice = Annotated[Any, _nullable({"type": "string", "enum": ["none", "auto", "required"]}, _OBJECT)]
 OptStreamOptions = Annotated[Any, _nullable({"type": "object", "properties": {"include_usage": _BOOLEAN}})]
+Temperature = Annotated[Any, _number(minimum=0)]
+TopP = Annotated[Any, _number(exclusiveMinimum=1e-6, maximum=1)]
+RepetitionPenalty = Annotated[Any, _number(exclusiveMinimum=0, maximum=2)]
+Penalty = Annotated[Any, _number(minimum=-2, maximum=2)]
+TopK = Annotated[Any, _integer(-1, INT32_MAX)]
+Seed = Annotated[Any, _integer(0, UINT64_MAX)]
+MaxTokens = Annotated[Any, _integer(1, INT32_MAX)]
+MinTokens = Annotated[Any, _integer(0, INT32_MAX)]
+Choices = Annotated[Any, _integer(1, MAX_N)]
+TopLogprobs = Annotated[Any, _integer(0, MAX_TOP_LOGPROBS)]
 Messages = Annotated[Any, WithJsonSchema({"type": "array", "items": _OBJECT, "minItems": 1})]
 
 # The request fields that ``parse_parameters`` reads. ``lora`` is not
@@ -81,26 +108,28 @@ class ChatCompletionRequest(BaseModel):
         None, description="OpenAI mode only: include_usage adds a final usage chunk"
     )
 
-    temperature: OptNumber = Field(None, description=">= 0; must be > 0 when n or best_of > 1")
-    top_p: OptNumber = Field(None, description="(1e-6, 1]")
-    top_k: OptInteger = Field(None, description="-1 or 0 = off, else [1, 2^31-1]; clamped to the vocabulary")
-    repetition_penalty: OptNumber = Field(None, description="(0, 2]")
-    presence_penalty: OptNumber = Field(None, description="[-2, 2]")
-    frequency_penalty: OptNumber = Field(None, description="[-2, 2]")
-    seed: OptInteger = Field(None, description="[0, 2^64-1]")
+    temperature: Temperature = Field(None, description=">= 0; must be > 0 when n or best_of > 1")
+    top_p: TopP = Field(None, description="(1e-6, 1]")
+    top_k: TopK = Field(None, description="-1 or 0 = off, else [1, 2^31-1]; clamped to the vocabulary")
+    repetition_penalty: RepetitionPenalty = Field(None, description="(0, 2]")
+    presence_penalty: Penalty = Field(None, description="[-2, 2]")
+    frequency_penalty: Penalty = Field(None, description="[-2, 2]")
+    seed: Seed = Field(None, description="[0, 2^64-1]")
     stop: OptStop = Field(None, description="stop strings, 32768 characters in total at most")
-    stop_token_ids: OptIntegers = Field(None, description="token ids that end a choice")
+    stop_token_ids: OptTokenIds = Field(
+        None, description="token ids that end a choice, [0, 2^31-1] and within the vocabulary"
+    )
     include_stop_str_in_output: OptBoolean = Field(None, description="keep the matched stop text")
     skip_special_tokens: OptBoolean = Field(None, description="drop special tokens from the text")
     ignore_eos: OptBoolean = Field(None, description="keep generating past EOS")
-    max_tokens: OptInteger = Field(None, description="[1, 2^31-1]; capped by the server's maxIterTimes")
-    max_completion_tokens: OptInteger = Field(None, description="OpenAI alias of max_tokens")
-    min_tokens: OptInteger = Field(None, description="EOS and stop tokens suppressed until this many tokens")
-    n: OptInteger = Field(None, description="choices returned, [1, 128]")
-    best_of: OptInteger = Field(None, description="candidates generated, [1, 128]; streaming: equal to n")
+    max_tokens: MaxTokens = Field(None, description="[1, 2^31-1]; capped by the server's maxIterTimes")
+    max_completion_tokens: MaxTokens = Field(None, description="OpenAI alias of max_tokens")
+    min_tokens: MinTokens = Field(None, description="EOS and stop tokens suppressed until this many tokens")
+    n: Choices = Field(None, description="choices returned, [1, 128]")
+    best_of: Choices = Field(None, description="candidates generated, [1, 128]; streaming: equal to n")
     use_beam_search: OptBoolean = Field(None, description="beam search; streaming answers one JSON body")
     logprobs: OptBoolean = Field(None, description="return log-probabilities of the output tokens")
-    top_logprobs: OptInteger = Field(None, description="[0, 20] alternatives per token")
+    top_logprobs: TopLogprobs = Field(None, description="[0, 20] alternatives per token")
     tools: OptObjects = Field(None, description='function tools ({"type": "function", "function": {...}})')
     tool_choice: OptToolChoice = Field(None, description='"none", "auto", "required" or a named function')
     parallel_tool_calls: OptBoolean = Field(None, description="false: at most one tool call per answer")

@@ -1,12 +1,15 @@
 """Validation of one chat-completions request body, in the contract's order.
 
-Owns: ``validate_chat_request`` and the ``ValidatedChat`` it returns. Order (docs/api.md, validation):
-JSON body -> ``messages`` (``python_backend.protocol.messages``, then the media parts' syntax and policy,
+Owns: ``validate_chat_request`` and the ``ValidatedChat`` it returns. Order (docs/api.md,
+validation): JSON body -> every string, keys included, is valid Unicode (``json`` accepts lone
+surrogate escapes such as ``"\\ud800"``, which no encoder, tokenizer or response can carry) ->
+``messages`` (``python_backend.protocol.messages``, then the media parts' syntax and policy,
 ``media.parts.extract_media``, without any I/O) -> body schema and unknown fields -> generation
-parameters (``python_backend.protocol.params.parse_parameters``, the backend's own rules) -> ``model``
-(404 when not served). The backend is sent the parsed parameters' canonical form
-(``GenerationParams.to_wire``), never the body's own spelling. The first failure raises ``ContractError`` naming the field. Media are
-loaded only after all of this passed (``media.loader``, called by the route).
+parameters (``python_backend.protocol.params.parse_parameters``, the backend's own rules) ->
+``model`` (404 when not served). The backend is sent the parsed parameters' canonical form
+(``GenerationParams.to_wire``), never the body's own spelling. The first failure raises
+``ContractError`` naming the field. Media are loaded only after all of this passed
+(``media.loader``, called by the route).
 """
 
 from __future__ import annotations
@@ -49,6 +52,49 @@ def _load_json(body: bytes) -> dict[str, Any]:
     return data
 
 
+def _escaped(text: str) -> str:
+    """``text`` with its lone surrogates written as ``\\udXXX``, safe in any message."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _is_unicode(text: str) -> bool:
+    # str.isascii is a flag check; only non-ASCII strings pay for the encode.
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _first_invalid_string(data: Any) -> str | None:
+    """The dotted path of the first string (value or key) that is not valid Unicode, if any."""
+    pending: list[tuple[str, Any]] = [("", data)]
+    while pending:
+        path, value = pending.pop()
+        if isinstance(value, str):
+            if not _is_unicode(value):
+                return path
+        elif isinstance(value, dict):
+            children = []
+            for key, item in value.items():
+                child = f"{path}.{key}" if path else key
+                if not _is_unicode(key):
+                    return _escaped(child)
+                children.append((child, item))
+            pending.extend(reversed(children))  # depth first, in body order
+        elif isinstance(value, list):
+            pending.extend(reversed([(f"{path}.{i}" if path else str(i), item) for i, item in enumerate(value)]))
+    return None
+
+
+def _require_unicode(data: dict[str, Any]) -> None:
+    path = _first_invalid_string(data)
+    if path is not None:
+        raise invalid(f"'{path}' is not valid Unicode (it contains a lone surrogate)", path)
+
+
 def _include_usage(request: ChatCompletionRequest, settings: FrontendSettings, stream: bool) -> bool:
     options = request.stream_options
     if options is None or settings.mindie_mode:
@@ -69,6 +115,7 @@ def _include_usage(request: ChatCompletionRequest, settings: FrontendSettings, s
 def validate_chat_request(body: bytes, settings: FrontendSettings) -> ValidatedChat:
     """Check a raw request body; raise ``ContractError`` (400 or 404) naming the first bad field."""
     data = _load_json(body)
+    _require_unicode(data)
     media = extract_media(validate_messages(data.get("messages")), settings.media)
     try:
         request = ChatCompletionRequest.model_validate(data)

@@ -1,7 +1,8 @@
 """One error envelope for every non-2xx answer: ``{"error": {"message", "type", "param", "code"}}``.
 
 Owns: building error responses from ``ErrorInfo`` (the contract's user-facing error), the
-exception handlers installed on the app (validation, backend, HTTP, body size, catch-all), and the
+exception handlers installed on the app (validation, backend, HTTP, body size and deadline,
+catch-all), and the
 ``Retry-After`` rule for 429/503. Never ``{"detail": ...}``, never a traceback or a path in a body:
 unexpected exceptions are logged in full and answered with a fixed 500 message.
 """
@@ -26,12 +27,21 @@ from python_backend.protocol.errors import (
     http_error,
     internal,
     invalid_json,
+    request_timeout,
 )
 
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1  # seconds a 429/503 client should wait; overload and restarts clear quickly
 _RETRYABLE = (429, 503)
+
+
+class BodyTimedOut(Exception):
+    """The request body did not arrive in full within its deadline."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"request body did not arrive within {timeout_s:g} s")
+        self.timeout_s = timeout_s
 
 
 class BodyTooLarge(Exception):
@@ -89,6 +99,11 @@ async def _body_too_large(_: Request, exc: BodyTooLarge) -> JSONResponse:
     return error_response(body_too_large(exc.limit))
 
 
+async def _body_timed_out(_: Request, exc: BodyTimedOut) -> JSONResponse:
+    # The rest of the body may still come: the connection cannot carry another request.
+    return error_response(request_timeout(exc.timeout_s, "body"), headers={"Connection": "close"})
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("unhandled error on %s %s", request.method, request.scope.get("path"), exc_info=exc)
     return error_response(internal())
@@ -102,4 +117,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.exception_handler(RequestValidationError)(_request_validation_error)
     app.exception_handler(StarletteHTTPException)(_http_error)
     app.exception_handler(BodyTooLarge)(_body_too_large)
+    app.exception_handler(BodyTimedOut)(_body_timed_out)
     app.exception_handler(Exception)(_unexpected)

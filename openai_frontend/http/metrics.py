@@ -176,6 +176,11 @@ class MetricsMiddleware:
         m.running.labels(name).inc()
         try:
             await self.app(scope, receive, send_observed)
+        except Exception:
+            # Starlette's outermost middleware turns what escapes here into its 500, after us.
+            if not statuses:
+                statuses.append(500)
+            raise
         finally:
             m.running.labels(name).dec()
             if statuses and statuses[0] != 200:

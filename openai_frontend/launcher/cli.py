@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from openai_frontend.launcher.engine_flags import add_engine_flags, engine_values
-from openai_frontend.launcher.http_flags import add_http_flags, check_http_flags, non_negative_int
+from openai_frontend.launcher.http_flags import add_http_flags, check_http_flags, http_limits, non_negative_int
 from openai_frontend.launcher.options import FrontendOptions, ServeOptions, TlsFiles
 from openai_frontend.launcher.server_config import ConfigFileError, flag_defaults, load_server_file
 from openai_frontend.launcher.supervisor import MAX_RESTARTS
@@ -111,6 +111,7 @@ def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions:
         token_timeout_s=args.token_timeout,
         e2e_timeout_s=args.e2e_timeout,
         response_channel=args.response_channel,
+        http_limits=http_limits(args),
     )
 
 
@@ -171,6 +172,7 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         token_timeout_s=args.token_timeout,
         e2e_timeout_s=args.e2e_timeout,
         response_channel=args.response_channel,
+        http_limits=http_limits(args),
         triton_log=args.triton_log,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,
     )

@@ -20,6 +20,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from openai_frontend.http.drain import DrainState
+from openai_frontend.http.limits import limited_protocol
 from openai_frontend.launcher.options import TlsFiles, uvicorn_tls
 
 # uvicorn's wait for open connections once the drain is over (its default waits for every stream).
@@ -65,6 +66,8 @@ def draining_server(app: FastAPI, host: str, port: int, tls: TlsFiles | None, dr
         log_level="info",
         loop="asyncio",  # the loop grpc.aio is built and tested on (uvloop, if installed, would be picked)
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        # Header size, count and deadline, the connection cap, and protocol errors in the envelope.
+        http=limited_protocol(app.state.frontend.settings.http_limits),
         **uvicorn_tls(tls),
     )
     return DrainingServer(config, app.state.frontend.drain, drain_timeout_s)

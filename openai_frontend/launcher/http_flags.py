@@ -1,10 +1,11 @@
 """The HTTP frontend's command-line flags, shared by ``triton-chat serve`` and ``triton-chat frontend``.
 
-Owns: declaring them on an argument group (``add_http_flags``) and the checks across them
+Owns: declaring them on an argument group (``add_http_flags``), the checks across them
 (``check_http_flags``: exposure without ``--allow-external``, TLS files, the drain and request
-timeouts). The flags of ``FrontendSettings`` fields are generated from their ``FlagInfo`` and
-description (``frontend_flags``); those of the listener itself (address, TLS, drain) are the
-launcher's own and declared here.
+timeouts, the HTTP limits) and gathering the HTTP limits (``http_limits``). The flags of
+``FrontendSettings`` fields are generated from their ``FlagInfo`` and description
+(``frontend_flags``); those of the listener itself (address, TLS, drain) are the launcher's own
+and declared here.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from pydantic.fields import FieldInfo
 
 from openai_frontend.launcher.network import is_loopback
-from openai_frontend.settings import FlagInfo, FrontendSettings, flag_info
+from openai_frontend.settings import FlagInfo, FrontendSettings, HttpLimits, flag_info
 
 DEFAULT_DRAIN_TIMEOUT_S = 30.0  # as tritonserver's --exit-timeout-secs
 
@@ -82,13 +83,24 @@ def _flag_arguments(spec: FieldInfo, info: FlagInfo) -> dict[str, Any]:
         arguments.update(action="append", default=[])
     else:
         arguments.update(type=spec.annotation, default=spec.default)
-        if spec.annotation is float:
+        if spec.annotation in (float, int):
             arguments["help"] = f"{spec.description} (default: {spec.default:g})"
     if info.choices:
         arguments["choices"] = info.choices
     if info.metavar:
         arguments["metavar"] = info.metavar
     return arguments
+
+
+def http_limits(args: argparse.Namespace) -> HttpLimits:
+    """The HTTP layer's limits from the parsed flags."""
+    return HttpLimits(
+        max_header_bytes=args.max_header_bytes,
+        max_headers=args.max_headers,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        max_connections=args.max_connections,
+    )
 
 
 def check_http_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -106,7 +118,15 @@ def check_http_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error("--tls-cert and --tls-key go together")
     if args.drain_timeout < 0:
         parser.error("--drain-timeout must be >= 0")
-    for flag in ("token_timeout", "e2e_timeout"):
+    for flag in (
+        "token_timeout",
+        "e2e_timeout",
+        "header_timeout",
+        "body_timeout",
+        "max_header_bytes",
+        "max_headers",
+        "max_connections",
+    ):
         if not getattr(args, flag) > 0:  # also refuses nan
             parser.error(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
     if args.tls_ca_cert and not args.tls_cert:

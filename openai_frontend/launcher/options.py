@@ -9,11 +9,12 @@ itself is in ``cli.py``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from openai_frontend.launcher.supervisor import MAX_RESTARTS
+from openai_frontend.settings import HttpLimits
 from python_backend.protocol.settings import EngineSettings
 
 
@@ -48,6 +49,7 @@ class ServeOptions:
     e2e_timeout_s: float = 600.0  # FrontendSettings.request_timeout_s (MindIE e2eTimeout)
     max_restarts: int = MAX_RESTARTS  # tritonserver restarts allowed in 10 minutes (supervisor.py)
     response_channel: bool = True  # FrontendSettings.response_channel
+    http_limits: HttpLimits = HttpLimits()  # FrontendSettings' header, body and connection limits
 
     @property
     def dtype(self) -> str:
@@ -76,6 +78,7 @@ class FrontendOptions:
     token_timeout_s: float = 600.0  # FrontendSettings.token_timeout_s (MindIE tokenTimeout)
     e2e_timeout_s: float = 600.0  # FrontendSettings.request_timeout_s (MindIE e2eTimeout)
     response_channel: bool = True  # FrontendSettings.response_channel
+    http_limits: HttpLimits = HttpLimits()  # FrontendSettings' header, body and connection limits
 
 
 def uvicorn_tls(tls: TlsFiles | None) -> dict[str, Any]:
@@ -112,4 +115,5 @@ def http_settings(options: ServeOptions | FrontendOptions) -> dict[str, Any]:
         "token_timeout_s": options.token_timeout_s,
         "request_timeout_s": options.e2e_timeout_s,
         "response_channel": options.response_channel,
+        **asdict(options.http_limits),
     }

@@ -19,11 +19,11 @@ from openai_frontend.chat.schemas import ChatCompletionRequest, documented_error
 from openai_frontend.chat.serving import ChatCall, complete, events, start_stream
 from openai_frontend.chat.validation import validate_chat_request
 from openai_frontend.http.cancellation import ClientDisconnected, ClientGoneResponse, SSEResponse, run_until_disconnect
+from openai_frontend.http.headers import ignored_params_headers
 from openai_frontend.state import frontend_state, require_backend
 
 router = APIRouter(tags=["chat"])
 
-IGNORED_PARAMS_HEADER = "x-ignored-params"
 # Bodies above this are parsed and validated in a worker thread: a multi-megabyte JSON body would
 # otherwise hold the event loop (and every other request, /health included) for tens of ms.
 OFFLOAD_BODY_BYTES = 256 * 1024
@@ -61,7 +61,7 @@ async def create_chat_completion(request: Request) -> Response:
     else:
         chat = validate_chat_request(body, state.settings)
     backend = require_backend(request)
-    headers = {IGNORED_PARAMS_HEADER: ",".join(chat.ignored)} if chat.ignored else {}
+    headers = ignored_params_headers(chat.ignored)
     try:
         media = await run_until_disconnect(request, state.media.load(chat.media)) if chat.media else []
         call = ChatCall(chat, state.settings, observation, media)

@@ -40,6 +40,18 @@ class PreparedRequest:
     vllm: vllm_compat.VllmOutputs | None = None  # set: answer in the vLLM backend's formats
 
 
+def _check_token_ids(token_ids: tuple[int, ...], tokenizer: PreTrainedTokenizerBase) -> None:
+    """Stop token ids must name tokens of this model (the frontend cannot know its vocabulary)."""
+    if not token_ids:
+        return
+    size = len(tokenizer)
+    for i, token_id in enumerate(token_ids):
+        if token_id >= size:
+            raise invalid(
+                f"'stop_token_ids[{i}]' is {token_id}; the model's vocabulary has {size} tokens", f"stop_token_ids.{i}"
+            )
+
+
 def decode_request(
     get: TensorGetter,
     tokenizer: PreTrainedTokenizerBase,
@@ -63,6 +75,7 @@ def decode_request(
     else:
         raw = _own_parameters(get)
     params = parse_parameters(raw, stream=stream)
+    _check_token_ids(params.stop_token_ids, tokenizer)
     if params.lora is not None and params.lora not in adapters:
         raise ContractError(model_not_found(params.lora))
     messages = contract.read_json(get(contract.MESSAGES), contract.MESSAGES)

@@ -5,8 +5,9 @@ message), ``ContractError`` (the exception that carries one), ``ErrorKind`` (sta
 and code of one kind of error), ``CATALOGUE`` (all of them) and one named constructor per error,
 which is the only way the backend and the frontend build one. Statuses follow what OpenAI and
 MindIE clients act on: 400 is a bad request (not retried), 401 a bad key, 404 an unknown model or
-route, 413 a body too large, 429 and 503 are retried after ``Retry-After``, 500 an internal
-error, 504 a timeout. Standard library only.
+route, 408 a request that did not arrive in time, 413 a body too large, 431 headers too large, 429
+and 503 are retried after ``Retry-After``, 500 an internal error, 504 a timeout. Standard library
+only.
 """
 
 from __future__ import annotations
@@ -83,13 +84,17 @@ class ErrorKind:
 INVALID = ErrorKind(400, INVALID_REQUEST, None)
 INVALID_JSON = ErrorKind(400, INVALID_REQUEST, "invalid_json")
 INVALID_CONTENT_LENGTH = ErrorKind(400, INVALID_REQUEST, "invalid_content_length")
+INVALID_HTTP = ErrorKind(400, INVALID_REQUEST, "invalid_http_request")
+DUPLICATE_HEADER = ErrorKind(400, INVALID_REQUEST, "duplicate_header")
 CONTEXT_TOO_LONG = ErrorKind(400, INVALID_REQUEST, "context_length_exceeded")
 KV_CACHE_EXCEEDED = ErrorKind(400, INVALID_REQUEST, "kv_cache_exceeded")
 UNAUTHORIZED = ErrorKind(401, INVALID_REQUEST, "invalid_api_key")
 MODEL_NOT_FOUND = ErrorKind(404, INVALID_REQUEST, "model_not_found")
 ROUTE_NOT_FOUND = ErrorKind(404, NOT_FOUND, "not_found")
 METHOD_NOT_ALLOWED = ErrorKind(405, INVALID_REQUEST, "method_not_allowed")
+REQUEST_TIMEOUT = ErrorKind(408, INVALID_REQUEST, "request_timeout")
 BODY_TOO_LARGE = ErrorKind(413, INVALID_REQUEST, "request_too_large")
+HEADERS_TOO_LARGE = ErrorKind(431, INVALID_REQUEST, "headers_too_large")
 OVERLOADED = ErrorKind(429, RATE_LIMIT, "overloaded")
 INTERNAL = ErrorKind(500, SERVER_ERROR, "internal_error")
 BACKEND_INCOMPLETE = ErrorKind(500, SERVER_ERROR, "backend_incomplete")
@@ -101,6 +106,7 @@ ENGINE_STALLED = ErrorKind(503, SERVICE_UNAVAILABLE, "engine_stalled")
 CHANNEL_CLOSED = ErrorKind(503, SERVICE_UNAVAILABLE, "channel_closed")
 BACKEND_UNAVAILABLE = ErrorKind(503, SERVICE_UNAVAILABLE, "backend_unavailable")
 BACKEND_NOT_READY = ErrorKind(503, SERVICE_UNAVAILABLE, "backend_not_ready")
+TOO_MANY_CONNECTIONS = ErrorKind(503, SERVICE_UNAVAILABLE, "too_many_connections")
 TOKEN_TIMEOUT = ErrorKind(504, TIMEOUT, "token_timeout")
 E2E_TIMEOUT = ErrorKind(504, TIMEOUT, "timeout")
 
@@ -108,13 +114,17 @@ CATALOGUE: tuple[ErrorKind, ...] = (
     INVALID,
     INVALID_JSON,
     INVALID_CONTENT_LENGTH,
+    INVALID_HTTP,
+    DUPLICATE_HEADER,
     CONTEXT_TOO_LONG,
     KV_CACHE_EXCEEDED,
     UNAUTHORIZED,
     MODEL_NOT_FOUND,
     ROUTE_NOT_FOUND,
     METHOD_NOT_ALLOWED,
+    REQUEST_TIMEOUT,
     BODY_TOO_LARGE,
+    HEADERS_TOO_LARGE,
     OVERLOADED,
     INTERNAL,
     BACKEND_INCOMPLETE,
@@ -126,6 +136,7 @@ CATALOGUE: tuple[ErrorKind, ...] = (
     CHANNEL_CLOSED,
     BACKEND_UNAVAILABLE,
     BACKEND_NOT_READY,
+    TOO_MANY_CONNECTIONS,
     TOKEN_TIMEOUT,
     E2E_TIMEOUT,
 )
@@ -161,7 +172,17 @@ def kv_cache_exceeded(needed: int, budget: int) -> ErrorInfo:
     )
 
 
-# --- 401 / 404 / 405 / 413 ----------------------------------------------------------------------
+def invalid_http_request() -> ErrorInfo:
+    """A request the HTTP parser refused (bad request line, header syntax, framing)."""
+    return INVALID_HTTP.info("invalid HTTP request")
+
+
+def duplicate_header(name: str) -> ErrorInfo:
+    """A header that must appear at most once appeared more often."""
+    return DUPLICATE_HEADER.info(f"the '{name}' header must be sent at most once")
+
+
+# --- 401 / 404 / 405 / 408 / 413 / 431 ----------------------------------------------------------
 def unauthorized() -> ErrorInfo:
     return UNAUTHORIZED.info("invalid or missing API key")
 
@@ -173,6 +194,20 @@ def model_not_found(name: str) -> ErrorInfo:
 
 def body_too_large(limit: int) -> ErrorInfo:
     return BODY_TOO_LARGE.info(f"request body is larger than {limit} bytes")
+
+
+def request_timeout(seconds: float, part: str) -> ErrorInfo:
+    """The client did not send the whole request (``part``: its headers or its body) in time."""
+    return REQUEST_TIMEOUT.info(f"the request {part} did not arrive within {seconds:g} s")
+
+
+def headers_too_large(what: str) -> ErrorInfo:
+    """The request line and headers passed a limit (``what`` says which)."""
+    return HEADERS_TOO_LARGE.info(f"request headers too large: {what}")
+
+
+def too_many_connections(limit: int) -> ErrorInfo:
+    return TOO_MANY_CONNECTIONS.info(f"the server has {limit} open connections, its limit; retry later")
 
 
 def http_error(status: int, message: str) -> ErrorInfo:

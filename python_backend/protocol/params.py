@@ -171,9 +171,11 @@ def _stop_token_ids(raw: dict[str, Any]) -> tuple[int, ...]:
             raise invalid(f"'stop_token_ids[{i}]' must not be null", f"stop_token_ids.{i}")
         if isinstance(item, bool) or not isinstance(item, int):
             raise invalid(f"'stop_token_ids[{i}]' must be an integer", f"stop_token_ids.{i}")
-        # The reference ignores elements outside int32 rather than rejecting the request.
-        if -(2**31) <= item <= INT32_MAX:
-            kept.append(item)
+        # A token id is an index into the vocabulary (int32 on the wire); the model checks the
+        # vocabulary's own size, which only it knows.
+        if not 0 <= item <= INT32_MAX:
+            raise invalid(f"'stop_token_ids[{i}]' must be in [0, {INT32_MAX}], got {item}", f"stop_token_ids.{i}")
+        kept.append(item)
     return tuple(kept)
 
 

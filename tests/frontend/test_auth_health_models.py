@@ -113,3 +113,15 @@ async def test_openapi_is_served_and_docs_are_not() -> None:
     schema = operation["requestBody"]["content"]["application/json"]["schema"]
     assert {"model", "messages", "temperature", "n"} <= set(schema["properties"])
     assert docs.status_code == 404
+
+
+@pytest.mark.parametrize("second", [f"Bearer {KEY}", "Bearer sk-wrong", "Basic abc"])
+async def test_two_authorization_headers_are_a_400(second: str) -> None:
+    backend = FakeBackend()
+    headers = [("Authorization", f"Bearer {KEY}"), ("Authorization", second)]
+    async with client_for(backend, api_keys=[KEY]) as client:
+        response = await client.post("/v1/chat/completions", json=chat_body(), headers=headers)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "duplicate_header" and "Authorization" in error["message"]
+    assert backend.requests == []

@@ -141,3 +141,14 @@ def test_two_apps_count_apart() -> None:
     assert counts == {"ok": 1.0, "media_too_large": 1.0}
     sizes = [s.value for s in families["media_fetch_bytes"].samples if s.name == "media_fetch_bytes_count"]
     assert sizes == [1.0]  # only successful fetches have a size
+
+
+async def test_an_unexpected_500_is_counted_as_a_failure() -> None:
+    def crash(_req: BackendRequest) -> list[ChoiceDelta | BackendError]:
+        raise RuntimeError("bug")
+
+    async with client_for(FakeBackend(script=crash)) as client:
+        assert (await client.post("/v1/chat/completions", json=ask("hi"))).status_code == 500
+        samples = await scrape(client)
+    assert value(samples, "request_failure_total", status="500") == 1
+    assert value(samples, "num_requests_running") == 0

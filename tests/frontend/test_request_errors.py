@@ -44,6 +44,9 @@ def assert_envelope(response, status: int, param: str | None = None) -> dict:
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "user", "content": ""}]}, "messages.0.content"),
         ({"model": 12}, "model"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids.0"),
+        ({"stop_token_ids": [5, 2**31]}, "stop_token_ids.1"),
+        ({"stop_token_ids": [2**64]}, "stop_token_ids.0"),
     ],
 )
 async def test_bad_field_is_400_naming_it(fields: dict, param: str) -> None:

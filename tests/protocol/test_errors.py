@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 # The status each OpenAI error type comes with (openai-python maps 400/401/404/429/5xx to its
 # exception classes and retries 429 and 5xx; MindIE clients read the same statuses).
 STATUSES_OF_TYPE = {
-    errors.INVALID_REQUEST: {400, 401, 404, 405, 413},
+    errors.INVALID_REQUEST: {400, 401, 404, 405, 408, 413, 431},
     errors.NOT_FOUND: {404},
     errors.RATE_LIMIT: {429},
     errors.SERVER_ERROR: {500},
@@ -48,6 +48,11 @@ CONSTRUCTED: list[ErrorInfo] = [
     errors.backend_not_ready(),
     errors.token_timeout(2.5),
     errors.e2e_timeout(30),
+    errors.invalid_http_request(),
+    errors.duplicate_header("authorization"),
+    errors.request_timeout(10, "headers"),
+    errors.headers_too_large("64 fields"),
+    errors.too_many_connections(8),
 ]
 
 
@@ -74,6 +79,7 @@ def test_retryable_errors_are_429_or_503() -> None:
         "channel_closed",
         "backend_unavailable",
         "backend_not_ready",
+        "too_many_connections",
     }
 
 

@@ -106,8 +106,12 @@ def test_top_logprobs_turns_logprobs_on() -> None:
     assert parse_parameters({"top_logprobs": 2, "logprobs": False}).logprobs is False
 
 
-def test_out_of_int32_stop_token_ids_are_ignored() -> None:
-    assert parse_parameters({"stop_token_ids": [2, 2**40, 13]}).stop_token_ids == (2, 13)
+@pytest.mark.parametrize("bad", [-1, 2**31, 2**64])
+def test_stop_token_ids_outside_int32_are_a_400_naming_the_element(bad: int) -> None:
+    assert parse_parameters({"stop_token_ids": [2, 2**31 - 1, 0]}).stop_token_ids == (2, 2**31 - 1, 0)
+    with pytest.raises(ContractError) as caught:
+        parse_parameters({"stop_token_ids": [2, bad, 13]})
+    assert caught.value.info.status == 400 and caught.value.info.param == "stop_token_ids.1"
 
 
 def test_nulls_mean_not_given() -> None:
@@ -130,7 +134,7 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"
         ({"best_of": 3, "n": 3, "temperature": 0.7}, True),
         ({"best_of": 2}, False),
         ({"n": 1, "best_of": 1}, True),
-        ({"stop": "END", "stop_token_ids": [5, 2**40], "include_stop_str_in_output": True}, False),
+        ({"stop": "END", "stop_token_ids": [5, 2**31 - 1], "include_stop_str_in_output": True}, False),
         ({"repetition_penalty": 1.0, "presence_penalty": 0, "min_tokens": 0, "skip_special_tokens": False}, True),
         ({"use_beam_search": True, "best_of": 4}, False),
         ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, True),
