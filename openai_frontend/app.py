@@ -23,7 +23,7 @@ from openai_frontend.http.errors import install_error_handlers
 from openai_frontend.http.metrics import FrontendMetrics, MetricsMiddleware
 from openai_frontend.media.loader import MediaLoader
 from openai_frontend.media.net import Network
-from openai_frontend.routes import chat, health, metrics, models
+from openai_frontend.routes import chat, completions, health, metrics, models
 from openai_frontend.settings import FrontendSettings
 from openai_frontend.state import FrontendState
 
@@ -50,7 +50,7 @@ def create_app(
 
     app = FastAPI(
         title="triton-chat",
-        description="OpenAI/MindIE-compatible chat completions on Triton Inference Server",
+        description="OpenAI/MindIE-compatible chat completions and completions on Triton Inference Server",
         docs_url=None,
         redoc_url=None,
         openapi_url="/openapi.json",
@@ -59,6 +59,7 @@ def create_app(
     app.state.frontend = state
     install_error_handlers(app)
     app.include_router(chat.router)
+    app.include_router(completions.router)
     app.include_router(models.router)
     app.include_router(health.router)
     app.include_router(metrics.router)

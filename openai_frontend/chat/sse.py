@@ -25,7 +25,7 @@ from typing import Any
 
 from openai_frontend.chat.accumulate import ChoiceAccumulator, logprobs_json
 from openai_frontend.chat.responses import choice_usage, total_usage
-from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage
+from python_backend.protocol.contract import ChoiceDelta
 from python_backend.protocol.errors import ErrorInfo, backend_incomplete
 
 OBJECT_CHUNK = "chat.completion.chunk"
@@ -123,14 +123,13 @@ class ChoiceStreamFormatter:
         self._closed = True
         events = []
         if not self._o.mindie and self._o.include_usage:
-            usages = [self._choices[i].final_usage() for i in sorted(self._choices)]
-            events.append(sse_event({**self._head(), "choices": [], "usage": self._usage(usages)}))
+            events.append(sse_event({**self._head(), "choices": [], "usage": self._usage()}))
         events.append(DONE_EVENT)
         return events
 
-    def _usage(self, usages: list[ChoiceUsage]) -> dict[str, Any]:
+    def _usage(self) -> dict[str, Any]:
         """The OpenAI usage chunk's ``usage``."""
-        return total_usage(usages, mindie=False)
+        return total_usage([self._choices[i].final_usage() for i in sorted(self._choices)], mindie=False)
 
     def on_error(self, info: ErrorInfo) -> list[bytes]:
         """Events that end a started stream with an error event, then ``[DONE]``."""
