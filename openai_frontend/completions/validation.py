@@ -7,7 +7,8 @@ body -> body schema -> ``prompt`` -> ``suffix`` / ``echo`` / ``logprobs`` -> the
 
 Completions' own rules, mapped onto the shared parameters: ``logprobs`` k in [0, 5] (OpenAI's
 limit) asks for the top k alternatives of each token (0 or null: none); ``max_tokens`` defaults
-to 16 (OpenAI's and vLLM's default for this endpoint); ``n`` applies to each prompt, and the
+to 16 (OpenAI's and vLLM's default for this endpoint); the text is never split into reasoning;
+``n`` applies to each prompt, and the
 prompts times ``n`` are at most ``MAX_N`` choices.
 """
 
@@ -96,6 +97,10 @@ def validate_completion_request(body: bytes, settings: FrontendSettings) -> Vali
         raise invalid("'echo' cannot be used with 'logprobs': prompt log-probabilities are not available", "echo")
     if parameters.get("max_tokens") is None and parameters.get("max_completion_tokens") is None:
         parameters["max_tokens"] = DEFAULT_MAX_TOKENS
+    # A completion is the model's raw text: on a reasoning model the backend would otherwise move
+    # ``<think>`` text out of it (and refuse ``stop``). Without a chat template this switch only
+    # turns that parsing off.
+    parameters["chat_template_kwargs"] = {"enable_thinking": False}
     checked = check_generation(request, parameters, settings)
     if len(prompts) * checked.params.n > MAX_N:
         raise invalid(f"'prompt' count times 'n' must be at most {MAX_N}, got {len(prompts) * checked.params.n}", "n")

@@ -64,7 +64,8 @@ async def test_defaults_send_the_raw_prompt_and_answer_a_text_completion() -> No
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     [request] = backend.requests
     assert request.prompt == PROMPT and request.stream is False
-    assert request.parameters == {"max_tokens": 16}  # OpenAI's default for this endpoint
+    # OpenAI's default max_tokens for this endpoint; the raw text is never parsed for reasoning.
+    assert request.parameters == {"max_tokens": 16, "chat_template_kwargs": {"enable_thinking": False}}
 
 
 @pytest.mark.parametrize(
@@ -88,7 +89,7 @@ async def test_sampling_parameters_reach_the_backend(field: str, value: Any, wir
     response = await post(backend, body(**{field: value}))
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["text"] == TEXT
-    expected = {"max_tokens": 16, **wire}
+    expected = {"max_tokens": 16, "chat_template_kwargs": {"enable_thinking": False}, **wire}
     assert backend.requests[0].parameters == expected
 
 
