@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import time
 
-import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.requests import ClientDisconnect
 
 from openai_frontend.chat.schemas import documented_errors
 from openai_frontend.chat.serving import events
@@ -20,7 +18,7 @@ from openai_frontend.completions.schemas import CompletionRequest
 from openai_frontend.completions.serving import CompletionCall, complete, start_stream
 from openai_frontend.completions.validation import validate_completion_request
 from openai_frontend.http.cancellation import ClientDisconnected, ClientGoneResponse, SSEResponse, run_until_disconnect
-from openai_frontend.routes.chat import IGNORED_PARAMS_HEADER, OFFLOAD_BODY_BYTES
+from openai_frontend.routes.chat import IGNORED_PARAMS_HEADER, read_validated
 from openai_frontend.state import frontend_state, require_backend
 
 router = APIRouter(tags=["completions"])
@@ -47,14 +45,9 @@ _OPENAPI_BODY = {
 async def create_completion(request: Request) -> Response:
     state = frontend_state(request)
     observation = state.metrics.observe(time.monotonic())  # TTFT and latency count from arrival
-    try:
-        body = await request.body()
-    except ClientDisconnect:
+    completion = await read_validated(request, validate_completion_request)
+    if completion is None:
         return ClientGoneResponse()
-    if len(body) > OFFLOAD_BODY_BYTES:
-        completion = await anyio.to_thread.run_sync(validate_completion_request, body, state.settings)
-    else:
-        completion = validate_completion_request(body, state.settings)
     backend = require_backend(request)
     headers = {IGNORED_PARAMS_HEADER: ",".join(completion.ignored)} if completion.ignored else {}
     call = CompletionCall(completion, state.settings, observation)
