@@ -7,7 +7,7 @@ body -> body schema -> ``prompt`` -> ``suffix`` / ``echo`` / ``logprobs`` -> the
 
 Completions' own rules, mapped onto the shared parameters: ``logprobs`` k in [0, 5] (OpenAI's
 limit) asks for the top k alternatives of each token (0 or null: none); ``max_tokens`` defaults
-to 16 (OpenAI's and vLLM's default for this endpoint); the text is never split into reasoning;
+to 16 (OpenAI's and vLLM's default for this endpoint), or ``min_tokens`` when larger; the text is never split into reasoning;
 ``n`` applies to each prompt, and the
 prompts times ``n`` are at most ``MAX_N`` choices.
 """
@@ -96,7 +96,11 @@ def validate_completion_request(body: bytes, settings: FrontendSettings) -> Vali
         # OpenAI then scores the prompt's tokens too, which the model does not report.
         raise invalid("'echo' cannot be used with 'logprobs': prompt log-probabilities are not available", "echo")
     if parameters.get("max_tokens") is None and parameters.get("max_completion_tokens") is None:
+        # Never below min_tokens: a client that sent no max_tokens must not read an error about it.
+        floor = parameters.get("min_tokens")
         parameters["max_tokens"] = DEFAULT_MAX_TOKENS
+        if isinstance(floor, int) and not isinstance(floor, bool):
+            parameters["max_tokens"] = max(DEFAULT_MAX_TOKENS, floor)
     # A completion is the model's raw text: on a reasoning model the backend would otherwise move
     # ``<think>`` text out of it (and refuse ``stop``). Without a chat template this switch only
     # turns that parsing off.

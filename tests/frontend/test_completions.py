@@ -93,6 +93,13 @@ async def test_sampling_parameters_reach_the_backend(field: str, value: Any, wir
     assert backend.requests[0].parameters == expected
 
 
+async def test_default_max_tokens_never_falls_below_min_tokens() -> None:
+    backend = FakeBackend()
+    response = await post(backend, body(min_tokens=40))
+    assert response.status_code == 200, response.text
+    assert backend.requests[0].parameters["max_tokens"] == 40
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
