@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from openai_frontend.chat.schemas import ChatCompletionRequest
 from openai_frontend.client.base import ChatBackend
 from openai_frontend.client.triton import TritonBackend
+from openai_frontend.completions.schemas import CompletionRequest
 from openai_frontend.http.auth import ApiKeyMiddleware
 from openai_frontend.http.body_limit import BodySizeLimitMiddleware
 from openai_frontend.http.drain import DrainMiddleware
@@ -25,7 +26,7 @@ from openai_frontend.http.metrics import FrontendMetrics, MetricsMiddleware
 from openai_frontend.http.openapi import install_openapi
 from openai_frontend.media.loader import MediaLoader
 from openai_frontend.media.net import Network
-from openai_frontend.routes import chat, health, metrics, models
+from openai_frontend.routes import chat, completions, health, metrics, models
 from openai_frontend.settings import FrontendSettings
 from openai_frontend.state import FrontendState
 
@@ -52,7 +53,7 @@ def create_app(
 
     app = FastAPI(
         title="triton-chat",
-        description="OpenAI/MindIE-compatible chat completions on Triton Inference Server",
+        description="OpenAI/MindIE-compatible chat completions and completions on Triton Inference Server",
         docs_url=None,
         redoc_url=None,
         openapi_url="/openapi.json",
@@ -60,8 +61,9 @@ def create_app(
     )
     app.state.frontend = state
     install_error_handlers(app)
-    install_openapi(app, request_models=(ChatCompletionRequest,))
+    install_openapi(app, request_models=(ChatCompletionRequest, CompletionRequest))
     app.include_router(chat.router)
+    app.include_router(completions.router)
     app.include_router(models.router)
     app.include_router(health.router)
     app.include_router(metrics.router)

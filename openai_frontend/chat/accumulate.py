@@ -18,7 +18,7 @@ from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, TokenLogp
 MIN_LOGPROB = -9999.0
 
 
-def _finite(value: float) -> float:
+def finite_logprob(value: float) -> float:
     return value if math.isfinite(value) else MIN_LOGPROB
 
 
@@ -27,10 +27,10 @@ def logprobs_json(items: list[TokenLogprob]) -> dict[str, Any]:
     content = [
         {
             "token": item.token,
-            "logprob": _finite(item.logprob),
+            "logprob": finite_logprob(item.logprob),
             "bytes": list(item.bytes),
             "top_logprobs": [
-                {"token": top.token, "logprob": _finite(top.logprob), "bytes": list(top.bytes)}
+                {"token": top.token, "logprob": finite_logprob(top.logprob), "bytes": list(top.bytes)}
                 for top in item.top_logprobs
             ],
         }

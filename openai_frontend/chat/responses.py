@@ -1,8 +1,8 @@
 """Whole-response bodies and usage objects (non-streaming answers and the beam-search pseudo-stream).
 
 Owns: ``completion_body`` (the ``chat.completion`` object in MindIE or plain OpenAI form),
-``choice_usage`` (one choice's usage, as MindIE's final stream chunks carry it) and
-``total_usage`` (all choices together). The rules (docs/api.md, usage):
+``choice_usage`` (one choice's usage, as MindIE's final stream chunks carry it),
+``total_usage`` (all choices together) and ``usage_fields`` (that, with MindIE's timings). The rules (docs/api.md, usage):
 ``completion_tokens`` is the sum over choices, ``batch_size``/``queue_wait_time`` and
 ``decode_time_arr`` come from the longest choice, ``prefill_time`` is the largest of the choices',
 ``prompt_tokens_details`` is always present, ``completion_tokens_details`` only when the backend
@@ -116,9 +116,14 @@ def completion_body(
             for c in ordered
         ],
     }
-    usages = [c.final_usage() for c in ordered]
-    body["usage"] = total_usage(usages, mindie)
-    if mindie:
-        body["prefill_time"] = max((u.prefill_time for u in usages), default=0.0)
-        body["decode_time_arr"] = list(longest(usages).decode_time_arr) if usages else []
+    body.update(usage_fields([c.final_usage() for c in ordered], mindie))
     return body
+
+
+def usage_fields(usages: list[ChoiceUsage], mindie: bool) -> dict[str, Any]:
+    """A whole answer's ``usage``, and in MindIE mode its ``prefill_time`` and ``decode_time_arr``."""
+    fields: dict[str, Any] = {"usage": total_usage(usages, mindie)}
+    if mindie:
+        fields["prefill_time"] = max((u.prefill_time for u in usages), default=0.0)
+        fields["decode_time_arr"] = list(longest(usages).decode_time_arr) if usages else []
+    return fields

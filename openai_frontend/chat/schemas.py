@@ -1,6 +1,7 @@
-"""The HTTP request body of ``POST /v1/chat/completions``.
+"""The HTTP request body of ``POST /v1/chat/completions``, and the fields it shares with completions.
 
-Owns: ``ChatCompletionRequest`` (pydantic v2) and the allow-list of its generation fields
+Owns: ``GenerationRequest`` (the body fields of every generation endpoint: model, stream,
+sampling), ``ChatCompletionRequest`` (pydantic v2) and the allow-lists of their generation fields
 (``to_backend_parameters``, the input of ``parse_parameters``; the tensor carries the parsed form). Generation fields are typed ``Any`` on purpose: their ranges,
 types and cross-field rules live in ``python_backend.protocol.params.parse_parameters``, which both this
 frontend and the Triton model run, so an HTTP caller and a tritonclient caller get identical
@@ -10,7 +11,7 @@ constants (for generated clients and API fuzzers).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, WithJsonSchema
 
@@ -61,9 +62,9 @@ Choices = Annotated[Any, _integer(1, MAX_N)]
 TopLogprobs = Annotated[Any, _integer(0, MAX_TOP_LOGPROBS)]
 Messages = Annotated[Any, WithJsonSchema({"type": "array", "items": _OBJECT, "minItems": 1})]
 
-# The request fields that ``parse_parameters`` reads. ``lora`` is not
-# among them: it comes from ``model``, never from the body.
-GENERATION_FIELDS: tuple[str, ...] = (
+# The request fields that ``parse_parameters`` reads, on every generation endpoint. ``lora`` is
+# not among them: it comes from ``model``, never from the body.
+SAMPLING_FIELDS: tuple[str, ...] = (
     "temperature",
     "top_p",
     "top_k",
@@ -82,6 +83,10 @@ GENERATION_FIELDS: tuple[str, ...] = (
     "n",
     "best_of",
     "use_beam_search",
+)
+# Chat's own: ``logprobs`` is a boolean here (completions: an integer, mapped by that endpoint).
+GENERATION_FIELDS: tuple[str, ...] = (
+    *SAMPLING_FIELDS,
     "logprobs",
     "top_logprobs",
     "tools",
@@ -92,17 +97,17 @@ GENERATION_FIELDS: tuple[str, ...] = (
 )
 
 
-class ChatCompletionRequest(BaseModel):
-    """``POST /v1/chat/completions`` body (MindIE / vLLM / OpenAI field names).
+class GenerationRequest(BaseModel):
+    """The body fields every generation endpoint shares (MindIE / vLLM / OpenAI field names).
 
     Unknown fields are kept (``extra="allow"``) so the route can name them in the
     ``x-ignored-params`` header, or reject them when the server runs with strict params.
     """
 
     model_config = ConfigDict(extra="allow")
+    generation_fields: ClassVar[tuple[str, ...]] = SAMPLING_FIELDS
 
     model: StrictStr = Field(..., description="served model name, or a LoRA adapter name")
-    messages: Messages = Field(..., description="chat messages; rules in python_backend.protocol.messages")
     stream: StrictBool | None = Field(None, description="true: Server-Sent Events (beam search: one JSON body)")
     stream_options: OptStreamOptions = Field(
         None, description="OpenAI mode only: include_usage adds a final usage chunk"
@@ -128,6 +133,25 @@ class ChatCompletionRequest(BaseModel):
     n: Choices = Field(None, description="choices returned, [1, 128]")
     best_of: Choices = Field(None, description="candidates generated, [1, 128]; streaming: equal to n")
     use_beam_search: OptBoolean = Field(None, description="beam search; streaming answers one JSON body")
+
+    user: Any = Field(None, description="accepted and ignored")
+
+    def unknown_fields(self) -> list[str]:
+        """Body fields this server does not know, sorted (for the header or a strict-mode 400)."""
+        return sorted(self.model_extra or {})
+
+    def to_backend_parameters(self) -> dict[str, Any]:
+        """The generation fields that were given, as sent, for ``parse_parameters``."""
+        values = {name: getattr(self, name) for name in self.generation_fields}
+        return {name: value for name, value in values.items() if value is not None}
+
+
+class ChatCompletionRequest(GenerationRequest):
+    """``POST /v1/chat/completions`` body."""
+
+    generation_fields: ClassVar[tuple[str, ...]] = GENERATION_FIELDS
+
+    messages: Messages = Field(..., description="chat messages; rules in python_backend.protocol.messages")
     logprobs: OptBoolean = Field(None, description="return log-probabilities of the output tokens")
     top_logprobs: TopLogprobs = Field(None, description="[0, 20] alternatives per token")
     tools: OptObjects = Field(None, description='function tools ({"type": "function", "function": {...}})')
@@ -136,19 +160,9 @@ class ChatCompletionRequest(BaseModel):
     chat_template_kwargs: OptObject = Field(None, description="allow-listed template switches (enable_thinking)")
     response_format: OptObject = Field(None, description='{"type": "text" | "json_object" | "json_schema"}')
 
-    user: Any = Field(None, description="accepted and ignored")
     metadata: Any = Field(None, description="accepted and ignored")
     store: Any = Field(None, description="accepted and ignored")
     service_tier: Any = Field(None, description="accepted and ignored")
-
-    def unknown_fields(self) -> list[str]:
-        """Body fields this server does not know, sorted (for the header or a strict-mode 400)."""
-        return sorted(self.model_extra or {})
-
-    def to_backend_parameters(self) -> dict[str, Any]:
-        """The generation fields that were given, as sent, for ``parse_parameters``."""
-        values = {name: getattr(self, name) for name in GENERATION_FIELDS}
-        return {name: value for name, value in values.items() if value is not None}
 
 
 class ErrorDetail(BaseModel):

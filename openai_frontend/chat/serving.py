@@ -1,7 +1,8 @@
 """Runs one validated chat request against the backend and shapes the answer.
 
 Owns: the request id and timestamp, the ``BackendRequest``, non-streaming aggregation
-(``complete``), and the streaming path: ``start_stream`` pulls deltas until the first SSE event
+(``complete``, over ``collect_choices``), and the streaming path: ``start_stream`` (over
+``start_events``, which any endpoint's ``EventFormatter`` can use) pulls deltas until the first SSE event
 exists (so an error before any byte is still an HTTP error with the envelope), then ``events``
 yields the rest and turns a later error into the stream's error ending; ``paced`` holds a stream
 to the token timeout. Every path closes the backend stream (``close_stream``), which cancels the
@@ -18,7 +19,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from openai_frontend.chat.accumulate import ChoiceAccumulator
 from openai_frontend.chat.responses import completion_body
@@ -29,7 +30,7 @@ from openai_frontend.http.drain import DRAINING, DrainState
 from openai_frontend.http.metrics import ChatObservation
 from openai_frontend.settings import FrontendSettings
 from python_backend.protocol.contract import ChoiceDelta
-from python_backend.protocol.errors import backend_incomplete, internal, token_timeout
+from python_backend.protocol.errors import ErrorInfo, backend_incomplete, internal, token_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -71,10 +72,10 @@ async def _next_within(stream: AsyncGenerator[ChoiceDelta, None], timeout_s: flo
     return await asyncio.wait_for(anext(stream), timeout_s)
 
 
-def new_request_id() -> str:
+def new_request_id(prefix: str = "chatcmpl") -> str:
     """``chatcmpl-<uuid4 hex>``: OpenAI's id shape (MindIE's ``endpoint_common_<N>`` is a counter,
     which would need shared state across frontend replicas)."""
-    return f"chatcmpl-{uuid.uuid4().hex}"
+    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 @dataclass(frozen=True)
@@ -102,28 +103,46 @@ class ChatCall:
         return self.chat.stream and self.chat.params.use_beam_search and self.settings.mindie_mode
 
 
-async def complete(backend: ChatBackend, call: ChatCall) -> dict[str, Any]:
-    """The whole ``chat.completion`` body, aggregated from the backend's deltas."""
-    choices: dict[int, ChoiceAccumulator] = {}
-    stream = backend.generate(call.backend_request())
+async def collect_choices(
+    stream: AsyncGenerator[ChoiceDelta, None], observation: ChatObservation, choices: int
+) -> list[ChoiceAccumulator]:
+    """Every choice of a whole answer (indices 0..choices-1), each finished, or ``EARLY_END``."""
+    found: dict[int, ChoiceAccumulator] = {}
     try:
         async for delta in stream:
-            call.observation.on_delta(delta, streamed=False)
-            choices.setdefault(delta.index, ChoiceAccumulator(delta.index)).add(delta)
+            observation.on_delta(delta, streamed=False)
+            found.setdefault(delta.index, ChoiceAccumulator(delta.index)).add(delta)
     finally:
         await close_stream(stream)
-    expected = set(range(call.chat.params.n))
-    if not expected <= set(choices) or not all(c.finished for c in choices.values()):
+    if not set(range(choices)) <= set(found) or not all(c.finished for c in found.values()):
         raise BackendError(EARLY_END)
-    call.observation.succeeded()
+    observation.succeeded()
+    return list(found.values())
+
+
+async def complete(backend: ChatBackend, call: ChatCall) -> dict[str, Any]:
+    """The whole ``chat.completion`` body, aggregated from the backend's deltas."""
+    choices = await collect_choices(backend.generate(call.backend_request()), call.observation, call.chat.params.n)
     return completion_body(
         request_id=call.request_id,
         created=call.created,
         model=call.chat.request.model,
-        choices=list(choices.values()),
+        choices=choices,
         logprobs=call.chat.params.logprobs,
         mindie=call.settings.mindie_mode,
     )
+
+
+class EventFormatter(Protocol):
+    """Turns one request's backend deltas into its SSE events (``sse.StreamFormatter`` for chat)."""
+
+    error: ErrorInfo | None  # what ended the stream, when an error did
+
+    def on_delta(self, delta: ChoiceDelta) -> list[bytes]: ...
+
+    def on_end(self) -> list[bytes]: ...
+
+    def on_error(self, info: ErrorInfo) -> list[bytes]: ...
 
 
 @dataclass
@@ -132,7 +151,7 @@ class StartedStream:
 
     first_events: list[bytes]
     backend_stream: AsyncGenerator[ChoiceDelta, None]
-    formatter: StreamFormatter
+    formatter: EventFormatter
     observation: ChatObservation
 
 
@@ -154,14 +173,20 @@ def _formatter(call: ChatCall) -> StreamFormatter:
 
 async def start_stream(backend: ChatBackend, call: ChatCall) -> StartedStream:
     """Wait for the first deltas that produce an event; backend errors here propagate (HTTP error)."""
-    formatter = _formatter(call)
     stream = paced(backend.generate(call.backend_request()), call.settings.token_timeout_s)
+    return await start_events(stream, _formatter(call), call.observation)
+
+
+async def start_events(
+    stream: AsyncGenerator[ChoiceDelta, None], formatter: EventFormatter, observation: ChatObservation
+) -> StartedStream:
+    """``start_stream`` for any endpoint's formatter: ``stream`` is already ``paced``."""
     try:
         async for delta in stream:
-            call.observation.on_delta(delta, streamed=True)
+            observation.on_delta(delta, streamed=True)
             events = formatter.on_delta(delta)
             if events:
-                return StartedStream(events, stream, formatter, call.observation)
+                return StartedStream(events, stream, formatter, observation)
     except BaseException:
         await close_stream(stream)
         raise

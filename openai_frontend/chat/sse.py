@@ -1,7 +1,9 @@
 """Server-Sent Events for streaming chat completions: framing and chunk building.
 
-Owns: ``StreamFormatter``, which turns backend deltas into ``data: {json}\\n\\n`` events and ends
-every stream with ``data: [DONE]``. No I/O here (``serving`` drives it), so the exact bytes are
+Owns: ``ChoiceStreamFormatter`` (what every endpoint's stream shares: per-choice accumulation,
+the usage chunk, the error ending, ``data: [DONE]``) and ``StreamFormatter``, chat's chunks over
+it, which turns backend deltas into ``data: {json}\\n\\n`` events and ends every stream with
+``data: [DONE]``. No I/O here (``serving`` drives it), so the exact bytes are
 unit-testable. Formats (docs/api.md, streaming):
 
 * MindIE mode: one choice per chunk, ``delta = {"role": "assistant", "content": piece}``;
@@ -52,15 +54,16 @@ class StreamOptions:
     mindie: bool
     full_text: bool  # MindIE fullTextEnabled (ignored in OpenAI mode)
     include_usage: bool  # OpenAI stream_options.include_usage
+    object: str = OBJECT_CHUNK  # every chunk's ``object`` field
 
 
-class StreamFormatter:
-    """Builds the SSE events of one streaming response, delta by delta."""
+class ChoiceStreamFormatter:
+    """The SSE events of one streaming response, delta by delta; subclasses shape the chunks
+    (``_mindie_delta``, ``_openai_delta``, and ``_error_entry`` for a MindIE error ending)."""
 
     def __init__(self, options: StreamOptions) -> None:
         self._o = options
         self._choices: dict[int, ChoiceAccumulator] = {}
-        self._role_sent: set[int] = set()
         self._closed = False
         self.error: ErrorInfo | None = None  # what ended the stream, when an error did
         # Every chunk opens with the same four fields: serialized once per stream (without the
@@ -78,14 +81,7 @@ class StreamFormatter:
         return self._choices_prefix + _JSON.encode([entry]).encode("utf-8") + b"}\n\n"
 
     def _head(self) -> dict[str, Any]:
-        return {"id": self._o.request_id, "object": OBJECT_CHUNK, "created": self._o.created, "model": self._o.model}
-
-    @property
-    def _logprobs_key(self) -> bool:
-        return self._o.n > 1 or self._o.logprobs
-
-    def _logprobs_value(self, delta: ChoiceDelta) -> dict[str, Any] | None:
-        return logprobs_json(delta.logprobs or []) if self._o.logprobs else None
+        return {"id": self._o.request_id, "object": self._o.object, "created": self._o.created, "model": self._o.model}
 
     def on_delta(self, delta: ChoiceDelta) -> list[bytes]:
         """Events for one backend delta (none for an empty, non-final one)."""
@@ -93,7 +89,80 @@ class StreamFormatter:
         choice.add(delta)
         if self._o.mindie:
             return self._mindie_delta(delta, choice)
-        return self._openai_delta(delta)
+        return self._openai_delta(delta, choice)
+
+    def _mindie_delta(self, delta: ChoiceDelta, choice: ChoiceAccumulator) -> list[bytes]:
+        raise NotImplementedError
+
+    def _openai_delta(self, delta: ChoiceDelta, choice: ChoiceAccumulator) -> list[bytes]:
+        raise NotImplementedError
+
+    def _error_entry(self, index: int, choice: ChoiceAccumulator) -> dict[str, Any]:
+        """The ``choices`` entry that ends an unfinished choice after an error (MindIE mode)."""
+        raise NotImplementedError
+
+    def _final_chunk(self, entry: dict[str, Any], choice: ChoiceAccumulator) -> bytes:
+        """A choice's last MindIE chunk: its usage (and ``full_text``) beside the entry."""
+        chunk = self._head()
+        if self._o.full_text:
+            chunk["full_text"] = choice.text
+        chunk["usage"] = choice_usage(choice.final_usage())
+        chunk["choices"] = [entry]
+        return sse_event(chunk)
+
+    def _unfinished(self) -> list[int]:
+        indices = set(range(self._o.n)) | set(self._choices)
+        return sorted(i for i in indices if not self._choice(i).finished)
+
+    def on_end(self) -> list[bytes]:
+        """Events after the backend's last delta: usage (OpenAI), then ``[DONE]``."""
+        if self._unfinished():
+            return self.on_error(backend_incomplete())
+        if self._closed:
+            return []
+        self._closed = True
+        events = []
+        if not self._o.mindie and self._o.include_usage:
+            events.append(sse_event({**self._head(), "choices": [], "usage": self._usage()}))
+        events.append(DONE_EVENT)
+        return events
+
+    def _usage(self) -> dict[str, Any]:
+        """The OpenAI usage chunk's ``usage``."""
+        return total_usage([self._choices[i].final_usage() for i in sorted(self._choices)], mindie=False)
+
+    def on_error(self, info: ErrorInfo) -> list[bytes]:
+        """Events that end a started stream with an error event, then ``[DONE]``."""
+        if self._closed:
+            return []
+        self._closed = True
+        self.error = info
+        if not self._o.mindie:
+            error = {"message": info.message, "type": info.type, "param": info.param, "code": info.code}
+            return [sse_event({"error": error}), DONE_EVENT]
+        events = []
+        for index in self._unfinished():
+            choice = self._choice(index)
+            choice.finish_reason = "stop"
+            entry = self._error_entry(index, choice)
+            events.append(sse_event({**self._head(), "err_msg": info.message or "error", "choices": [entry]}))
+        events.append(DONE_EVENT)
+        return events
+
+
+class StreamFormatter(ChoiceStreamFormatter):
+    """Chat's chunks: ``chat.completion.chunk`` with a ``delta`` message per choice."""
+
+    def __init__(self, options: StreamOptions) -> None:
+        super().__init__(options)
+        self._role_sent: set[int] = set()
+
+    @property
+    def _logprobs_key(self) -> bool:
+        return self._o.n > 1 or self._o.logprobs
+
+    def _logprobs_value(self, delta: ChoiceDelta) -> dict[str, Any] | None:
+        return logprobs_json(delta.logprobs or []) if self._o.logprobs else None
 
     def _mindie_delta(self, delta: ChoiceDelta, choice: ChoiceAccumulator) -> list[bytes]:
         final = delta.finish_reason is not None
@@ -110,18 +179,13 @@ class StreamFormatter:
         entry["finish_reason"] = delta.finish_reason
         if not final:
             return [self._choices_event(entry)]
-        chunk = self._head()
-        if self._o.full_text:
-            chunk["full_text"] = choice.text
-        chunk["usage"] = choice_usage(choice.final_usage())
-        chunk["choices"] = [entry]
-        return [sse_event(chunk)]
+        return [self._final_chunk(entry, choice)]
 
     def _openai_chunk(self, index: int, body: dict[str, Any], logprobs: Any, finish: str | None) -> bytes:
         entry = {"index": index, "delta": body, "logprobs": logprobs, "finish_reason": finish}
         return self._choices_event(entry)
 
-    def _openai_delta(self, delta: ChoiceDelta) -> list[bytes]:
+    def _openai_delta(self, delta: ChoiceDelta, choice: ChoiceAccumulator) -> list[bytes]:
         events = []
         if delta.index not in self._role_sent:
             self._role_sent.add(delta.index)
@@ -139,44 +203,12 @@ class StreamFormatter:
         events.append(self._openai_chunk(delta.index, body, self._logprobs_value(delta), delta.finish_reason))
         return events
 
-    def _unfinished(self) -> list[int]:
-        indices = set(range(self._o.n)) | set(self._choices)
-        return sorted(i for i in indices if not self._choice(i).finished)
-
-    def on_end(self) -> list[bytes]:
-        """Events after the backend's last delta: usage (OpenAI), then ``[DONE]``."""
-        if self._unfinished():
-            return self.on_error(backend_incomplete())
-        if self._closed:
-            return []
-        self._closed = True
-        events = []
-        if not self._o.mindie and self._o.include_usage:
-            usages = [self._choices[i].final_usage() for i in sorted(self._choices)]
-            events.append(sse_event({**self._head(), "choices": [], "usage": total_usage(usages, mindie=False)}))
-        events.append(DONE_EVENT)
-        return events
-
-    def on_error(self, info: ErrorInfo) -> list[bytes]:
-        """Events that end a started stream with an error event, then ``[DONE]``."""
-        if self._closed:
-            return []
-        self._closed = True
-        self.error = info
-        if not self._o.mindie:
-            error = {"message": info.message, "type": info.type, "param": info.param, "code": info.code}
-            return [sse_event({"error": error}), DONE_EVENT]
-        events = []
-        for index in self._unfinished():
-            choice = self._choice(index)
-            choice.finish_reason = "stop"
-            entry: dict[str, Any] = {
-                "index": index,
-                "delta": {"role": "assistant", "content": choice.text if self._o.full_text else ""},
-            }
-            if self._logprobs_key:
-                entry["logprobs"] = None
-            entry["finish_reason"] = "stop"
-            events.append(sse_event({**self._head(), "err_msg": info.message or "error", "choices": [entry]}))
-        events.append(DONE_EVENT)
-        return events
+    def _error_entry(self, index: int, choice: ChoiceAccumulator) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "index": index,
+            "delta": {"role": "assistant", "content": choice.text if self._o.full_text else ""},
+        }
+        if self._logprobs_key:
+            entry["logprobs"] = None
+        entry["finish_reason"] = "stop"
+        return entry

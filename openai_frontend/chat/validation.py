@@ -1,26 +1,26 @@
 """Validation of one chat-completions request body, in the contract's order.
 
-Owns: ``validate_chat_request`` and the ``ValidatedChat`` it returns. Order (docs/api.md,
-validation): JSON body -> every string, keys included, is valid Unicode (``json`` accepts lone
-surrogate escapes such as ``"\\ud800"``, which no encoder, tokenizer or response can carry) ->
-``messages`` (``python_backend.protocol.messages``, then the media parts' syntax and policy,
+Owns: ``validate_chat_request`` and the ``ValidatedChat`` it returns, and the steps every
+generation endpoint shares (``load_json_object``, ``parse_body``, ``check_generation``). Order
+(docs/api.md, validation): JSON body -> every string, keys included, is valid Unicode (``json``
+accepts lone surrogate escapes such as ``"\\ud800"``, which no encoder, tokenizer or response can
+carry) -> ``messages`` (``python_backend.protocol.messages``, then the media parts' syntax and policy,
 ``media.parts.extract_media``, without any I/O) -> body schema and unknown fields -> generation
-parameters (``python_backend.protocol.params.parse_parameters``, the backend's own rules) ->
-``model`` (404 when not served). The backend is sent the parsed parameters' canonical form
-(``GenerationParams.to_wire``), never the body's own spelling. The first failure raises
-``ContractError`` naming the field. Media are loaded only after all of this passed
-(``media.loader``, called by the route).
+parameters (``python_backend.protocol.params.parse_parameters``, the backend's own rules) -> ``model``
+(404 when not served). The backend is sent the parsed parameters' canonical form
+(``GenerationParams.to_wire``), never the body's own spelling. The first failure raises ``ContractError`` naming the field. Media are
+loaded only after all of this passed (``media.loader``, called by the route).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from openai_frontend.chat.schemas import ChatCompletionRequest
+from openai_frontend.chat.schemas import ChatCompletionRequest, GenerationRequest
 from openai_frontend.http.errors import info_from_validation_errors
 from openai_frontend.media.parts import MediaRef, extract_media
 from openai_frontend.settings import FrontendSettings
@@ -42,13 +42,28 @@ class ValidatedChat:
     media: tuple[MediaRef, ...] = ()  # what to load, in media_index order
 
 
-def _load_json(body: bytes) -> dict[str, Any]:
+RequestT = TypeVar("RequestT", bound=GenerationRequest)
+
+
+@dataclass(frozen=True)
+class CheckedGeneration:
+    """What every generation endpoint's body yields once its shared fields passed."""
+
+    params: GenerationParams  # validated; ``lora`` names the adapter when ``model`` is one
+    stream: bool
+    include_usage: bool  # OpenAI mode: stream_options.include_usage
+    ignored: tuple[str, ...]  # unknown body fields, reported in ``x-ignored-params``
+
+
+def load_json_object(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or the contract's 400."""
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as exc:
         raise ContractError(invalid_json()) from exc
     if not isinstance(data, dict):
         raise invalid("request body must be a JSON object", None)
+    _require_unicode(data)
     return data
 
 
@@ -95,7 +110,15 @@ def _require_unicode(data: dict[str, Any]) -> None:
         raise invalid(f"'{path}' is not valid Unicode (it contains a lone surrogate)", path)
 
 
-def _include_usage(request: ChatCompletionRequest, settings: FrontendSettings, stream: bool) -> bool:
+def parse_body(schema: type[RequestT], data: dict[str, Any]) -> RequestT:
+    """``data`` as the endpoint's schema, or a 400 naming the first bad field."""
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise ContractError(info_from_validation_errors(exc.errors(include_url=False))) from exc
+
+
+def _include_usage(request: GenerationRequest, settings: FrontendSettings, stream: bool) -> bool:
     options = request.stream_options
     if options is None or settings.mindie_mode:
         return False  # MindIE mode has no stream_options; it is reported as ignored instead
@@ -112,16 +135,10 @@ def _include_usage(request: ChatCompletionRequest, settings: FrontendSettings, s
     return bool(value)
 
 
-def validate_chat_request(body: bytes, settings: FrontendSettings) -> ValidatedChat:
-    """Check a raw request body; raise ``ContractError`` (400 or 404) naming the first bad field."""
-    data = _load_json(body)
-    _require_unicode(data)
-    media = extract_media(validate_messages(data.get("messages")), settings.media)
-    try:
-        request = ChatCompletionRequest.model_validate(data)
-    except ValidationError as exc:
-        raise ContractError(info_from_validation_errors(exc.errors(include_url=False))) from exc
-
+def check_generation(
+    request: GenerationRequest, parameters: dict[str, Any], settings: FrontendSettings
+) -> CheckedGeneration:
+    """Unknown fields, stream options, the generation ``parameters`` and ``model``, in that order."""
     ignored = request.unknown_fields()
     if settings.mindie_mode and request.stream_options is not None:
         ignored = sorted([*ignored, "stream_options"])
@@ -130,10 +147,21 @@ def validate_chat_request(body: bytes, settings: FrontendSettings) -> ValidatedC
 
     stream = bool(request.stream)
     include_usage = _include_usage(request, settings, stream)
-    params = parse_parameters(request.to_backend_parameters(), stream=stream)
+    params = parse_parameters(parameters, stream=stream)
 
     if request.model not in settings.model_names:
         raise ContractError(model_not_found(request.model))
     if request.model != settings.served_model_name:
         params = replace(params, lora=request.model)
-    return ValidatedChat(request, media.messages, params, stream, include_usage, tuple(ignored), media.refs)
+    return CheckedGeneration(params, stream, include_usage, tuple(ignored))
+
+
+def validate_chat_request(body: bytes, settings: FrontendSettings) -> ValidatedChat:
+    """Check a raw request body; raise ``ContractError`` (400 or 404) naming the first bad field."""
+    data = load_json_object(body)
+    media = extract_media(validate_messages(data.get("messages")), settings.media)
+    request = parse_body(ChatCompletionRequest, data)
+    checked = check_generation(request, request.to_backend_parameters(), settings)
+    return ValidatedChat(
+        request, media.messages, checked.params, checked.stream, checked.include_usage, checked.ignored, media.refs
+    )

@@ -48,8 +48,15 @@ READY_REUSE_S = 0.5
 
 def build_infer_inputs(req: BackendRequest) -> list[InferInput]:
     """The contract's input tensors for one request (names and datatypes from ``contract``)."""
-    inputs = [
-        contract_input(contract.MESSAGES, contract.json_tensor(req.messages)),
+    if req.prompt is not None:
+        # The prompt's echo is the frontend's to add (completions' ``echo``), never the model's.
+        inputs = [
+            contract_input(contract.TEXT_INPUT, contract.bytes_tensor(req.prompt)),
+            contract_input(contract.EXCLUDE_INPUT_IN_OUTPUT, contract.bool_tensor(True)),
+        ]
+    else:
+        inputs = [contract_input(contract.MESSAGES, contract.json_tensor(req.messages))]
+    inputs += [
         contract_input(contract.PARAMETERS, contract.json_tensor(req.parameters)),
         contract_input(contract.STREAM, contract.bool_tensor(req.stream)),
     ]

@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from openai_frontend.http.errors import error_response
 from python_backend.protocol.errors import draining
 
-INFERENCE_PREFIX = "/v1/chat/"  # the routes that reach the model
+INFERENCE_PATHS = ("/v1/chat/", "/v1/completions")  # the routes that reach the model (prefixes)
 # After the deadline, streams that still produce tokens end within one (``serving.events``); a
 # stalled one gets this long before the server stops and uvicorn's shutdown cuts it.
 EXPIRY_GRACE_S = 1.0
@@ -57,7 +57,7 @@ class DrainMiddleware:
         self._state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not str(scope.get("path", "")).startswith(INFERENCE_PREFIX):
+        if scope["type"] != "http" or not str(scope.get("path", "")).startswith(INFERENCE_PATHS):
             await self.app(scope, receive, send)
             return
         if self._state.draining:

@@ -21,7 +21,7 @@ from openai_frontend.http.cancellation import CLIENT_CLOSED_REQUEST
 from openai_frontend.http.drain import DrainState
 from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage
 
-CHAT_PATH = "/v1/chat/completions"
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
 # Statuses of requests refused before any work, and the reason label each gets.
 REJECTIONS = {401: "unauthorized", 413: "too_large", 429: "overloaded"}
 
@@ -161,7 +161,7 @@ class MetricsMiddleware:
         self._draining = draining
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") != CHAT_PATH or scope.get("method") != "POST":
+        if scope["type"] != "http" or scope.get("path") not in GENERATION_PATHS or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return
         m, name = self._metrics, self._metrics.model_name

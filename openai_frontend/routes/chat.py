@@ -9,6 +9,8 @@ SSE / the beam-search pseudo-stream, race the work against client disconnect, an
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import anyio
 from fastapi import APIRouter, Request
@@ -20,9 +22,11 @@ from openai_frontend.chat.serving import ChatCall, complete, events, start_strea
 from openai_frontend.chat.validation import validate_chat_request
 from openai_frontend.http.cancellation import ClientDisconnected, ClientGoneResponse, SSEResponse, run_until_disconnect
 from openai_frontend.http.headers import ignored_params_headers
+from openai_frontend.settings import FrontendSettings
 from openai_frontend.state import frontend_state, require_backend
 
 router = APIRouter(tags=["chat"])
+T = TypeVar("T")
 
 # Bodies above this are parsed and validated in a worker thread: a multi-megabyte JSON body would
 # otherwise hold the event loop (and every other request, /health included) for tens of ms.
@@ -36,6 +40,18 @@ _OPENAPI_BODY = {
         "content": {"application/json": {"schema": ChatCompletionRequest.model_json_schema()}},
     }
 }
+
+
+async def read_validated(request: Request, validate: Callable[[bytes, FrontendSettings], T]) -> T | None:
+    """The body, read and validated (in a worker thread when large); None: the client left."""
+    settings = frontend_state(request).settings
+    try:
+        body = await request.body()
+    except ClientDisconnect:
+        return None
+    if len(body) > OFFLOAD_BODY_BYTES:
+        return await anyio.to_thread.run_sync(validate, body, settings)
+    return validate(body, settings)
 
 
 @router.post(
@@ -52,14 +68,9 @@ _OPENAPI_BODY = {
 async def create_chat_completion(request: Request) -> Response:
     state = frontend_state(request)
     observation = state.metrics.observe(time.monotonic())  # TTFT and latency count from arrival
-    try:
-        body = await request.body()
-    except ClientDisconnect:
+    chat = await read_validated(request, validate_chat_request)
+    if chat is None:
         return ClientGoneResponse()
-    if len(body) > OFFLOAD_BODY_BYTES:
-        chat = await anyio.to_thread.run_sync(validate_chat_request, body, state.settings)
-    else:
-        chat = validate_chat_request(body, state.settings)
     backend = require_backend(request)
     headers = ignored_params_headers(chat.ignored)
     try:

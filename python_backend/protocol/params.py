@@ -209,11 +209,14 @@ def _tool_choice(raw: dict[str, Any], tools: tuple[dict[str, Any], ...]) -> str 
     value = raw.get("tool_choice")
     if value is None:
         return None
+    if not tools:
+        # OpenAI answers a tool_choice without tools with a 400, whatever its value.
+        raise invalid(
+            "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.", "tool_choice"
+        )
     if isinstance(value, str):
         if value not in ("none", "auto", "required"):
             raise invalid('\'tool_choice\' must be "none", "auto", "required" or a named function', "tool_choice")
-        if value == "required" and not tools:
-            raise invalid("'tool_choice' \"required\" needs 'tools'", "tool_choice")
         return value
     if isinstance(value, dict):
         function = value.get("function")
@@ -266,9 +269,8 @@ def parse_parameters(raw: dict[str, Any] | None, *, stream: bool = False) -> Gen
     unknown = sorted(set(raw) - KNOWN_KEYS)
     if unknown:
         raise invalid(f"unknown parameter '{unknown[0]}'", unknown[0])
-    if raw.get("max_completion_tokens") is not None:
-        raw["max_tokens"] = raw.pop("max_completion_tokens")
-    raw.pop("max_completion_tokens", None)
+    # The OpenAI alias wins when both are given; errors name the field the client sent.
+    max_tokens_key = "max_completion_tokens" if raw.get("max_completion_tokens") is not None else "max_tokens"
 
     temperature = _number(raw, "temperature", 0.0, float("inf"))
     top_logprobs = _integer(raw, "top_logprobs", 0, MAX_TOP_LOGPROBS)
@@ -292,7 +294,7 @@ def parse_parameters(raw: dict[str, Any] | None, *, stream: bool = False) -> Gen
         include_stop_str_in_output=_boolean(raw, "include_stop_str_in_output", False),
         skip_special_tokens=_boolean(raw, "skip_special_tokens", True),
         ignore_eos=_boolean(raw, "ignore_eos", False),
-        max_tokens=_integer(raw, "max_tokens", 1, INT32_MAX),
+        max_tokens=_integer(raw, max_tokens_key, 1, INT32_MAX),
         min_tokens=_integer(raw, "min_tokens", 0, INT32_MAX) or 0,
         n=_integer(raw, "n", 1, MAX_N) or 1,
         best_of=_integer(raw, "best_of", 1, MAX_N),
@@ -337,7 +339,8 @@ def _check_cross_field(raw: dict[str, Any], p: GenerationParams, stream: bool) -
         if p.use_beam_search:
             raise invalid("'response_format' cannot be used with 'use_beam_search'", "response_format")
     if p.min_tokens and p.max_tokens is not None and p.min_tokens > p.max_tokens:
-        raise invalid("'min_tokens' must be <= 'max_tokens'", "min_tokens")
+        alias = "max_completion_tokens" if raw.get("max_completion_tokens") is not None else "max_tokens"
+        raise invalid(f"'min_tokens' must be <= '{alias}'", "min_tokens")
     if p.tools and p.tool_choice != "none":
         # Function calling excludes these (§4.6): the tool-call text must reach the parser whole.
         for name, active in (

@@ -15,7 +15,9 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 # The tool-call formats the model can parse (python_backend.text.tool_parsers implements each).
 HERMES = "hermes"
 CHATGLM3 = "chatglm3"
-TOOL_PARSERS = (HERMES, CHATGLM3)
+LLAMA3_JSON = "llama3_json"
+MISTRAL = "mistral"
+TOOL_PARSERS = (HERMES, CHATGLM3, LLAMA3_JSON, MISTRAL)
 TOOL_CALL_PARSER_CHOICES = ("auto", *TOOL_PARSERS, "none")
 REASONING_PARSER_CHOICES = ("auto", "think", "none")
 KV_CACHE_DTYPE_CHOICES = ("auto", "model")
@@ -251,8 +253,9 @@ class EngineSettings:
             "answer, its logprobs and its per-token telemetry are the same",
         ),
     )
-    # auto: hermes when the chat template writes <tool_call>, chatglm3 for model_type chatglm,
-    # else none (requests with tools are then refused).
+    # auto: from the chat template (<tool_call>: hermes, [TOOL_CALLS]: mistral, Llama 3's JSON
+    # call instructions or <|python_tag|>: llama3_json), chatglm3 for model_type chatglm, else
+    # none (requests with tools are then refused).
     tool_call_parser: str = _setting(
         "auto",
         SettingInfo(
@@ -260,7 +263,7 @@ class EngineSettings:
             flag="--tool-call-parser",
             mindie_key="toolCallParser",
             choices=TOOL_CALL_PARSER_CHOICES,
-            docs="`auto`, `hermes` (Qwen2.5), `chatglm3`, `none`",
+            docs="`auto`, `hermes` (Qwen2.5), `chatglm3`, `llama3_json` (Llama 3.x), `mistral`, `none`",
         ),
     )
     # auto: think when the vocabulary or chat template has <think>; none: never split reasoning.

@@ -8,6 +8,8 @@ validation rules that depend on the model, the prompt suffix that forces a tool 
 Forcing calls (``tool_choice`` ``"required"`` or a named function) works by prefilling: the
 start of a call is appended after the generation prompt and the parser starts as if the model
 had written it. Hermes: ``<tool_call>\\n`` (required) or ``<tool_call>\\n{"name": "<fn>",
+"arguments":`` (named). Llama 3 JSON: ``{"name": "`` (required) or ``{"name": "<fn>",
+"parameters":`` (named). Mistral: ``[TOOL_CALLS]`` (required) or ``[TOOL_CALLS][{"name": "<fn>",
 "arguments":`` (named). ChatGLM3: ``<fn>\\n`` (named). With exactly one tool, "required" is
 that tool named; ChatGLM3 rejects "required" with several tools, since its format has no prefix
 common to all calls. A forced call skips thinking: an open ``<think>`` at the end of the prompt
@@ -29,9 +31,13 @@ from python_backend.protocol.errors import invalid
 from python_backend.protocol.params import GenerationParams
 from python_backend.text.output_plan import REASONING_DETECT, REASONING_FORCED, REASONING_OFF, OutputPlan
 from python_backend.text.reasoning import CLOSE_TAG, OPEN_TAG
-from python_backend.text.tool_parsers import CHATGLM3, HERMES
+from python_backend.text.tool_parsers import CHATGLM3, HERMES, LLAMA3_JSON, MISTRAL
 from python_backend.text.tool_parsers.hermes import OPEN_TAG as HERMES_OPEN
+from python_backend.text.tool_parsers.llama3_json import PYTHON_TAG
+from python_backend.text.tool_parsers.mistral import TOOL_CALLS
 
+# Llama 3.1-3.3's templates ask for JSON calls with this sentence (and write <|python_tag|>).
+LLAMA3_JSON_INSTRUCTION = '"parameters": dictionary of argument name and its value'
 AUTO = "auto"
 NONE = "none"
 THINK = "think"
@@ -46,8 +52,9 @@ class ModelFormats:
 
     @property
     def keeps_special_tokens_for_tools(self) -> bool:
-        """ChatGLM3 separates turns with special tokens, which its parser must see."""
-        return self.tool_parser == CHATGLM3
+        """ChatGLM3 separates turns with special tokens and Mistral marks calls with one
+        (``[TOOL_CALLS]``): their parsers must see them."""
+        return self.tool_parser in (CHATGLM3, MISTRAL)
 
 
 def _template_text(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -59,13 +66,19 @@ def _template_text(tokenizer: PreTrainedTokenizerBase) -> str:
 def resolve_formats(
     tool_call_parser: str, reasoning_parser: str, tokenizer: PreTrainedTokenizerBase, model_type: str
 ) -> ModelFormats:
-    """``auto`` picks by evidence: hermes when the chat template writes ``<tool_call>``, chatglm3
-    for ``model_type`` chatglm; ``<think>`` reasoning when the vocabulary or template has it."""
+    """``auto`` picks by evidence: hermes when the chat template writes ``<tool_call>``, mistral
+    when it writes ``[TOOL_CALLS]``, llama3_json when it asks for Llama 3's JSON calls or writes
+    ``<|python_tag|>``, chatglm3 for ``model_type`` chatglm; ``<think>`` reasoning when the
+    vocabulary or template has it."""
     template = _template_text(tokenizer)
     tool: str | None
     if tool_call_parser == AUTO:
         if HERMES_OPEN in template:
             tool = HERMES
+        elif TOOL_CALLS in template:
+            tool = MISTRAL
+        elif LLAMA3_JSON_INSTRUCTION in template or PYTHON_TAG in template:
+            tool = LLAMA3_JSON
         elif model_type == "chatglm":
             tool = CHATGLM3
         else:
@@ -98,6 +111,14 @@ def _prefill(parser: str, params: GenerationParams) -> str:
             # model continues with its usual ' {' token instead of an unusual lone '{'.
             return f'{HERMES_OPEN}\n{{"name": {json.dumps(named, ensure_ascii=False)}, "arguments":'
         return f"{HERMES_OPEN}\n" if params.tool_choice == "required" else ""
+    if parser == LLAMA3_JSON:
+        if named is not None:
+            return f'{{"name": {json.dumps(named, ensure_ascii=False)}, "parameters":'
+        return '{"name": "' if params.tool_choice == "required" else ""
+    if parser == MISTRAL:
+        if named is not None:
+            return f'{TOOL_CALLS}[{{"name": {json.dumps(named, ensure_ascii=False)}, "arguments":'
+        return TOOL_CALLS if params.tool_choice == "required" else ""
     if named is not None:
         return f"{named}\n"
     if params.tool_choice == "required":

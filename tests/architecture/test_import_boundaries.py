@@ -2,7 +2,8 @@
 
 The rules are the architecture: the frontend and the launcher use only the backend's ``protocol``;
 ``protocol`` is the standard library and numpy; only ``python_backend.triton`` talks to Triton's
-Python backend; only ``openai_frontend.client`` talks gRPC. Imports inside functions count too.
+Python backend; only ``openai_frontend.client`` talks gRPC; ``openai_frontend.completions`` builds
+on ``openai_frontend.chat``, never the other way round. Imports inside functions count too.
 """
 
 from __future__ import annotations
@@ -131,6 +132,18 @@ def test_the_engine_core_never_imports_the_adapter_or_the_frontend(all_imports: 
 def test_only_the_frontend_client_imports_tritonclient_or_grpc(all_imports: list[Import]) -> None:
     users = {imp.module for imp in all_imports if _within(imp.target, "tritonclient") or _within(imp.target, "grpc")}
     assert users and all(_within(user, "openai_frontend.client") for user in users), users
+
+
+def test_completions_build_on_chat_and_chat_knows_nothing_of_them(all_imports: list[Import]) -> None:
+    # Completions reuse chat's steps and take no media; chat must not depend on its extension.
+    banned = ("openai_frontend.media", "openai_frontend.client.triton", "openai_frontend.launcher")
+    assert violations(all_imports, "openai_frontend.completions", banned) == []
+    assert violations(all_imports, "openai_frontend.chat", ("openai_frontend.completions",)) == []
+    assert any(
+        _within(imp.target, "openai_frontend.chat")
+        for imp in all_imports
+        if _within(imp.module, "openai_frontend.completions")
+    )
 
 
 def test_the_rules_catch_a_forbidden_import() -> None:

@@ -35,6 +35,10 @@ def assert_envelope(response, status: int, param: str | None = None) -> dict:
         ({"stream": True, "best_of": 2, "temperature": 1}, "best_of"),
         ({"stream": "yes"}, "stream"),
         ({"max_tokens": 0}, "max_tokens"),
+        ({"max_completion_tokens": -1}, "max_completion_tokens"),
+        ({"max_completion_tokens": "many"}, "max_completion_tokens"),
+        ({"tool_choice": "none"}, "tool_choice"),
+        ({"tool_choice": "auto"}, "tool_choice"),
         ({"stop": ["ok", ""]}, "stop.1"),
         ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs.tokenize"),
         ({"use_beam_search": True, "stop": "x"}, "stop"),
@@ -56,6 +60,20 @@ async def test_bad_field_is_400_naming_it(fields: dict, param: str) -> None:
     error = assert_envelope(response, 400, param)
     assert error["type"] == "invalid_request_error"
     assert backend.requests == []
+
+
+async def test_errors_quote_the_field_the_client_sent() -> None:
+    # The alias is stored as max_tokens, but a client that never sent max_tokens must not read it.
+    async with client_for(FakeBackend()) as client:
+        too_few = await client.post("/v1/chat/completions", json=chat_body(max_completion_tokens=-1))
+        too_many = await client.post("/v1/chat/completions", json=chat_body(max_completion_tokens=2, min_tokens=3))
+        no_tools = await client.post("/v1/chat/completions", json=chat_body(tool_choice="auto"))
+    assert "'max_completion_tokens'" in assert_envelope(too_few, 400)["message"]
+    assert "max_tokens" not in assert_envelope(too_few, 400)["message"].replace("max_completion_tokens", "")
+    assert "'max_completion_tokens'" in assert_envelope(too_many, 400, "min_tokens")["message"]
+    assert assert_envelope(no_tools, 400)["message"] == (
+        "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified."
+    )
 
 
 async def test_missing_model_and_messages() -> None:

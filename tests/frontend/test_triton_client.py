@@ -50,6 +50,14 @@ def test_build_infer_inputs_names_types_values() -> None:
     assert _values(inputs[contract.STREAM]).tolist() == [True]
 
 
+def test_a_raw_prompt_goes_as_text_input_without_the_models_echo() -> None:
+    request = BackendRequest("cmpl-abc", [], {"max_tokens": 3}, stream=False, prompt="Once upon")
+    inputs = {t.name(): t for t in build_infer_inputs(request)}
+    assert list(inputs) == [contract.TEXT_INPUT, contract.EXCLUDE_INPUT_IN_OUTPUT, contract.PARAMETERS, contract.STREAM]
+    assert _values(inputs[contract.TEXT_INPUT]).tolist() == [b"Once upon"]
+    assert _values(inputs[contract.EXCLUDE_INPUT_IN_OUTPUT]).tolist() == [True]
+
+
 def test_build_infer_inputs_with_media() -> None:
     req = BackendRequest("r", REQUEST.messages, {}, media=[(b"\x89PNG", "image/png"), (b"ID3", "audio/mpeg")])
     inputs = {t.name(): t for t in build_infer_inputs(req)}

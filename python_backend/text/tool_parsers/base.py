@@ -2,8 +2,9 @@
 
 Owns: ``ToolCall`` (one complete call, with its ``call_<24 hex>`` id and its OpenAI forms),
 ``ParserOutput``, the ``ToolParser`` protocol (fed text deltas after detokenization, returns the
-content that is safe to show and the calls completed so far) and ``held_prefix``, the rule that
-holds text back only while it could still be the start of a tag.
+content that is safe to show and the calls completed so far), ``held_prefix``, the rule that
+holds text back only while it could still be the start of a tag, and ``JsonEnd``, which finds
+where a streamed JSON object or array closes.
 """
 
 from __future__ import annotations
@@ -90,3 +91,42 @@ def held_prefix(text: str, tags: tuple[str, ...]) -> int:
                 best = size
                 break
     return best
+
+
+class JsonEnd:
+    """Where a JSON object or array that starts at offset ``start`` of a growing text ends.
+
+    Incremental: each ``scan`` resumes where the last stopped (no rescanning, so a long value
+    costs O(n) over the whole stream). Only brackets outside strings count; whether the value
+    is valid JSON is the caller's ``json.loads``.
+    """
+
+    def __init__(self, start: int = 0) -> None:
+        self.start = start
+        self._pos = start
+        self._depth = 0
+        self._in_string = False
+        self._escaped = False
+
+    def scan(self, text: str) -> int | None:
+        """The end (exclusive) of the value in ``text``, or None while it is still open."""
+        for i in range(self._pos, len(text)):
+            ch = text[i]
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif ch == "\\":
+                    self._escaped = True
+                elif ch == '"':
+                    self._in_string = False
+            elif ch == '"':
+                self._in_string = True
+            elif ch in "{[":
+                self._depth += 1
+            elif ch in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    self._pos = i + 1
+                    return i + 1
+        self._pos = len(text)
+        return None

@@ -1,0 +1,143 @@
+"""Runs one validated completions request against the backend and shapes the answer.
+
+Owns: ``CompletionCall`` (one backend request per prompt, all ``text_input``), ``fan_in`` (the
+prompts' streams as one, choice i*n+k being prompt i's k-th), ``complete`` and ``start_stream``.
+The backend dialogue itself (collecting, pacing, the stream's start and its error ending) is
+chat's (``chat.serving``); every backend stream is closed on every path, which cancels what is
+still running in Triton.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from openai_frontend.chat.serving import StartedStream, collect_choices, new_request_id, paced, start_events
+from openai_frontend.chat.sse import StreamOptions
+from openai_frontend.client.base import BackendRequest, ChatBackend, close_stream
+from openai_frontend.completions.responses import OBJECT_TEXT_COMPLETION, text_completion_body
+from openai_frontend.completions.sse import CompletionStreamFormatter
+from openai_frontend.completions.validation import ValidatedCompletion
+from openai_frontend.http.metrics import ChatObservation
+from openai_frontend.settings import FrontendSettings
+from python_backend.protocol.contract import ChoiceDelta
+
+
+@dataclass(frozen=True)
+class CompletionCall:
+    """One completions request on its way to the backend."""
+
+    completion: ValidatedCompletion
+    settings: FrontendSettings
+    observation: ChatObservation  # what the answer adds to the metrics
+    request_id: str = field(default_factory=lambda: new_request_id("cmpl"))
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def backend_requests(self) -> list[BackendRequest]:
+        """One per prompt; the Triton request ids stay unique (``<id>-<prompt index>``)."""
+        wire = self.completion.params.to_wire()
+        prompts = self.completion.prompts
+        return [
+            BackendRequest(
+                self.request_id if len(prompts) == 1 else f"{self.request_id}-{i}",
+                [],
+                wire,
+                stream=self.completion.stream,
+                prompt=prompt,
+            )
+            for i, prompt in enumerate(prompts)
+        ]
+
+
+_END = object()
+
+
+async def fan_in(
+    streams: list[AsyncGenerator[ChoiceDelta, None]], per_prompt: int
+) -> AsyncGenerator[ChoiceDelta, None]:
+    """The deltas of all ``streams`` as they arrive, stream i's choice k renumbered i*per_prompt+k.
+
+    The first error of any stream ends the whole (the others are cancelled), as one request's would.
+    """
+    if len(streams) == 1:
+        try:
+            async for delta in streams[0]:
+                yield delta
+        finally:
+            await close_stream(streams[0])
+        return
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncGenerator[ChoiceDelta, None]) -> None:
+        try:
+            async for delta in stream:
+                await queue.put((i, delta))
+        except Exception as exc:  # handed to the consumer, which raises it
+            await queue.put((i, exc))
+        else:
+            await queue.put((i, _END))
+
+    tasks = [asyncio.create_task(pump(i, stream)) for i, stream in enumerate(streams)]
+    try:
+        running = len(tasks)
+        while running:
+            i, item = await queue.get()
+            if item is _END:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                item.index = i * per_prompt + item.index
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for stream in streams:
+                await close_stream(stream)
+
+
+def _backend_stream(backend: ChatBackend, call: CompletionCall) -> AsyncGenerator[ChoiceDelta, None]:
+    streams = [backend.generate(request) for request in call.backend_requests()]
+    return fan_in(streams, call.completion.params.n)
+
+
+async def complete(backend: ChatBackend, call: CompletionCall) -> dict[str, Any]:
+    """The whole ``text_completion`` body, aggregated from the backend's deltas."""
+    c = call.completion
+    choices = await collect_choices(_backend_stream(backend, call), call.observation, c.choices)
+    return text_completion_body(
+        request_id=call.request_id,
+        created=call.created,
+        model=c.request.model,
+        choices=choices,
+        prompts=c.prompts,
+        echo=c.echo,
+        logprobs=c.params.logprobs,
+        mindie=call.settings.mindie_mode,
+    )
+
+
+async def start_stream(backend: ChatBackend, call: CompletionCall) -> StartedStream:
+    """Wait for the first deltas that produce an event; backend errors here propagate (HTTP error)."""
+    c = call.completion
+    options = StreamOptions(
+        request_id=call.request_id,
+        created=call.created,
+        model=c.request.model,
+        n=c.choices,
+        logprobs=c.params.logprobs,
+        mindie=call.settings.mindie_mode,
+        full_text=call.settings.full_text_enabled,
+        include_usage=c.include_usage,
+        object=OBJECT_TEXT_COMPLETION,
+    )
+    formatter = CompletionStreamFormatter(options, c.prompts, c.params.n, c.echo)
+    stream = paced(_backend_stream(backend, call), call.settings.token_timeout_s)
+    return await start_events(stream, formatter, call.observation)

@@ -1,0 +1,113 @@
+"""Validation of one completions request body.
+
+Owns: ``validate_completion_request`` and the ``ValidatedCompletion`` it returns. Order: JSON
+body -> body schema -> ``prompt`` -> ``suffix`` / ``echo`` / ``logprobs`` -> the shared steps
+(``chat.validation.check_generation``: unknown fields, stream options, generation parameters,
+``model``). The first failure raises ``ContractError`` naming the field the client sent.
+
+Completions' own rules, mapped onto the shared parameters: ``logprobs`` k in [0, 5] (OpenAI's
+limit) asks for the top k alternatives of each token (0 or null: none); ``max_tokens`` defaults
+to 16 (OpenAI's and vLLM's default for this endpoint), or ``min_tokens`` when larger; the text is never split into reasoning;
+``n`` applies to each prompt, and the
+prompts times ``n`` are at most ``MAX_N`` choices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from openai_frontend.chat.validation import check_generation, load_json_object, parse_body
+from openai_frontend.completions.schemas import CompletionRequest
+from openai_frontend.settings import FrontendSettings
+from python_backend.protocol.errors import invalid
+from python_backend.protocol.params import MAX_N, GenerationParams
+
+MAX_LOGPROBS = 5
+DEFAULT_MAX_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class ValidatedCompletion:
+    """A request that passed every check, with what the route and the formatters need."""
+
+    request: CompletionRequest
+    prompts: tuple[str, ...]  # one backend request each; choice i*n+k is prompt i's k-th
+    params: GenerationParams  # validated; ``lora`` names the adapter when ``model`` is one
+    stream: bool
+    include_usage: bool  # OpenAI mode: stream_options.include_usage
+    ignored: tuple[str, ...]  # unknown body fields, reported in ``x-ignored-params``
+    echo: bool  # each choice's text starts with its prompt
+
+    @property
+    def choices(self) -> int:
+        return len(self.prompts) * self.params.n
+
+
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _prompts(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        items: list[Any] = [value]
+    elif isinstance(value, list) and value:
+        items = value
+    elif isinstance(value, list):
+        raise invalid("'prompt' must not be empty", "prompt")
+    else:
+        raise invalid("'prompt' must be a string, a list of strings or token ids", "prompt")
+    if all(_is_token(item) for item in items) or all(isinstance(item, list) for item in items):
+        # The model's tokenizer is on the backend side; a raw prompt reaches it as text only.
+        raise invalid("'prompt' as token ids is not supported by this server; send the text", "prompt")
+    prompts = []
+    for i, item in enumerate(items):
+        param = "prompt" if isinstance(value, str) else f"prompt.{i}"
+        if not isinstance(item, str):
+            raise invalid(f"'{param}' must be a string", param)
+        if not item:
+            raise invalid(f"'{param}' must not be empty", param)
+        prompts.append(item)
+    return tuple(prompts)
+
+
+def _logprobs(value: Any) -> dict[str, Any]:
+    """The shared parameters that completions' integer ``logprobs`` stands for."""
+    if value is None:
+        return {}
+    if not _is_token(value):
+        raise invalid(f"'logprobs' must be an integer, got {type(value).__name__}", "logprobs")
+    if value < 0 or value > MAX_LOGPROBS:
+        raise invalid(f"'logprobs' must be in [0, {MAX_LOGPROBS}], got {value}", "logprobs")
+    return {"logprobs": True, "top_logprobs": value} if value else {}
+
+
+def validate_completion_request(body: bytes, settings: FrontendSettings) -> ValidatedCompletion:
+    """Check a raw request body; raise ``ContractError`` (400 or 404) naming the first bad field."""
+    request = parse_body(CompletionRequest, load_json_object(body))
+    prompts = _prompts(request.prompt)
+    if request.suffix is not None:
+        raise invalid("'suffix' is not supported: this server does not insert text after a completion", "suffix")
+    if request.echo is not None and not isinstance(request.echo, bool):
+        raise invalid(f"'echo' must be a boolean, got {type(request.echo).__name__}", "echo")
+    parameters = {**request.to_backend_parameters(), **_logprobs(request.logprobs)}
+    echo = bool(request.echo)
+    if echo and parameters.get("logprobs"):
+        # OpenAI then scores the prompt's tokens too, which the model does not report.
+        raise invalid("'echo' cannot be used with 'logprobs': prompt log-probabilities are not available", "echo")
+    if parameters.get("max_tokens") is None and parameters.get("max_completion_tokens") is None:
+        # Never below min_tokens: a client that sent no max_tokens must not read an error about it.
+        floor = parameters.get("min_tokens")
+        parameters["max_tokens"] = DEFAULT_MAX_TOKENS
+        if isinstance(floor, int) and not isinstance(floor, bool):
+            parameters["max_tokens"] = max(DEFAULT_MAX_TOKENS, floor)
+    # A completion is the model's raw text: on a reasoning model the backend would otherwise move
+    # ``<think>`` text out of it (and refuse ``stop``). Without a chat template this switch only
+    # turns that parsing off.
+    parameters["chat_template_kwargs"] = {"enable_thinking": False}
+    checked = check_generation(request, parameters, settings)
+    if len(prompts) * checked.params.n > MAX_N:
+        raise invalid(f"'prompt' count times 'n' must be at most {MAX_N}, got {len(prompts) * checked.params.n}", "n")
+    return ValidatedCompletion(
+        request, prompts, checked.params, checked.stream, checked.include_usage, checked.ignored, echo
+    )

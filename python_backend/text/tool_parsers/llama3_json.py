@@ -1,0 +1,120 @@
+"""The Llama 3.x JSON tool-call format.
+
+Owns: ``Llama3JsonToolParser``. Llama 3.1-3.3's templates ask for a call as a bare JSON object,
+``{"name": <function>, "parameters": {...}}``, as the whole answer; the model may open it with
+``<|python_tag|>`` (the built-in tools' marker) and may write several calls separated by ``;``.
+Accepted details:
+
+* An answer that starts (after whitespace) with ``{`` or ``<|python_tag|>`` is a run of calls;
+  ``<|python_tag|>`` later in the text starts one as well, the text before it being content.
+* ``parameters`` may also be spelled ``arguments``, may be a JSON text of an object, or absent;
+  ``function.arguments`` is always re-serialised with ``json.dumps``.
+* A JSON value that is not such an object (or is not JSON) is content, marker included, and so
+  is anything after the calls that does not start another one; a call still open when the
+  sequence ends is content.
+
+A call is released once its object closes (whole, so streamed arguments always parse). Text is
+held only while it could still start a call.
+"""
+
+from __future__ import annotations
+
+import json
+
+from python_backend.text.tool_parsers.base import JsonEnd, ParserOutput, ToolCall, call_from_object, held_prefix
+
+PYTHON_TAG = "<|python_tag|>"
+_SEPARATORS = " \t\r\n;"
+
+
+def _parse_call(body: str) -> ToolCall | None:
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or "name" not in data:
+        return None
+    return call_from_object(data.get("name"), data.get("parameters", data.get("arguments")))
+
+
+class Llama3JsonToolParser:
+    """Incremental parser of ``{"name": ..., "parameters": ...}`` calls for one sequence."""
+
+    def __init__(self, prefill: str = "") -> None:
+        self._buffer = ""  # text not yet released
+        self._started = False  # the answer's first visible character has been seen
+        self._calls = False  # inside a run of calls: the buffer starts at a call or separator
+        self._value: JsonEnd | None = None  # an open call object at the buffer's start
+        self._carry = ParserOutput()
+        if prefill:
+            self._carry = self.feed(prefill)
+
+    def feed(self, text: str) -> ParserOutput:
+        out, self._carry = self._carry, ParserOutput()
+        self._buffer += text
+        while self._step(out):
+            pass
+        return out
+
+    def _step(self, out: ParserOutput) -> bool:
+        """One move of the state machine; False when it must wait for more text."""
+        if self._value is not None:
+            return self._close_value(out)
+        if not self._started:
+            head = self._buffer.lstrip()
+            if not head or (PYTHON_TAG.startswith(head) and head != PYTHON_TAG):
+                return False  # leading whitespace, or a marker still arriving
+            self._started = True
+            self._calls = head.startswith(("{", PYTHON_TAG))
+            if not self._calls:
+                return True
+            self._buffer = head
+        if self._calls:
+            return self._next_call(out)
+        start = self._buffer.find(PYTHON_TAG)
+        if start >= 0:
+            out.content += self._buffer[:start]
+            self._buffer, self._calls = self._buffer[start:], True
+            return True
+        cut = len(self._buffer) - held_prefix(self._buffer, (PYTHON_TAG,))
+        out.content += self._buffer[:cut]
+        self._buffer = self._buffer[cut:]
+        return False
+
+    def _next_call(self, out: ParserOutput) -> bool:
+        rest = self._buffer.lstrip(_SEPARATORS)
+        marker = rest.startswith(PYTHON_TAG)
+        body = rest[len(PYTHON_TAG) :].lstrip() if marker else rest
+        if not body:
+            return False  # separators or a marker only, so far: the next call may follow
+        if not marker and PYTHON_TAG.startswith(body) and body != PYTHON_TAG:
+            return False
+        if not body.startswith("{"):
+            self._buffer, self._calls = rest, False  # text after the calls
+            return True
+        self._buffer = rest  # kept whole (marker included) in case the call is not valid
+        self._value = JsonEnd(len(rest) - len(body))
+        return True
+
+    def _close_value(self, out: ParserOutput) -> bool:
+        value = self._value
+        end = value.scan(self._buffer) if value is not None else None
+        if value is None or end is None:
+            return False
+        raw, self._buffer = self._buffer[:end], self._buffer[end:]
+        self._value = None
+        call = _parse_call(raw[value.start :])
+        if call is None:
+            out.content += raw
+            self._calls = False
+        else:
+            out.calls.append(call)
+        return True
+
+    def finish(self) -> ParserOutput:
+        out, self._carry = self._carry, ParserOutput()
+        rest, self._buffer = self._buffer, ""
+        if self._value is not None or not self._calls or rest.strip(_SEPARATORS):
+            out.content += rest
+        self._value = None
+        return out

@@ -1,0 +1,138 @@
+"""``/v1/completions`` end to end: real tritonserver + frontend, with the openai client and raw HTTP.
+
+Ports the cases of NVIDIA's OpenAI-frontend ``test_completions.py`` that need a real model
+(defaults, max_tokens, temperature 0, seed, echo, usage, logprobs); the tiny model's text is
+random, so they assert what holds on any model: formats, counts, finish reasons, and equality
+between runs and between paths.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import TritonHandle
+from tests.e2e.test_chat_e2e import check_usage_invariants, client_for, error_body
+
+PROMPT = "What is machine learning?"
+
+
+def post(url: str, **fields: Any) -> dict[str, Any]:
+    response = httpx.post(f"{url}/v1/completions", json=fields, timeout=120)
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def test_defaults_answer_a_text_completion_with_usage(triton_server: TritonHandle, frontend_url: str) -> None:
+    body = post(frontend_url, model=triton_server.served_model_name, prompt=PROMPT)
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    [choice] = body["choices"]
+    assert choice["text"] and choice["finish_reason"] in ("stop", "length")
+    usage = body["usage"]
+    assert usage["prompt_tokens"] > 0 and 0 < usage["completion_tokens"] <= 16  # OpenAI's default max_tokens
+    check_usage_invariants(usage)
+
+
+def test_max_tokens_one_is_one_token(triton_server: TritonHandle, frontend_url: str) -> None:
+    short = post(frontend_url, model=triton_server.served_model_name, prompt=PROMPT, max_tokens=1, ignore_eos=True)
+    long = post(frontend_url, model=triton_server.served_model_name, prompt=PROMPT, max_tokens=40, ignore_eos=True)
+    assert short["usage"]["completion_tokens"] == 1 and short["choices"][0]["finish_reason"] == "length"
+    assert long["usage"]["completion_tokens"] == 40
+
+
+@pytest.mark.parametrize("fields", [{"temperature": 0}, {"seed": 1}, {"seed": 1, "temperature": 1.0}])
+def test_same_request_same_text_when_greedy_or_seeded(
+    triton_server: TritonHandle, frontend_url: str, fields: dict[str, Any]
+) -> None:
+    args = {"model": triton_server.served_model_name, "prompt": PROMPT, "max_tokens": 24, "ignore_eos": True, **fields}
+    assert post(frontend_url, **args)["choices"][0]["text"] == post(frontend_url, **args)["choices"][0]["text"]
+
+
+def test_different_seeds_give_different_text(triton_server: TritonHandle, frontend_url: str) -> None:
+    args = {"model": triton_server.served_model_name, "prompt": PROMPT, "max_tokens": 24, "ignore_eos": True}
+    assert (
+        post(frontend_url, **args, seed=1)["choices"][0]["text"]
+        != post(frontend_url, **args, seed=2)["choices"][0]["text"]
+    )
+
+
+def test_echo_starts_the_text_with_the_prompt(triton_server: TritonHandle, frontend_url: str) -> None:
+    args = {"model": triton_server.served_model_name, "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
+    echoed = post(frontend_url, **args, echo=True)["choices"][0]["text"]
+    plain = post(frontend_url, **args, echo=False)["choices"][0]["text"]
+    assert echoed == PROMPT + plain and not plain.startswith(PROMPT)
+
+
+def test_logprobs_in_the_completions_form(triton_server: TritonHandle, frontend_url: str) -> None:
+    body = post(frontend_url, model=triton_server.served_model_name, prompt=PROMPT, logprobs=3, max_tokens=10)
+    choice = body["choices"][0]
+    logprobs = choice["logprobs"]
+    tokens = logprobs["tokens"]
+    assert len(tokens) == body["usage"]["completion_tokens"]
+    assert (
+        len(logprobs["token_logprobs"]) == len(logprobs["top_logprobs"]) == len(logprobs["text_offset"]) == len(tokens)
+    )
+    assert "".join(tokens) == choice["text"]
+    assert logprobs["text_offset"] == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    for token, value, top in zip(tokens, logprobs["token_logprobs"], logprobs["top_logprobs"], strict=True):
+        assert value <= 0 and 1 <= len(top) <= 3
+        assert all(isinstance(k, str) and v <= 0 for k, v in top.items())
+        assert max(top.values()) >= value - 1e-4 or token in top
+    zero = post(frontend_url, model=triton_server.served_model_name, prompt=PROMPT, logprobs=0, max_tokens=4)
+    assert zero["choices"][0]["logprobs"] is None
+
+
+def test_openai_client_stream_matches_non_stream(triton_server: TritonHandle, frontend_url: str) -> None:
+    client = client_for(frontend_url)
+    args: dict[str, Any] = {
+        "model": triton_server.served_model_name,
+        "prompt": PROMPT,
+        "max_tokens": 20,
+        "temperature": 0,
+    }
+    whole = client.completions.create(**args)
+    chunks = list(client.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].usage is not None and whole.usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_several_prompts_answer_as_each_alone(triton_server: TritonHandle, frontend_url: str) -> None:
+    args = {"model": triton_server.served_model_name, "max_tokens": 12, "temperature": 0}
+    prompts = [PROMPT, "Once upon a time"]
+    together = post(frontend_url, **args, prompt=prompts)
+    alone = [post(frontend_url, **args, prompt=p)["choices"][0]["text"] for p in prompts]
+    assert [c["text"] for c in together["choices"]] == alone
+    assert together["usage"]["prompt_tokens"] == sum(
+        post(frontend_url, **args, prompt=p)["usage"]["prompt_tokens"] for p in prompts
+    )
+
+
+def test_stop_string_ends_the_choice_without_it(triton_server: TritonHandle, frontend_url: str) -> None:
+    args = {
+        "model": triton_server.served_model_name,
+        "prompt": PROMPT,
+        "max_tokens": 30,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    text = post(frontend_url, **args)["choices"][0]["text"]
+    stop = text[len(text) // 2 :][:3]
+    cut = post(frontend_url, **args, stop=[stop])["choices"][0]
+    assert cut["finish_reason"] == "stop" and cut["text"] == text[: text.index(stop)]
+
+
+def test_bad_requests_name_the_field(triton_server: TritonHandle, frontend_url: str) -> None:
+    client, model = client_for(frontend_url), triton_server.served_model_name
+    with pytest.raises(openai.BadRequestError) as suffix:
+        client.completions.create(model=model, prompt=PROMPT, suffix="!")
+    with pytest.raises(openai.BadRequestError) as max_tokens:
+        client.completions.create(model=model, prompt=PROMPT, max_tokens=-1)
+    with pytest.raises(openai.BadRequestError) as empty:
+        client.completions.create(model=model, prompt="")
+    assert [error_body(e.value)["param"] for e in (suffix, max_tokens, empty)] == ["suffix", "max_tokens", "prompt"]
