@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from openai_frontend.chat.accumulate import ChoiceAccumulator
+from openai_frontend.chat.echo import with_echo
 from openai_frontend.chat.responses import completion_body
 from openai_frontend.chat.sse import StreamFormatter, StreamOptions
 from openai_frontend.chat.validation import ValidatedChat
@@ -93,7 +94,7 @@ class ChatCall:
         # token saves every serving process its per-token work (IPC, gRPC, decoding).
         return BackendRequest(
             self.request_id, self.chat.messages, self.chat.params.to_wire(), stream=self.chat.stream,
-            media=list(self.media),
+            media=list(self.media), counts_every_response=self.chat.continuous_usage,
         )  # fmt: skip
 
     @property
@@ -105,7 +106,7 @@ class ChatCall:
 async def complete(backend: ChatBackend, call: ChatCall) -> dict[str, Any]:
     """The whole ``chat.completion`` body, aggregated from the backend's deltas."""
     choices: dict[int, ChoiceAccumulator] = {}
-    stream = backend.generate(call.backend_request())
+    stream = with_echo(backend.generate(call.backend_request()), call.chat.echo)
     try:
         async for delta in stream:
             call.observation.on_delta(delta, streamed=False)
@@ -148,6 +149,7 @@ def _formatter(call: ChatCall) -> StreamFormatter:
             mindie=call.settings.mindie_mode,
             full_text=call.settings.full_text_enabled,
             include_usage=call.chat.include_usage,
+            continuous_usage=call.chat.continuous_usage,
         )
     )
 
@@ -155,7 +157,7 @@ def _formatter(call: ChatCall) -> StreamFormatter:
 async def start_stream(backend: ChatBackend, call: ChatCall) -> StartedStream:
     """Wait for the first deltas that produce an event; backend errors here propagate (HTTP error)."""
     formatter = _formatter(call)
-    stream = paced(backend.generate(call.backend_request()), call.settings.token_timeout_s)
+    stream = paced(with_echo(backend.generate(call.backend_request()), call.chat.echo), call.settings.token_timeout_s)
     try:
         async for delta in stream:
             call.observation.on_delta(delta, streamed=True)

@@ -11,8 +11,9 @@ unit-testable. Formats (docs/api.md, streaming):
   after the stream started ends each unfinished choice with ``finish_reason: "stop"`` and a
   top-level ``err_msg``.
 * OpenAI mode: a role-only first chunk per choice, later deltas without ``role``, usage only with
-  ``stream_options.include_usage`` in a last chunk with ``choices: []``; an error is a
-  ``data: {"error": {...}}`` event (what OpenAI clients parse).
+  ``stream_options.include_usage`` in a last chunk with ``choices: []`` (and, with
+  ``continuous_usage_stats`` too, on every chunk: the prompt and that choice's tokens so far, as
+  vLLM does); an error is a ``data: {"error": {...}}`` event (what OpenAI clients parse).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class StreamOptions:
     mindie: bool
     full_text: bool  # MindIE fullTextEnabled (ignored in OpenAI mode)
     include_usage: bool  # OpenAI stream_options.include_usage
+    continuous_usage: bool = False  # OpenAI stream_options.continuous_usage_stats: usage on every chunk
 
 
 class StreamFormatter:
@@ -93,7 +95,7 @@ class StreamFormatter:
         choice.add(delta)
         if self._o.mindie:
             return self._mindie_delta(delta, choice)
-        return self._openai_delta(delta)
+        return self._openai_delta(delta, choice)
 
     def _mindie_delta(self, delta: ChoiceDelta, choice: ChoiceAccumulator) -> list[bytes]:
         final = delta.finish_reason is not None
@@ -117,15 +119,30 @@ class StreamFormatter:
         chunk["choices"] = [entry]
         return [sse_event(chunk)]
 
-    def _openai_chunk(self, index: int, body: dict[str, Any], logprobs: Any, finish: str | None) -> bytes:
+    def _openai_chunk(
+        self, index: int, body: dict[str, Any], logprobs: Any, finish: str | None, usage: dict[str, int] | None
+    ) -> bytes:
         entry = {"index": index, "delta": body, "logprobs": logprobs, "finish_reason": finish}
-        return self._choices_event(entry)
+        if usage is None:
+            return self._choices_event(entry)
+        return sse_event({**self._head(), "choices": [entry], "usage": usage})
 
-    def _openai_delta(self, delta: ChoiceDelta) -> list[bytes]:
+    def _running_usage(self, choice: ChoiceAccumulator, completion_tokens: int) -> dict[str, int] | None:
+        if not self._o.continuous_usage:
+            return None
+        prompt = choice.prompt_tokens_seen
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt + completion_tokens,
+        }
+
+    def _openai_delta(self, delta: ChoiceDelta, choice: ChoiceAccumulator) -> list[bytes]:
         events = []
         if delta.index not in self._role_sent:
             self._role_sent.add(delta.index)
-            events.append(self._openai_chunk(delta.index, {"role": "assistant", "content": ""}, None, None))
+            role = {"role": "assistant", "content": ""}
+            events.append(self._openai_chunk(delta.index, role, None, None, self._running_usage(choice, 0)))
         final = delta.finish_reason is not None
         if not (delta.text or delta.reasoning or delta.tool_calls or delta.logprobs or final):
             return events
@@ -136,7 +153,8 @@ class StreamFormatter:
             body["reasoning_content"] = delta.reasoning
         if delta.tool_calls:
             body["tool_calls"] = delta.tool_calls
-        events.append(self._openai_chunk(delta.index, body, self._logprobs_value(delta), delta.finish_reason))
+        usage = self._running_usage(choice, choice.output_tokens_seen)
+        events.append(self._openai_chunk(delta.index, body, self._logprobs_value(delta), delta.finish_reason, usage))
         return events
 
     def _unfinished(self) -> list[int]:

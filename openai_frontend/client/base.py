@@ -43,6 +43,7 @@ class BackendRequest:
     # otherwise (fewer responses; a disconnect still cancels, since the gRPC call stays open).
     stream: bool = True
     media: list[tuple[bytes, str]] = field(default_factory=list)  # (raw bytes, MIME type) per item
+    counts_every_response: bool = False  # token counts in every response, not only a choice's last
 
 
 @runtime_checkable
