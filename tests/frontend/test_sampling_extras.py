@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from frontend_fakes import PIECES, PROMPT_TOKENS, FakeBackend, chat_body, client_for
 
+from openai_frontend.chat.schemas import UNSUPPORTED_FIELDS
 from openai_frontend.client.base import BackendRequest
 from openai_frontend.client.triton import build_infer_inputs
 from python_backend.protocol import contract
@@ -146,3 +148,9 @@ def test_counts_every_response_asks_the_model_for_the_counts() -> None:
     names = [t.name() for t in build_infer_inputs(request)]
     assert contract.RETURN_NUM_INPUT_TOKENS in names and contract.RETURN_NUM_OUTPUT_TOKENS in names
     assert contract.RETURN_NUM_INPUT_TOKENS not in [t.name() for t in build_infer_inputs(BackendRequest("r", [], {}))]
+
+
+def test_docs_list_every_refused_field() -> None:
+    docs = (Path(__file__).parents[2] / "docs" / "api.md").read_text(encoding="utf-8")
+    paragraph = docs.split("**Known fields this server does not implement**")[1].split("\n\n")[0]
+    assert sorted(name for name in UNSUPPORTED_FIELDS if f"`{name}`" not in paragraph) == []
