@@ -9,6 +9,8 @@ errors. The JSON schema still documents each field's type (for clients and API f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, WithJsonSchema
@@ -77,41 +79,43 @@ GENERATION_FIELDS: tuple[str, ...] = (
 # Known OpenAI and vLLM request fields this server does not implement, each with the value that
 # asks for nothing (None: only null or absent). Any other value is a 400 naming the field rather
 # than an answer that silently ignores it; truly unknown fields go to ``x-ignored-params``.
-UNSUPPORTED_FIELDS: dict[str, object] = {
-    "audio": None,
-    "modalities": ["text"],
-    "prediction": None,
-    "functions": None,
-    "function_call": None,
-    "web_search_options": None,
-    "reasoning_effort": None,
-    "verbosity": None,
-    "prompt_logprobs": None,
-    "priority": 0,
-    "guided_json": None,
-    "guided_regex": None,
-    "guided_choice": None,
-    "guided_grammar": None,
-    "guided_decoding_backend": None,
-    "guided_whitespace_pattern": None,
-    "structured_outputs": None,
-    "length_penalty": 1.0,
-    "early_stopping": False,
-    "spaces_between_special_tokens": True,
-    "truncate_prompt_tokens": None,
-    "bad_words": None,
-    "allowed_token_ids": None,
-    "logits_processors": None,
-    "return_tokens_as_token_ids": False,
-    "return_token_ids": False,
-    "add_special_tokens": False,
-    "documents": None,
-    "chat_template": None,
-    "mm_processor_kwargs": None,
-    "vllm_xargs": None,
-    "kv_transfer_params": None,
-    "cache_salt": None,
-}
+UNSUPPORTED_FIELDS: Mapping[str, object] = MappingProxyType(
+    {
+        "audio": None,
+        "modalities": ("text",),
+        "prediction": None,
+        "functions": None,
+        "function_call": None,
+        "web_search_options": None,
+        "reasoning_effort": None,
+        "verbosity": None,
+        "prompt_logprobs": None,
+        "priority": 0,
+        "guided_json": None,
+        "guided_regex": None,
+        "guided_choice": None,
+        "guided_grammar": None,
+        "guided_decoding_backend": None,
+        "guided_whitespace_pattern": None,
+        "structured_outputs": None,
+        "length_penalty": 1.0,
+        "early_stopping": False,
+        "spaces_between_special_tokens": True,
+        "truncate_prompt_tokens": None,
+        "bad_words": None,
+        "allowed_token_ids": None,
+        "logits_processors": None,
+        "return_tokens_as_token_ids": False,
+        "return_token_ids": False,
+        "add_special_tokens": False,
+        "documents": None,
+        "chat_template": None,
+        "mm_processor_kwargs": None,
+        "vllm_xargs": None,
+        "kv_transfer_params": None,
+        "cache_salt": None,
+    }
+)
 
 
 class ChatCompletionRequest(BaseModel):
@@ -197,6 +201,8 @@ def _asks_nothing(value: object, neutral: object) -> bool:
         return True
     if _is_number(neutral):
         return _is_number(value) and value == neutral  # 1 and 1.0 alike, but not True for 1
+    if isinstance(neutral, tuple):
+        return isinstance(value, list) and tuple(value) == neutral  # JSON arrays arrive as lists
     # Same type as well as equal: false must not pass for 0, nor 1 for true.
     return type(value) is type(neutral) and value == neutral
 
