@@ -5,6 +5,8 @@ Owns: ``ChatCompletionRequest`` (pydantic v2) and the allow-list of its generati
 types and cross-field rules live in ``python_backend.protocol.params.parse_parameters``, which both this
 frontend and the Triton model run, so an HTTP caller and a tritonclient caller get identical
 errors. The JSON schema still documents each field's type (for clients and API fuzzers).
+Also owns ``UNSUPPORTED_FIELDS``: the known OpenAI and vLLM fields this server refuses rather
+than ignores.
 """
 
 from __future__ import annotations

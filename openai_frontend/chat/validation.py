@@ -2,7 +2,8 @@
 
 Owns: ``validate_chat_request`` and the ``ValidatedChat`` it returns. Order (docs/api.md, validation):
 JSON body -> ``messages`` (``python_backend.protocol.messages``, then the media parts' syntax and policy,
-``media.parts.extract_media``, without any I/O) -> body schema and unknown fields -> generation
+``media.parts.extract_media``, without any I/O) -> body schema, refused known fields (400) and
+unknown fields -> ``stream_options`` and ``echo`` -> generation
 parameters (``python_backend.protocol.params.parse_parameters``, the backend's own rules) -> ``model``
 (404 when not served). The backend is sent the parsed parameters' canonical form
 (``GenerationParams.to_wire``), never the body's own spelling. The first failure raises ``ContractError`` naming the field. Media are
