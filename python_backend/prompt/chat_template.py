@@ -79,9 +79,10 @@ def render_prompt_text(
     tools: list[dict[Any, Any] | Callable[..., Any]] | None = (
         list(params.tools) if params.tools and params.tool_choice != "none" else None
     )
+    prepared = _for_template(messages, media_kinds)  # its own 400s name the part, not the template
     try:
         text = tokenizer.apply_chat_template(
-            _for_template(messages, media_kinds),
+            prepared,
             tools=tools,
             add_generation_prompt=params.add_generation_prompt,
             continue_final_message=params.continue_final_message,
