@@ -6,11 +6,14 @@ sampling), ``ChatCompletionRequest`` (pydantic v2) and the allow-lists of their 
 types and cross-field rules live in ``python_backend.protocol.params.parse_parameters``, which both this
 frontend and the Triton model run, so an HTTP caller and a tritonclient caller get identical
 errors. The JSON schema still documents each field's type and range, taken from the same
-constants (for generated clients and API fuzzers).
+constants (for generated clients and API fuzzers). Also owns ``UNSUPPORTED_FIELDS``: the known
+OpenAI and vLLM fields this server refuses rather than ignores.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, WithJsonSchema
@@ -49,7 +52,14 @@ OptTokenIds = Annotated[
 _STOP_TEXT: dict[str, Any] = {"type": "string", "minLength": 1}
 OptStop = Annotated[Any, _nullable(_STOP_TEXT, {"type": "array", "items": _STOP_TEXT})]
 OptToolChoice = Annotated[Any, _nullable({"type": "string", "enum": ["none", "auto", "required"]}, _OBJECT)]
-OptStreamOptions = Annotated[Any, _nullable({"type": "object", "properties": {"include_usage": _BOOLEAN}})]
+OptStreamOptions = Annotated[
+    Any,
+    _nullable({"type": "object", "properties": {"include_usage": _BOOLEAN, "continuous_usage_stats": _BOOLEAN}}),
+]
+OptLogitBias = Annotated[
+    Any, _nullable({"type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}})
+]
+MinP = Annotated[Any, _number(minimum=0, maximum=1)]
 Temperature = Annotated[Any, _number(minimum=0)]
 TopP = Annotated[Any, _number(exclusiveMinimum=1e-6, maximum=1)]
 RepetitionPenalty = Annotated[Any, _number(exclusiveMinimum=0, maximum=2)]
@@ -83,6 +93,8 @@ SAMPLING_FIELDS: tuple[str, ...] = (
     "n",
     "best_of",
     "use_beam_search",
+    "logit_bias",
+    "min_p",
 )
 # Chat's own: ``logprobs`` is a boolean here (completions: an integer, mapped by that endpoint).
 GENERATION_FIELDS: tuple[str, ...] = (
@@ -94,6 +106,49 @@ GENERATION_FIELDS: tuple[str, ...] = (
     "parallel_tool_calls",
     "chat_template_kwargs",
     "response_format",
+    "add_generation_prompt",
+    "continue_final_message",
+)
+
+# Known OpenAI and vLLM request fields this server does not implement, each with the value that
+# asks for nothing (None: only null or absent). Any other value is a 400 naming the field rather
+# than an answer that silently ignores it; truly unknown fields go to ``x-ignored-params``.
+UNSUPPORTED_FIELDS: Mapping[str, object] = MappingProxyType(
+    {
+        "audio": None,
+        "modalities": ("text",),
+        "prediction": None,
+        "functions": None,
+        "function_call": None,
+        "web_search_options": None,
+        "reasoning_effort": None,
+        "verbosity": None,
+        "prompt_logprobs": None,
+        "priority": 0,
+        "guided_json": None,
+        "guided_regex": None,
+        "guided_choice": None,
+        "guided_grammar": None,
+        "guided_decoding_backend": None,
+        "guided_whitespace_pattern": None,
+        "structured_outputs": None,
+        "length_penalty": 1.0,
+        "early_stopping": False,
+        "spaces_between_special_tokens": True,
+        "truncate_prompt_tokens": None,
+        "bad_words": None,
+        "allowed_token_ids": None,
+        "logits_processors": None,
+        "return_tokens_as_token_ids": False,
+        "return_token_ids": False,
+        "add_special_tokens": False,
+        "documents": None,
+        "chat_template": None,
+        "mm_processor_kwargs": None,
+        "vllm_xargs": None,
+        "kv_transfer_params": None,
+        "cache_salt": None,
+    }
 )
 
 
@@ -110,7 +165,9 @@ class GenerationRequest(BaseModel):
     model: StrictStr = Field(..., description="served model name, or a LoRA adapter name")
     stream: StrictBool | None = Field(None, description="true: Server-Sent Events (beam search: one JSON body)")
     stream_options: OptStreamOptions = Field(
-        None, description="OpenAI mode only: include_usage adds a final usage chunk"
+        None,
+        description="OpenAI mode only: include_usage adds a final usage chunk; with it, continuous_usage_stats "
+        "adds usage to every chunk",
     )
 
     temperature: Temperature = Field(None, description=">= 0; must be > 0 when n or best_of > 1")
@@ -133,12 +190,22 @@ class GenerationRequest(BaseModel):
     n: Choices = Field(None, description="choices returned, [1, 128]")
     best_of: Choices = Field(None, description="candidates generated, [1, 128]; streaming: equal to n")
     use_beam_search: OptBoolean = Field(None, description="beam search; streaming answers one JSON body")
+    logit_bias: OptLogitBias = Field(None, description="token id (as a string) -> bias in [-100, 100]")
+    min_p: MinP = Field(None, description="[0, 1]; drop tokens below min_p x the top token's probability")
 
     user: Any = Field(None, description="accepted and ignored")
 
     def unknown_fields(self) -> list[str]:
         """Body fields this server does not know, sorted (for the header or a strict-mode 400)."""
-        return sorted(self.model_extra or {})
+        return sorted(name for name in self.model_extra or {} if name not in UNSUPPORTED_FIELDS)
+
+    def unsupported_field(self) -> str | None:
+        """The first known field given with a value this server would not honour, if any."""
+        extra = self.model_extra or {}
+        for name in sorted(extra):
+            if name in UNSUPPORTED_FIELDS and not _asks_nothing(extra[name], UNSUPPORTED_FIELDS[name]):
+                return name
+        return None
 
     def to_backend_parameters(self) -> dict[str, Any]:
         """The generation fields that were given, as sent, for ``parse_parameters``."""
@@ -159,10 +226,30 @@ class ChatCompletionRequest(GenerationRequest):
     parallel_tool_calls: OptBoolean = Field(None, description="false: at most one tool call per answer")
     chat_template_kwargs: OptObject = Field(None, description="allow-listed template switches (enable_thinking)")
     response_format: OptObject = Field(None, description='{"type": "text" | "json_object" | "json_schema"}')
+    add_generation_prompt: OptBoolean = Field(None, description="open a new assistant turn (default true)")
+    continue_final_message: OptBoolean = Field(
+        None, description="continue the final assistant message (needs add_generation_prompt false)"
+    )
+    echo: OptBoolean = Field(None, description="prepend the final message's text when it is the assistant's")
 
     metadata: Any = Field(None, description="accepted and ignored")
     store: Any = Field(None, description="accepted and ignored")
     service_tier: Any = Field(None, description="accepted and ignored")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _asks_nothing(value: object, neutral: object) -> bool:
+    if value is None:
+        return True
+    if _is_number(neutral):
+        return _is_number(value) and value == neutral  # 1 and 1.0 alike, but not True for 1
+    if isinstance(neutral, tuple):
+        return isinstance(value, list) and tuple(value) == neutral  # JSON arrays arrive as lists
+    # Same type as well as equal: false must not pass for 0, nor 1 for true.
+    return type(value) is type(neutral) and value == neutral
 
 
 class ErrorDetail(BaseModel):

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from openai_frontend.chat.accumulate import ChoiceAccumulator
+from openai_frontend.chat.echo import with_echo
 from openai_frontend.chat.responses import completion_body
 from openai_frontend.chat.sse import StreamFormatter, StreamOptions
 from openai_frontend.chat.validation import ValidatedChat
@@ -94,7 +95,7 @@ class ChatCall:
         # token saves every serving process its per-token work (IPC, gRPC, decoding).
         return BackendRequest(
             self.request_id, self.chat.messages, self.chat.params.to_wire(), stream=self.chat.stream,
-            media=list(self.media),
+            media=list(self.media), counts_every_response=self.chat.continuous_usage,
         )  # fmt: skip
 
     @property
@@ -122,7 +123,8 @@ async def collect_choices(
 
 async def complete(backend: ChatBackend, call: ChatCall) -> dict[str, Any]:
     """The whole ``chat.completion`` body, aggregated from the backend's deltas."""
-    choices = await collect_choices(backend.generate(call.backend_request()), call.observation, call.chat.params.n)
+    stream = with_echo(backend.generate(call.backend_request()), call.chat.echo)
+    choices = await collect_choices(stream, call.observation, call.chat.params.n)
     return completion_body(
         request_id=call.request_id,
         created=call.created,
@@ -167,13 +169,14 @@ def _formatter(call: ChatCall) -> StreamFormatter:
             mindie=call.settings.mindie_mode,
             full_text=call.settings.full_text_enabled,
             include_usage=call.chat.include_usage,
+            continuous_usage=call.chat.continuous_usage,
         )
     )
 
 
 async def start_stream(backend: ChatBackend, call: ChatCall) -> StartedStream:
     """Wait for the first deltas that produce an event; backend errors here propagate (HTTP error)."""
-    stream = paced(backend.generate(call.backend_request()), call.settings.token_timeout_s)
+    stream = paced(with_echo(backend.generate(call.backend_request()), call.chat.echo), call.settings.token_timeout_s)
     return await start_events(stream, _formatter(call), call.observation)
 
 

@@ -13,8 +13,9 @@ unit-testable. Formats (docs/api.md, streaming):
   after the stream started ends each unfinished choice with ``finish_reason: "stop"`` and a
   top-level ``err_msg``.
 * OpenAI mode: a role-only first chunk per choice, later deltas without ``role``, usage only with
-  ``stream_options.include_usage`` in a last chunk with ``choices: []``; an error is a
-  ``data: {"error": {...}}`` event (what OpenAI clients parse).
+  ``stream_options.include_usage`` in a last chunk with ``choices: []`` (and, with
+  ``continuous_usage_stats`` too, on every chunk: the prompt and that choice's tokens so far, as
+  vLLM does); an error is a ``data: {"error": {...}}`` event (what OpenAI clients parse).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class StreamOptions:
     full_text: bool  # MindIE fullTextEnabled (ignored in OpenAI mode)
     include_usage: bool  # OpenAI stream_options.include_usage
     object: str = OBJECT_CHUNK  # every chunk's ``object`` field
+    continuous_usage: bool = False  # OpenAI stream_options.continuous_usage_stats: usage on every chunk
 
 
 class ChoiceStreamFormatter:
@@ -79,6 +81,22 @@ class ChoiceStreamFormatter:
     def _choices_event(self, entry: dict[str, Any]) -> bytes:
         """``sse_event({**self._head(), "choices": [entry]})``, without re-serializing the head."""
         return self._choices_prefix + _JSON.encode([entry]).encode("utf-8") + b"}\n\n"
+
+    def _running_usage(self, choice: ChoiceAccumulator, completion_tokens: int) -> dict[str, int] | None:
+        if not self._o.continuous_usage:
+            return None
+        prompt = choice.prompt_tokens_seen
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt + completion_tokens,
+        }
+
+    def _entry_event(self, entry: dict[str, Any], usage: dict[str, int] | None) -> bytes:
+        """One choice's chunk, with the running usage when continuous usage was asked for."""
+        if usage is None:
+            return self._choices_event(entry)
+        return sse_event({**self._head(), "choices": [entry], "usage": usage})
 
     def _head(self) -> dict[str, Any]:
         return {"id": self._o.request_id, "object": self._o.object, "created": self._o.created, "model": self._o.model}
@@ -181,15 +199,18 @@ class StreamFormatter(ChoiceStreamFormatter):
             return [self._choices_event(entry)]
         return [self._final_chunk(entry, choice)]
 
-    def _openai_chunk(self, index: int, body: dict[str, Any], logprobs: Any, finish: str | None) -> bytes:
+    def _openai_chunk(
+        self, index: int, body: dict[str, Any], logprobs: Any, finish: str | None, usage: dict[str, int] | None
+    ) -> bytes:
         entry = {"index": index, "delta": body, "logprobs": logprobs, "finish_reason": finish}
-        return self._choices_event(entry)
+        return self._entry_event(entry, usage)
 
     def _openai_delta(self, delta: ChoiceDelta, choice: ChoiceAccumulator) -> list[bytes]:
         events = []
         if delta.index not in self._role_sent:
             self._role_sent.add(delta.index)
-            events.append(self._openai_chunk(delta.index, {"role": "assistant", "content": ""}, None, None))
+            role = {"role": "assistant", "content": ""}
+            events.append(self._openai_chunk(delta.index, role, None, None, self._running_usage(choice, 0)))
         final = delta.finish_reason is not None
         if not (delta.text or delta.reasoning or delta.tool_calls or delta.logprobs or final):
             return events
@@ -200,7 +221,8 @@ class StreamFormatter(ChoiceStreamFormatter):
             body["reasoning_content"] = delta.reasoning
         if delta.tool_calls:
             body["tool_calls"] = delta.tool_calls
-        events.append(self._openai_chunk(delta.index, body, self._logprobs_value(delta), delta.finish_reason))
+        usage = self._running_usage(choice, choice.output_tokens_seen)
+        events.append(self._openai_chunk(delta.index, body, self._logprobs_value(delta), delta.finish_reason, usage))
         return events
 
     def _error_entry(self, index: int, choice: ChoiceAccumulator) -> dict[str, Any]:

@@ -5,9 +5,9 @@ generation endpoint shares (``load_json_object``, ``parse_body``, ``check_genera
 (docs/api.md, validation): JSON body -> every string, keys included, is valid Unicode (``json``
 accepts lone surrogate escapes such as ``"\\ud800"``, which no encoder, tokenizer or response can
 carry) -> ``messages`` (``python_backend.protocol.messages``, then the media parts' syntax and policy,
-``media.parts.extract_media``, without any I/O) -> body schema and unknown fields -> generation
-parameters (``python_backend.protocol.params.parse_parameters``, the backend's own rules) -> ``model``
-(404 when not served). The backend is sent the parsed parameters' canonical form
+``media.parts.extract_media``, without any I/O) -> body schema, refused known fields (400) and
+unknown fields -> ``stream_options`` -> generation parameters (``python_backend.protocol.params.parse_parameters``, the backend's own rules) -> ``model``
+(404 when not served) -> ``echo``. The backend is sent the parsed parameters' canonical form
 (``GenerationParams.to_wire``), never the body's own spelling. The first failure raises ``ContractError`` naming the field. Media are
 loaded only after all of this passed (``media.loader``, called by the route).
 """
@@ -40,6 +40,8 @@ class ValidatedChat:
     include_usage: bool  # OpenAI mode: stream_options.include_usage
     ignored: tuple[str, ...]  # unknown body fields, reported in ``x-ignored-params``
     media: tuple[MediaRef, ...] = ()  # what to load, in media_index order
+    continuous_usage: bool = False  # OpenAI mode: usage on every chunk (include_usage as well)
+    echo: str = ""  # vLLM's echo: prepended to every choice's reply
 
 
 RequestT = TypeVar("RequestT", bound=GenerationRequest)
@@ -53,6 +55,15 @@ class CheckedGeneration:
     stream: bool
     include_usage: bool  # OpenAI mode: stream_options.include_usage
     ignored: tuple[str, ...]  # unknown body fields, reported in ``x-ignored-params``
+    continuous_usage: bool = False  # OpenAI mode: usage on every chunk (include_usage as well)
+
+
+@dataclass(frozen=True)
+class StreamUsage:
+    """What ``stream_options`` asks for."""
+
+    include_usage: bool = False  # a last chunk with the whole request's usage
+    continuous: bool = False  # usage on every chunk as well (only with include_usage, as in vLLM)
 
 
 def load_json_object(body: bytes) -> dict[str, Any]:
@@ -118,27 +129,49 @@ def parse_body(schema: type[RequestT], data: dict[str, Any]) -> RequestT:
         raise ContractError(info_from_validation_errors(exc.errors(include_url=False))) from exc
 
 
-def _include_usage(request: GenerationRequest, settings: FrontendSettings, stream: bool) -> bool:
+def _stream_usage(request: GenerationRequest, settings: FrontendSettings, stream: bool) -> StreamUsage:
     options = request.stream_options
     if options is None or settings.mindie_mode:
-        return False  # MindIE mode has no stream_options; it is reported as ignored instead
+        return StreamUsage()  # MindIE mode has no stream_options; it is reported as ignored instead
     if not stream:
         raise invalid("'stream_options' is only allowed when 'stream' is true", "stream_options")
     if not isinstance(options, dict):
         raise invalid("'stream_options' must be an object", "stream_options")
     for key in options:
-        if key != "include_usage":
+        if key not in ("include_usage", "continuous_usage_stats"):
             raise invalid(f"'stream_options.{key}' is not supported", f"stream_options.{key}")
-    value = options.get("include_usage")
-    if value is not None and not isinstance(value, bool):
-        raise invalid("'stream_options.include_usage' must be a boolean", "stream_options.include_usage")
-    return bool(value)
+    flags = []
+    for key in ("include_usage", "continuous_usage_stats"):
+        value = options.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise invalid(f"'stream_options.{key}' must be a boolean", f"stream_options.{key}")
+        flags.append(bool(value))
+    return StreamUsage(flags[0], flags[0] and flags[1])
+
+
+def _echo(request: ChatCompletionRequest, messages: list[dict[str, Any]]) -> str:
+    """vLLM's chat ``echo``: the final message's text, when that message is the assistant's."""
+    if request.echo is None:
+        return ""
+    if not isinstance(request.echo, bool):
+        raise invalid(f"'echo' must be a boolean, got {type(request.echo).__name__}", "echo")
+    last = messages[-1]
+    if not request.echo or last.get("role") != "assistant":
+        return ""
+    content = last.get("content")
+    if isinstance(content, list):
+        # Text parts joined as the chat template sees them.
+        return "\n".join(part["text"] for part in content if part.get("type") == "text")
+    return content if isinstance(content, str) else ""
 
 
 def check_generation(
     request: GenerationRequest, parameters: dict[str, Any], settings: FrontendSettings
 ) -> CheckedGeneration:
     """Unknown fields, stream options, the generation ``parameters`` and ``model``, in that order."""
+    unsupported = request.unsupported_field()
+    if unsupported is not None:
+        raise invalid(f"'{unsupported}' is not supported by this server", unsupported)
     ignored = request.unknown_fields()
     if settings.mindie_mode and request.stream_options is not None:
         ignored = sorted([*ignored, "stream_options"])
@@ -146,14 +179,14 @@ def check_generation(
         raise invalid(f"unknown parameter '{ignored[0]}'", ignored[0])
 
     stream = bool(request.stream)
-    include_usage = _include_usage(request, settings, stream)
+    usage = _stream_usage(request, settings, stream)
     params = parse_parameters(parameters, stream=stream)
 
     if request.model not in settings.model_names:
         raise ContractError(model_not_found(request.model))
     if request.model != settings.served_model_name:
         params = replace(params, lora=request.model)
-    return CheckedGeneration(params, stream, include_usage, tuple(ignored))
+    return CheckedGeneration(params, stream, usage.include_usage, tuple(ignored), usage.continuous)
 
 
 def validate_chat_request(body: bytes, settings: FrontendSettings) -> ValidatedChat:
@@ -163,5 +196,13 @@ def validate_chat_request(body: bytes, settings: FrontendSettings) -> ValidatedC
     request = parse_body(ChatCompletionRequest, data)
     checked = check_generation(request, request.to_backend_parameters(), settings)
     return ValidatedChat(
-        request, media.messages, checked.params, checked.stream, checked.include_usage, checked.ignored, media.refs
+        request,
+        media.messages,
+        checked.params,
+        checked.stream,
+        checked.include_usage,
+        checked.ignored,
+        media.refs,
+        checked.continuous_usage,
+        _echo(request, media.messages),
     )

@@ -44,6 +44,7 @@ class BackendRequest:
     stream: bool = True
     media: list[tuple[bytes, str]] = field(default_factory=list)  # (raw bytes, MIME type) per item
     prompt: str | None = None  # a raw prompt (``text_input``, no chat template) instead of messages
+    counts_every_response: bool = False  # token counts in every response, not only a choice's last
 
 
 @runtime_checkable

@@ -60,6 +60,9 @@ def build_infer_inputs(req: BackendRequest) -> list[InferInput]:
         contract_input(contract.PARAMETERS, contract.json_tensor(req.parameters)),
         contract_input(contract.STREAM, contract.bool_tensor(req.stream)),
     ]
+    if req.counts_every_response:
+        for name in (contract.RETURN_NUM_INPUT_TOKENS, contract.RETURN_NUM_OUTPUT_TOKENS):
+            inputs.append(contract_input(name, contract.bool_tensor(True)))
     if req.media:
         inputs.append(contract_input(contract.MEDIA, np.array([data for data, _ in req.media], dtype=np.object_)))
         types = [mime.encode("utf-8") for _, mime in req.media]

@@ -49,6 +49,7 @@ class CompletionCall:
                 wire,
                 stream=self.completion.stream,
                 prompt=prompt,
+                counts_every_response=self.completion.continuous_usage,
             )
             for i, prompt in enumerate(prompts)
         ]
@@ -136,6 +137,7 @@ async def start_stream(backend: ChatBackend, call: CompletionCall) -> StartedStr
         mindie=call.settings.mindie_mode,
         full_text=call.settings.full_text_enabled,
         include_usage=c.include_usage,
+        continuous_usage=c.continuous_usage,
         object=OBJECT_TEXT_COMPLETION,
     )
     formatter = CompletionStreamFormatter(options, c.prompts, c.params.n, c.echo)

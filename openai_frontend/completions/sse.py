@@ -49,7 +49,8 @@ class CompletionStreamFormatter(ChoiceStreamFormatter):
         piece = self._piece(delta)
         if not (piece or delta.logprobs or delta.finish_reason is not None):
             return []
-        return [self._choices_event(self._entry(delta, piece))]
+        usage = self._running_usage(choice, choice.output_tokens_seen)
+        return [self._entry_event(self._entry(delta, piece), usage)]
 
     def _mindie_delta(self, delta: ChoiceDelta, choice: ChoiceAccumulator) -> list[bytes]:
         piece = self._piece(delta)

@@ -38,6 +38,7 @@ class ValidatedCompletion:
     include_usage: bool  # OpenAI mode: stream_options.include_usage
     ignored: tuple[str, ...]  # unknown body fields, reported in ``x-ignored-params``
     echo: bool  # each choice's text starts with its prompt
+    continuous_usage: bool = False  # OpenAI mode: usage on every chunk (include_usage as well)
 
     @property
     def choices(self) -> int:
@@ -109,5 +110,12 @@ def validate_completion_request(body: bytes, settings: FrontendSettings) -> Vali
     if len(prompts) * checked.params.n > MAX_N:
         raise invalid(f"'prompt' count times 'n' must be at most {MAX_N}, got {len(prompts) * checked.params.n}", "n")
     return ValidatedCompletion(
-        request, prompts, checked.params, checked.stream, checked.include_usage, checked.ignored, echo
+        request,
+        prompts,
+        checked.params,
+        checked.stream,
+        checked.include_usage,
+        checked.ignored,
+        echo,
+        checked.continuous_usage,
     )

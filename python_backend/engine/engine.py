@@ -40,6 +40,7 @@ from python_backend.model.loader import LoadedModel
 from python_backend.model.lora import adapter_names
 from python_backend.model.threads import engine_thread_count, pinned_cpus, use_compute_threads
 from python_backend.protocol.errors import ContractError, ErrorInfo, engine_failed, invalid, shutting_down
+from python_backend.protocol.params import check_vocabulary
 from python_backend.protocol.settings import EngineSettings
 from python_backend.sampling.sampler import sample
 from python_backend.text.token_text import TokenTexts
@@ -110,6 +111,7 @@ class Engine:
         params = request.params
         if params.use_beam_search and params.logprobs:
             raise invalid("'logprobs' cannot be used with 'use_beam_search'", "logprobs")
+        check_vocabulary(params, self._loaded.vocab_size)
         rows = rows_needed(request)
         max_new = self.limits.max_new_tokens(len(request.prompt_ids), params)
         reservation = self.limits.reservation(len(request.prompt_ids), max_new, rows)

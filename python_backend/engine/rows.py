@@ -37,6 +37,8 @@ def row_sampling(loaded: LoadedModel, group: RequestGroup, index: int) -> RowSam
         top_logprobs=params.top_logprobs if params.logprobs else (0 if group.buffered else None),
         prompt_ids=torch.tensor(group.request.prompt_ids, dtype=torch.long),
         grammar=GrammarState(group.request.grammar, loaded.vocab_size) if group.request.grammar is not None else None,
+        logit_bias=params.logit_bias,
+        min_p=params.min_p,
     )
 
 

@@ -2,8 +2,9 @@
 
 Owns: ``render_prompt`` (``render_prompt_text`` then ``encode_chat_prompt``; the text step is
 separate because the output plan reads the rendered prompt's end): text-part joining, assistant
-tool-call arguments decoded for the template, ``tools`` and the allow-listed
-``chat_template_kwargs``. Template errors become 400s that name ``messages`` instead of crashing
+tool-call arguments decoded for the template, ``tools``, the allow-listed
+``chat_template_kwargs`` and the turn switches (``add_generation_prompt``, or
+``continue_final_message``: the final assistant message left open so the reply continues it). Template errors become 400s that name ``messages`` instead of crashing
 the request path.
 """
 
@@ -70,7 +71,7 @@ def render_prompt_text(
     params: GenerationParams,
     media_kinds: frozenset[str] = frozenset(),
 ) -> str:
-    """Apply the chat template (generation prompt added); the text, before tokenization.
+    """Apply the chat template (generation prompt as asked); the text, before tokenization.
 
     ``media_kinds``: the internal media part types the model takes (none: text only).
     """
@@ -78,12 +79,19 @@ def render_prompt_text(
     tools: list[dict[Any, Any] | Callable[..., Any]] | None = (
         list(params.tools) if params.tools and params.tool_choice != "none" else None
     )
+    prepared = _for_template(messages, media_kinds)  # its own 400s name the part, not the template
     try:
         text = tokenizer.apply_chat_template(
-            _for_template(messages, media_kinds), tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
+            prepared,
+            tools=tools,
+            add_generation_prompt=params.add_generation_prompt,
+            continue_final_message=params.continue_final_message,
+            tokenize=False,
+            **kwargs,
         )
-    except TemplateError as exc:
-        # Templates raise for conversations they do not support (e.g. roles out of order).
+    except (TemplateError, ValueError) as exc:
+        # Templates raise for conversations they do not support (e.g. roles out of order);
+        # transformers raises ValueError when it cannot find the final message to continue.
         raise invalid(f"the model's chat template rejected 'messages': {exc}", "messages") from exc
     if not isinstance(text, str):
         raise invalid("the model's chat template did not produce text", "messages")
@@ -99,7 +107,7 @@ def encode_chat_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[in
 def render_prompt(
     tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], params: GenerationParams
 ) -> list[int]:
-    """Apply the chat template (generation prompt added) and tokenize without extra specials."""
+    """Apply the chat template (generation prompt as asked) and tokenize without extra specials."""
     return encode_chat_prompt(tokenizer, render_prompt_text(tokenizer, messages, params))
 
 

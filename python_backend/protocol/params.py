@@ -23,6 +23,7 @@ UINT64_MAX = 2**64 - 1
 MAX_STOP_CHARS = 32768
 MAX_N = 128
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range: [-100, 100]
 CHAT_TEMPLATE_KWARGS_ALLOWED = frozenset({"enable_thinking"})
 
 
@@ -55,6 +56,10 @@ class GenerationParams:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     response_format: dict[str, Any] | None = None
     lora: str | None = None  # adapter name; None = base model
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted by token id
+    min_p: float = 0.0  # [0, 1]; tokens below min_p x the top token's probability are dropped
+    add_generation_prompt: bool = True  # the chat template opens the assistant's turn
+    continue_final_message: bool = False  # the final (assistant) message is continued, not closed
 
     @property
     def candidates(self) -> int:
@@ -74,6 +79,8 @@ class GenerationParams:
             default = spec.default if spec.default_factory is MISSING else spec.default_factory()
             if value != default:
                 wire[spec.name] = list(value) if isinstance(value, tuple) else value
+        if self.logit_bias:
+            wire["logit_bias"] = {str(token): bias for token, bias in self.logit_bias}  # OpenAI's shape
         if "top_logprobs" in wire:
             wire["logprobs"] = self.logprobs
         if "best_of" in wire:
@@ -260,6 +267,35 @@ def _response_format(raw: dict[str, Any]) -> dict[str, Any] | None:
     return None if value["type"] == "text" else value
 
 
+def _logit_bias(raw: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+    value = raw.get("logit_bias")
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise invalid("'logit_bias' must be an object mapping token ids to biases", "logit_bias")
+    biases: dict[int, float] = {}
+    for key, bias in value.items():
+        # OpenAI's keys: token ids written as decimal integers (JSON object keys are strings).
+        if not isinstance(key, str) or not key.isascii() or not key.isdigit():
+            raise invalid(f"'logit_bias' keys must be token ids (integers as strings), got '{key}'", "logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+            raise invalid(f"'logit_bias[{key}]' must be a number", "logit_bias")
+        if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise invalid(f"'logit_bias[{key}]' must be in [-100, 100], got {bias}", "logit_bias")
+        biases[int(key)] = float(bias)
+    return tuple(sorted(biases.items()))
+
+
+def check_vocabulary(params: GenerationParams, vocab_size: int) -> None:
+    """The rules that need the model: every ``logit_bias`` token id must be in its vocabulary."""
+    for token, _ in params.logit_bias:
+        if token >= vocab_size:
+            raise invalid(
+                f"'logit_bias' names token id {token}, outside the vocabulary (ids 0 to {vocab_size - 1})",
+                "logit_bias",
+            )
+
+
 KNOWN_KEYS = frozenset(GenerationParams.__dataclass_fields__) | {"max_completion_tokens"}
 
 
@@ -307,6 +343,10 @@ def parse_parameters(raw: dict[str, Any] | None, *, stream: bool = False) -> Gen
         chat_template_kwargs=_chat_template_kwargs(raw),
         response_format=_response_format(raw),
         lora=lora,
+        logit_bias=_logit_bias(raw),
+        min_p=_number(raw, "min_p", 0.0, 1.0) or 0.0,
+        add_generation_prompt=_boolean(raw, "add_generation_prompt", True),
+        continue_final_message=_boolean(raw, "continue_final_message", False),
     )
     _check_cross_field(raw, params, stream)
     return params
@@ -338,6 +378,16 @@ def _check_cross_field(raw: dict[str, Any], p: GenerationParams, stream: bool) -
             raise invalid("'response_format' cannot be used together with 'tools'", "response_format")
         if p.use_beam_search:
             raise invalid("'response_format' cannot be used with 'use_beam_search'", "response_format")
+    if p.continue_final_message and p.add_generation_prompt:
+        # vLLM's rule: continuing the final message and opening a new turn exclude each other.
+        raise invalid(
+            "'continue_final_message' and 'add_generation_prompt' cannot both be true", "continue_final_message"
+        )
+    if p.use_beam_search:
+        # Beam search ranks raw log-probabilities; these per-token rules do not apply to it.
+        for name, active in (("logit_bias", bool(p.logit_bias)), ("min_p", p.min_p > 0.0)):
+            if active:
+                raise invalid(f"'{name}' cannot be used with 'use_beam_search'", name)
     if p.min_tokens and p.max_tokens is not None and p.min_tokens > p.max_tokens:
         alias = "max_completion_tokens" if raw.get("max_completion_tokens") is not None else "max_tokens"
         raise invalid(f"'min_tokens' must be <= '{alias}'", "min_tokens")

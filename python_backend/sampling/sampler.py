@@ -1,8 +1,8 @@
 """Choosing the next token for every row of a batch, each row with its own rules.
 
 Owns: ``RowSampling`` (one sequence's resolved sampling rules and state) and ``sample`` (penalties,
-suppression, greedy or temperature/top-k/top-p sampling with a per-row seeded generator, and
-log-probabilities). Rows are processed together where the rule is the same for all, and one by one
+logit bias, suppression, greedy or temperature/top-k/top-p/min-p sampling with a per-row seeded
+generator, and log-probabilities). Rows are processed together where the rule is the same for all, and one by one
 only for what is per row (penalties, seeded draws), so a seeded request samples the same tokens
 whatever else is in the batch.
 """
@@ -30,6 +30,8 @@ class RowSampling:
     output_ids: list[int] = field(default_factory=list)
     suppress_ids: tuple[int, ...] = ()  # masked out (EOS and stop tokens before min_tokens)
     grammar: GrammarState | None = None  # response_format: only tokens the grammar allows
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to the logits
+    min_p: float = 0.0  # drop tokens below min_p times the most likely token's probability
 
     @property
     def has_penalties(self) -> bool:
@@ -56,6 +58,21 @@ def _apply_penalties(logits: torch.Tensor, row: RowSampling) -> None:
         logits[ids] -= row.frequency_penalty * counts + row.presence_penalty
 
 
+def _apply_logit_bias(logits: torch.Tensor, rows: list[RowSampling]) -> None:
+    """Add every row's biases with one indexed add (rows without a bias are untouched)."""
+    row_index = [i for i, r in enumerate(rows) for _ in r.logit_bias]
+    if not row_index:
+        return
+    token_index = [token for r in rows for token, _ in r.logit_bias]
+    values = [bias for r in rows for _, bias in r.logit_bias]
+    device = logits.device
+    logits.index_put_(
+        (torch.tensor(row_index, device=device), torch.tensor(token_index, device=device)),
+        torch.tensor(values, dtype=logits.dtype, device=device),
+        accumulate=True,
+    )
+
+
 def _sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[int]:
     """Temperature, top-k and top-p for rows that sample; ``logits`` holds only those rows."""
     temps = torch.tensor([r.temperature for r in rows], dtype=logits.dtype, device=logits.device)
@@ -70,6 +87,12 @@ def _sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[int]:
     ranks = torch.arange(values.shape[1], device=values.device).unsqueeze(0)
     k_tensor = torch.tensor(ks, device=values.device).unsqueeze(1)
     values = values.masked_fill(ranks >= k_tensor, float("-inf"))
+    if any(r.min_p > 0.0 for r in rows):
+        # vLLM's rule, after temperature and before top-p: keep the tokens whose probability is
+        # at least min_p times the top token's, i.e. logit >= top logit + log(min_p). Rows with
+        # min_p 0 get a threshold of -inf and keep everything; the top token always stays.
+        min_ps = torch.tensor([r.min_p for r in rows], dtype=values.dtype, device=values.device).unsqueeze(1)
+        values = values.masked_fill(values < values[:, :1] + torch.log(min_ps), float("-inf"))
     probs = torch.softmax(values, dim=1)
     top_ps = torch.tensor([r.top_p for r in rows], dtype=probs.dtype, device=probs.device).unsqueeze(1)
     if bool((top_ps < 1.0).any()):
@@ -94,7 +117,9 @@ def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[SampledToken]:
     raw = logits.float()
     want_logprobs = any(r.top_logprobs is not None for r in rows)
     logprobs = torch.log_softmax(raw, dim=1) if want_logprobs else None
-    processed = raw.clone() if any(r.has_penalties or r.suppress_ids or r.grammar for r in rows) else raw
+    edits = any(r.has_penalties or r.suppress_ids or r.grammar or r.logit_bias for r in rows)
+    processed = raw.clone() if edits else raw
+    _apply_logit_bias(processed, rows)
     for i, row in enumerate(rows):
         if row.has_penalties:
             _apply_penalties(processed[i], row)

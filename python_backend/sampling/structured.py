@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 from python_backend.protocol.errors import invalid
 
 _CACHE_SIZE = 64
+_ANY_OBJECT = json.dumps({"type": "object"})
 
 
 class GrammarCompiler:
@@ -35,7 +36,9 @@ class GrammarCompiler:
         kind = response_format.get("type")
         with self._lock:
             if kind == "json_object":
-                return self._compiler.compile_builtin_json_grammar()
+                # OpenAI's json_object means an object at the top level (clients parse it as a
+                # dict), not any JSON value; inside it, any JSON, whitespace allowed as before.
+                return self._compiler.compile_json_schema(_ANY_OBJECT, any_whitespace=True, strict_mode=False)
             spec = response_format.get("json_schema")
             if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
                 raise invalid("'response_format.json_schema.schema' must be a JSON schema object", "response_format")

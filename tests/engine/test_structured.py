@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import xgrammar as xgr
 
 from python_backend.engine.sequence import EngineRequest
 from python_backend.protocol.errors import ContractError
@@ -70,3 +71,23 @@ def test_unusable_schema_is_a_400(compiler: GrammarCompiler) -> None:
     assert caught.value.info.param == "response_format"
     with pytest.raises(ContractError):
         compiler.compile({"type": "json_schema", "json_schema": {"name": "x"}})
+
+
+def test_json_object_admits_only_an_object_at_the_top_level(compiler: GrammarCompiler) -> None:
+    grammar = compiler.compile({"type": "json_object"})
+    for text, admitted in (('{"a": [1, {"b": null}]}', True), ("[false]", False), ("false", False), ('"x"', False)):
+        assert xgr.GrammarMatcher(grammar).accept_string(text) is admitted, text
+
+
+def test_json_object_wins_over_a_bias_towards_an_array(driver: Driver, compiler: GrammarCompiler) -> None:
+    bracket = driver.loaded.tokenizer.encode("[", add_special_tokens=False)[0]
+    run = submit(
+        driver,
+        compiler,
+        "json please",
+        response_format={"type": "json_object"},
+        temperature=0,
+        max_tokens=12,
+        logit_bias={str(bracket): 100},
+    )
+    assert run.wait().text().lstrip().startswith("{")

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from python_backend.protocol.errors import ContractError
-from python_backend.protocol.params import parse_parameters
+from python_backend.protocol.params import check_vocabulary, parse_parameters
 
 
 def error_of(raw: dict, stream: bool = False):
@@ -71,6 +71,22 @@ def error_of(raw: dict, stream: bool = False):
         ),
         ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
         ({"response_format": {"type": "yaml"}}, "response_format"),
+        ({"logit_bias": [[5, 1]]}, "logit_bias"),
+        ({"logit_bias": {"abc": 1}}, "logit_bias"),
+        ({"logit_bias": {"-3": 1}}, "logit_bias"),
+        ({"logit_bias": {"1.5": 1}}, "logit_bias"),
+        ({"logit_bias": {"7": 100.5}}, "logit_bias"),
+        ({"logit_bias": {"7": -101}}, "logit_bias"),
+        ({"logit_bias": {"7": "high"}}, "logit_bias"),
+        ({"logit_bias": {"7": True}}, "logit_bias"),
+        ({"min_p": -0.1}, "min_p"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"add_generation_prompt": "no"}, "add_generation_prompt"),
+        ({"continue_final_message": 1}, "continue_final_message"),
+        ({"continue_final_message": True}, "continue_final_message"),
+        ({"continue_final_message": True, "add_generation_prompt": True}, "continue_final_message"),
+        ({"use_beam_search": True, "logit_bias": {"3": 1}}, "logit_bias"),
+        ({"use_beam_search": True, "min_p": 0.1}, "min_p"),
     ],
 )
 def test_bad_values_are_400_naming_the_field(raw: dict, param: str) -> None:
@@ -141,6 +157,9 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"
         ({"tools": [TOOL], "parallel_tool_calls": False, "chat_template_kwargs": {"enable_thinking": False}}, False),
         ({"response_format": {"type": "text"}, "ignore_eos": True, "lora": "adapter"}, False),
         ({"response_format": {"type": "json_object"}}, True),
+        ({"logit_bias": {"12": 100, "3": -100, "7": 0.5}, "min_p": 0.05}, False),
+        ({"add_generation_prompt": False, "continue_final_message": True}, True),
+        ({"add_generation_prompt": False}, False),
     ],
 )
 def test_the_canonical_form_parses_back_to_the_same_parameters(raw: dict, stream: bool) -> None:
@@ -157,3 +176,24 @@ def test_the_canonical_form_names_only_what_differs_from_the_defaults() -> None:
         "max_tokens": 5,
     }
     assert parse_parameters({"stop": "x", "response_format": {"type": "text"}}).to_wire() == {"stop": ["x"]}
+
+
+def test_logit_bias_is_read_as_token_ids_with_numeric_biases() -> None:
+    p = parse_parameters({"logit_bias": {"12": 100, "3": -100, "07": 0.5}})
+    assert p.logit_bias == ((3, -100.0), (7, 0.5), (12, 100.0))
+    assert p.to_wire()["logit_bias"] == {"3": -100.0, "7": 0.5, "12": 100.0}
+    assert parse_parameters({"logit_bias": {}}).logit_bias == ()
+
+
+def test_logit_bias_token_ids_must_be_in_the_vocabulary() -> None:
+    params = parse_parameters({"logit_bias": {"99": 1, "100": 1}})
+    check_vocabulary(parse_parameters({"logit_bias": {"99": 1}}), 100)  # the last id is fine
+    with pytest.raises(ContractError) as caught:
+        check_vocabulary(params, 100)
+    assert caught.value.info.status == 400 and caught.value.info.param == "logit_bias"
+    assert "100" in caught.value.info.message
+
+
+def test_template_switches_default_to_a_new_assistant_turn() -> None:
+    p = parse_parameters({})
+    assert p.add_generation_prompt is True and p.continue_final_message is False and p.min_p == 0.0

@@ -70,3 +70,52 @@ def test_logprobs_and_top_logprobs() -> None:
     assert pick.token_id == 3
     assert abs(pick.logprob - float(expected[3])) < 1e-6
     assert [t for t, _ in pick.top] == [3, 2]
+
+
+def test_logit_bias_applies_to_its_own_row_only() -> None:
+    logits = torch.randn(3, 64)
+    best = logits.argmax(dim=1).tolist()
+    forced = 7 if best[1] != 7 else 8
+    rows = [row(temperature=0.0), row(temperature=0.0, logit_bias=((forced, 100.0),)), row(seed=5)]
+    picks = sample(logits, rows)
+    assert picks[0].token_id == best[0]
+    assert picks[1].token_id == forced
+    # A sampling row without a bias draws what it draws alone.
+    assert picks[2].token_id == sample(logits[2:], [row(seed=5)])[0].token_id
+
+
+def test_logit_bias_of_minus_100_bans_a_token_in_a_sampling_row() -> None:
+    logits = torch.zeros(2, 4)
+    logits[:, 2] = 3.0
+    banned = {sample(logits, [row(seed=s, logit_bias=((2, -100.0),)), row(seed=s)])[0].token_id for s in range(100)}
+    unbiased = {sample(logits, [row(seed=s, logit_bias=((2, -100.0),)), row(seed=s)])[1].token_id for s in range(100)}
+    assert 2 not in banned and len(banned) == 3
+    assert 2 in unbiased
+
+
+def test_logit_bias_keeps_logprobs_under_the_raw_distribution() -> None:
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
+    pick = sample(logits, [row(temperature=0.0, top_logprobs=1, logit_bias=((0, 100.0),))])[0]
+    assert pick.token_id == 0
+    assert abs(pick.logprob - float(torch.log_softmax(logits, dim=1)[0, 0])) < 1e-6
+
+
+def test_min_p_drops_unlikely_tokens_per_row() -> None:
+    # Probabilities 0.5, 0.3, 0.15, 0.05: min_p 0.5 keeps tokens at >= 0.25, i.e. 0 and 1.
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.5, 0.3, 0.15, 0.05]]))
+    with_min_p = set()
+    without = set()
+    for s in range(300):
+        picks = sample(logits, [row(seed=s, min_p=0.5), row(seed=s)])
+        with_min_p.add(picks[0].token_id)
+        without.add(picks[1].token_id)
+    assert with_min_p == {0, 1}
+    assert without == {0, 1, 2, 3}
+
+
+def test_min_p_one_keeps_only_the_top_token_and_scales_with_temperature() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert {sample(logits, [row(seed=s, min_p=1.0)])[0].token_id for s in range(50)} == {0}
+    # At temperature 3 token 2's probability is above half the top token's: min_p 0.5 keeps it.
+    hot = {sample(logits, [row(seed=s, min_p=0.5, temperature=3.0)])[0].token_id for s in range(300)}
+    assert hot == {0, 1, 2}
