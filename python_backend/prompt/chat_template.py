@@ -69,8 +69,11 @@ def render_prompt_text(
     messages: list[dict[str, Any]],
     params: GenerationParams,
     media_kinds: frozenset[str] = frozenset(),
+    *,
+    add_generation_prompt: bool = True,
 ) -> str:
-    """Apply the chat template (generation prompt added); the text, before tokenization.
+    """Apply the chat template (generation prompt added unless told not to); the text, before
+    tokenization.
 
     ``media_kinds``: the internal media part types the model takes (none: text only).
     """
@@ -80,7 +83,11 @@ def render_prompt_text(
     )
     try:
         text = tokenizer.apply_chat_template(
-            _for_template(messages, media_kinds), tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
+            _for_template(messages, media_kinds),
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            **kwargs,
         )
     except TemplateError as exc:
         # Templates raise for conversations they do not support (e.g. roles out of order).
