@@ -1,0 +1,138 @@
+"""Operations endpoints: /tokenize, /detokenize, /version, /docs."""
+
+from __future__ import annotations
+
+import re
+from importlib.metadata import version
+from pathlib import Path
+
+import httpx
+import pytest
+from frontend_fakes import MAX_MODEL_LEN, MODEL, FakeBackend, client_for, settings
+
+from openai_frontend.app import create_app
+from python_backend.protocol.tokenize import DetokenizeQuery, TokenizeQuery
+
+
+# --- /tokenize, /detokenize -------------------------------------------------------------------
+async def test_tokenize_a_prompt_answers_vllms_shape() -> None:
+    backend = FakeBackend()
+    async with client_for(backend) as client:
+        response = await client.post("/tokenize", json={"model": MODEL, "prompt": "Hi!"})
+    assert response.status_code == 200
+    assert response.json() == {"count": 3, "max_model_len": MAX_MODEL_LEN, "tokens": [72, 105, 33]}
+    assert backend.queries == [TokenizeQuery(prompt="Hi!")]
+    assert backend.requests == []  # nothing was generated
+
+
+async def test_tokenize_messages_passes_the_template_options_to_the_model() -> None:
+    backend = FakeBackend()
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hey"}],
+        "add_generation_prompt": False,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    async with client_for(backend) as client:
+        response = await client.post("/tokenize", json=body)
+    assert response.status_code == 200
+    assert response.json()["count"] == 3
+    (query,) = backend.queries
+    assert isinstance(query, TokenizeQuery)
+    assert query.messages == [{"role": "user", "content": "Hey"}]
+    assert query.add_generation_prompt is False and query.special_tokens is False
+    assert query.chat_template_kwargs == {"enable_thinking": False}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({"model": MODEL, "prompt": "a", "messages": [{"role": "user", "content": "b"}]}, 400, "prompt"),
+        ({"model": MODEL}, 400, None),
+        ({"model": MODEL, "prompt": "a", "return_token_strs": True}, 400, "return_token_strs"),
+        ({"model": MODEL, "prompt": 5}, 400, "prompt"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": ""}]}, 400, "messages.0.content"),
+        ({"model": "other", "prompt": "a"}, 404, "model"),
+    ],
+)
+async def test_bad_tokenize_requests_name_the_field(body: dict, status: int, param: str | None) -> None:
+    backend = FakeBackend()
+    async with client_for(backend) as client:
+        response = await client.post("/tokenize", json=body)
+    assert response.status_code == status
+    assert response.json()["error"]["param"] == param
+    assert backend.queries == []
+
+
+async def test_detokenize_answers_the_prompt() -> None:
+    backend = FakeBackend()
+    async with client_for(backend) as client:
+        response = await client.post("/detokenize", json={"model": MODEL, "tokens": [72, 105]})
+    assert response.status_code == 200
+    assert response.json() == {"prompt": "Hi"}
+    assert backend.queries == [DetokenizeQuery([72, 105])]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "param"), [([-1], "tokens.0"), ([1, "2"], "tokens.1"), ([], "tokens"), ([True], "tokens.0")]
+)
+async def test_detokenize_refuses_what_is_not_a_token_id(tokens: list, param: str) -> None:
+    backend = FakeBackend()
+    async with client_for(backend) as client:
+        response = await client.post("/detokenize", json={"model": MODEL, "tokens": tokens})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param
+    assert backend.queries == []
+
+
+async def test_tokenize_needs_a_key_when_keys_are_set() -> None:
+    async with client_for(FakeBackend(), api_keys=["sk-1"]) as client:
+        refused = await client.post("/tokenize", json={"prompt": "a"})
+        allowed = await client.post("/tokenize", json={"prompt": "a"}, headers={"Authorization": "Bearer sk-1"})
+    assert refused.status_code == 401 and allowed.status_code == 200
+
+
+# --- /version, /docs ----------------------------------------------------------------------------
+async def test_version_is_the_installed_package_version() -> None:
+    async with client_for(FakeBackend()) as client:
+        response = await client.get("/version")
+    assert response.status_code == 200
+    assert response.json() == {"version": version("triton-chat")}
+
+
+def _docs_client(assets: Path | None) -> httpx.AsyncClient:
+    app = create_app(settings(), FakeBackend(), docs_assets=assets)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver")
+
+
+async def test_docs_page_loads_only_local_assets(tmp_path: Path) -> None:
+    (tmp_path / "swagger-ui-bundle.js").write_text("window.SwaggerUIBundle = 1;")
+    (tmp_path / "swagger-ui.css").write_text("body {}")
+    (tmp_path / "secret.txt").write_text("not an asset")
+    async with _docs_client(tmp_path) as client:
+        page = await client.get("/docs")
+        script = await client.get("/docs/assets/swagger-ui-bundle.js")
+        css = await client.get("/docs/assets/swagger-ui.css")
+        other = await client.get("/docs/assets/secret.txt")
+        outside = await client.get("/docs/assets/..%2Fsecret.txt")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    sources = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert "/docs/assets/swagger-ui-bundle.js" in sources and "/docs/assets/swagger-ui.css" in sources
+    assert all(source.startswith("/") for source in sources), sources
+    assert "url: '/openapi.json'" in page.text
+    assert script.status_code == 200 and script.text == "window.SwaggerUIBundle = 1;"
+    assert script.headers["content-type"].startswith("text/javascript")
+    assert css.status_code == 200 and css.text == "body {}"
+    assert other.status_code == 404 and outside.status_code == 404
+
+
+async def test_docs_without_the_assets_is_a_404_that_says_what_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("openai_frontend.app.swagger_assets", lambda: None)
+    async with _docs_client(None) as client:
+        response = await client.get("/docs")
+        schema = await client.get("/openapi.json")
+    assert response.status_code == 404
+    assert "swagger-ui-bundle" in response.json()["error"]["message"]
+    assert schema.status_code == 200 and "/tokenize" in schema.json()["paths"]
