@@ -1,11 +1,12 @@
 """The FastAPI application factory.
 
-Owns: ``create_app``: routes, error handlers, middlewares (metrics outermost, then drain, the API
-key and the body size limit), and the backend's lifetime. A backend passed in (tests, embedding)
-belongs to the caller; without one, a ``TritonBackend`` is created in the lifespan (inside the
-event loop, where grpc.aio needs it) and closed on shutdown. ``media_network`` replaces the media
-fetcher's resolver and dialer (tests); ``docs_assets`` is the folder of Swagger UI's files for
-``/docs`` (default: the installed ``swagger-ui-bundle``'s).
+Owns: ``create_app``: routes, error handlers, middlewares (the request id outermost, then
+metrics, drain, the API key and the body size limit), and the backend's
+lifetime. A backend passed in (tests, embedding) belongs to the caller; without one, a
+``TritonBackend`` is created in the lifespan (inside the event loop, where grpc.aio needs it) and
+closed on shutdown. ``media_network`` replaces the media fetcher's resolver and dialer (tests);
+``docs_assets`` is the folder of Swagger UI's files for ``/docs`` (default: the installed
+``swagger-ui-bundle``'s).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from openai_frontend.http.body_limit import BodySizeLimitMiddleware
 from openai_frontend.http.drain import DrainMiddleware
 from openai_frontend.http.errors import install_error_handlers
 from openai_frontend.http.metrics import FrontendMetrics, MetricsMiddleware
+from openai_frontend.http.request_id import RequestIdMiddleware
 from openai_frontend.media.loader import MediaLoader
 from openai_frontend.media.net import Network
 from openai_frontend.routes import chat, health, metrics, models, tokenize, version
@@ -78,6 +80,7 @@ def create_app(
         app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys)
     # While draining, new inference requests get their 503 before anything else runs.
     app.add_middleware(DrainMiddleware, state=state.drain)
-    # Outermost: it sees every chat request's status, the drain's and the key check's included.
+    # Outside drain and the key check: it sees every chat request's status, theirs included.
     app.add_middleware(MetricsMiddleware, metrics=observed, draining=state.drain)
+    app.add_middleware(RequestIdMiddleware)  # outermost: every answer carries the request's id
     return app

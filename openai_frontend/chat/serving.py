@@ -87,12 +87,15 @@ class ChatCall:
     media: list[tuple[bytes, str]] = field(default_factory=list)  # loaded ``chat.media``, same order
     request_id: str = field(default_factory=new_request_id)
     created: int = field(default_factory=lambda: int(time.time()))
+    # Triton's request id when it must differ from ``request_id`` (a client's X-Request-Id may
+    # repeat, and two requests in the model must not share one); "": ``request_id``.
+    backend_id: str = ""
 
     def backend_request(self) -> BackendRequest:
         # A non-streaming answer is asked for whole: one response per choice instead of one per
         # token saves every serving process its per-token work (IPC, gRPC, decoding).
         return BackendRequest(
-            self.request_id, self.chat.messages, self.chat.params.to_wire(), stream=self.chat.stream,
+            self.backend_id or self.request_id, self.chat.messages, self.chat.params.to_wire(), stream=self.chat.stream,
             media=list(self.media),
         )  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""Operations endpoints: /tokenize, /detokenize, /version, /docs."""
+"""Operations endpoints and headers: /tokenize, /detokenize, /version, /docs, X-Request-Id."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from frontend_fakes import MAX_MODEL_LEN, MODEL, FakeBackend, client_for, settings
+from frontend_fakes import MAX_MODEL_LEN, MODEL, FakeBackend, chat_body, client_for, settings
 
 from openai_frontend.app import create_app
 from python_backend.protocol.tokenize import DetokenizeQuery, TokenizeQuery
@@ -136,3 +136,37 @@ async def test_docs_without_the_assets_is_a_404_that_says_what_is_missing(
     assert response.status_code == 404
     assert "swagger-ui-bundle" in response.json()["error"]["message"]
     assert schema.status_code == 200 and "/tokenize" in schema.json()["paths"]
+
+
+# --- X-Request-Id -------------------------------------------------------------------------------
+async def test_a_valid_request_id_names_the_answer_and_is_echoed() -> None:
+    backend = FakeBackend()
+    async with client_for(backend) as client:
+        first = await client.post("/v1/chat/completions", json=chat_body(), headers={"X-Request-Id": "abc-123"})
+        second = await client.post("/v1/chat/completions", json=chat_body(), headers={"X-Request-Id": "abc-123"})
+    for response in (first, second):
+        assert response.headers["x-request-id"] == "abc-123"
+        assert response.json()["id"] == "chatcmpl-abc-123"
+    # Two requests with one id are still two requests in the model.
+    ids = [request.request_id for request in backend.requests]
+    assert all(one.startswith("chatcmpl-abc-123-") for one in ids) and len(set(ids)) == 2
+
+
+@pytest.mark.parametrize("given", [None, "has space", "x" * 129, "line\\nbreak", ""])
+async def test_an_absent_or_invalid_request_id_is_replaced(given: str | None) -> None:
+    backend = FakeBackend()
+    headers = {} if given is None else {"X-Request-Id": given}
+    async with client_for(backend) as client:
+        response = await client.post("/v1/chat/completions", json=chat_body(stream=True), headers=headers)
+    generated = response.headers["x-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", generated)
+    assert f'"id":"chatcmpl-{generated}"' in response.text
+    assert [request.request_id for request in backend.requests] == [f"chatcmpl-{generated}"]
+
+
+async def test_errors_carry_the_request_id_too() -> None:
+    async with client_for(FakeBackend(), api_keys=["sk-1"]) as client:
+        unauthorized = await client.get("/v1/models", headers={"X-Request-Id": "req-401"})
+        missing = await client.get("/nope", headers={"X-Request-Id": "req-404", "Authorization": "Bearer sk-1"})
+    assert unauthorized.status_code == 401 and unauthorized.headers["x-request-id"] == "req-401"
+    assert missing.status_code == 404 and missing.headers["x-request-id"] == "req-404"
