@@ -1,7 +1,7 @@
 """The FastAPI application factory.
 
-Owns: ``create_app``: routes, error handlers, middlewares (the request id outermost, then
-metrics, drain, the API key and the body size limit), and the backend's
+Owns: ``create_app``: routes, error handlers, middlewares (the request id outermost, then CORS
+when configured, metrics, drain, the API key and the body size limit), and the backend's
 lifetime. A backend passed in (tests, embedding) belongs to the caller; without one, a
 ``TritonBackend`` is created in the lifespan (inside the event loop, where grpc.aio needs it) and
 closed on shutdown. ``media_network`` replaces the media fetcher's resolver and dialer (tests);
@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from openai_frontend.client.base import ChatBackend
 from openai_frontend.client.triton import TritonBackend
@@ -24,7 +25,7 @@ from openai_frontend.http.body_limit import BodySizeLimitMiddleware
 from openai_frontend.http.drain import DrainMiddleware
 from openai_frontend.http.errors import install_error_handlers
 from openai_frontend.http.metrics import FrontendMetrics, MetricsMiddleware
-from openai_frontend.http.request_id import RequestIdMiddleware
+from openai_frontend.http.request_id import REQUEST_ID_HEADER, RequestIdMiddleware
 from openai_frontend.media.loader import MediaLoader
 from openai_frontend.media.net import Network
 from openai_frontend.routes import chat, health, metrics, models, tokenize, version
@@ -82,5 +83,14 @@ def create_app(
     app.add_middleware(DrainMiddleware, state=state.drain)
     # Outside drain and the key check: it sees every chat request's status, theirs included.
     app.add_middleware(MetricsMiddleware, metrics=observed, draining=state.drain)
+    if settings.allowed_origins:  # CORS is off unless origins are named
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.allowed_origins,
+            allow_methods=settings.cors_methods,
+            allow_headers=settings.cors_headers,
+            allow_credentials=settings.allow_credentials,
+            expose_headers=[REQUEST_ID_HEADER],
+        )
     app.add_middleware(RequestIdMiddleware)  # outermost: every answer carries the request's id
     return app

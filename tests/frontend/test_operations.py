@@ -1,4 +1,4 @@
-"""Operations endpoints and headers: /tokenize, /detokenize, /version, /docs, X-Request-Id."""
+"""Operations endpoints and headers: /tokenize, /detokenize, /version, /docs, CORS, X-Request-Id."""
 
 from __future__ import annotations
 
@@ -9,9 +9,17 @@ from pathlib import Path
 import httpx
 import pytest
 from frontend_fakes import MAX_MODEL_LEN, MODEL, FakeBackend, chat_body, client_for, settings
+from pydantic import ValidationError
 
 from openai_frontend.app import create_app
 from python_backend.protocol.tokenize import DetokenizeQuery, TokenizeQuery
+
+ORIGIN = "https://app.example.com"
+PREFLIGHT = {
+    "Origin": ORIGIN,
+    "Access-Control-Request-Method": "POST",
+    "Access-Control-Request-Headers": "content-type",
+}
 
 
 # --- /tokenize, /detokenize -------------------------------------------------------------------
@@ -136,6 +144,67 @@ async def test_docs_without_the_assets_is_a_404_that_says_what_is_missing(
     assert response.status_code == 404
     assert "swagger-ui-bundle" in response.json()["error"]["message"]
     assert schema.status_code == 200 and "/tokenize" in schema.json()["paths"]
+
+
+# --- CORS ---------------------------------------------------------------------------------------
+async def test_cors_is_off_by_default() -> None:
+    async with client_for(FakeBackend()) as client:
+        preflight = await client.options("/v1/chat/completions", headers=PREFLIGHT)
+        answer = await client.get("/v1/models", headers={"Origin": ORIGIN})
+    assert preflight.status_code == 405
+    assert "access-control-allow-origin" not in preflight.headers
+    assert "access-control-allow-origin" not in answer.headers
+
+
+async def test_a_preflight_from_an_allowed_origin_succeeds_without_a_key() -> None:
+    async with client_for(FakeBackend(), allowed_origins=[ORIGIN], api_keys=["sk-1"]) as client:
+        preflight = await client.options("/v1/chat/completions", headers=PREFLIGHT)
+        unauthorized = await client.post("/v1/chat/completions", json=chat_body(), headers={"Origin": ORIGIN})
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == ORIGIN
+    assert "POST" in preflight.headers["access-control-allow-methods"]
+    assert "content-type" in preflight.headers["access-control-allow-headers"].lower()
+    assert "access-control-allow-credentials" not in preflight.headers
+    # The request itself still needs its key; the browser can read the 401.
+    assert unauthorized.status_code == 401
+    assert unauthorized.headers["access-control-allow-origin"] == ORIGIN
+
+
+async def test_a_preflight_from_another_origin_gets_no_cors_headers() -> None:
+    async with client_for(FakeBackend(), allowed_origins=[ORIGIN]) as client:
+        preflight = await client.options("/v1/chat/completions", headers={**PREFLIGHT, "Origin": "https://evil.test"})
+        answer = await client.get("/v1/models", headers={"Origin": "https://evil.test"})
+    assert preflight.status_code == 400
+    assert "access-control-allow-origin" not in preflight.headers
+    assert "access-control-allow-origin" not in answer.headers
+
+
+async def test_cors_methods_headers_and_credentials_are_as_configured() -> None:
+    overrides = {
+        "allowed_origins": [ORIGIN],
+        "allowed_methods": ["post"],
+        "allowed_headers": ["X-Custom"],
+        "allow_credentials": True,
+    }
+    async with client_for(FakeBackend(), **overrides) as client:
+        allowed = await client.options(
+            "/tokenize",
+            headers={
+                "Origin": ORIGIN,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "x-custom",
+            },
+        )
+        refused = await client.options("/tokenize", headers={"Origin": ORIGIN, "Access-Control-Request-Method": "PUT"})
+    assert allowed.status_code == 200
+    assert allowed.headers["access-control-allow-credentials"] == "true"
+    assert allowed.headers["access-control-allow-methods"] == "POST"
+    assert refused.status_code == 400
+
+
+def test_credentials_with_any_origin_are_refused() -> None:
+    with pytest.raises(ValidationError, match="named origins"):
+        settings(allowed_origins=["*"], allow_credentials=True)
 
 
 # --- X-Request-Id -------------------------------------------------------------------------------
