@@ -4,7 +4,8 @@ Owns: the request id and timestamp, the ``BackendRequest``, non-streaming aggreg
 (``complete``), and the streaming path: ``start_stream`` pulls deltas until the first SSE event
 exists (so an error before any byte is still an HTTP error with the envelope), then ``events``
 yields the rest and turns a later error into the stream's error ending; ``paced`` holds a stream
-to the token timeout. Every path closes the backend stream (``close_stream``), which cancels the
+to the token timeout; ``keepalive_events`` is the stream whose headers go out at once, with comment
+lines until its first event (``--sse-keepalive``). Every path closes the backend stream (``close_stream``), which cancels the
 request in Triton when it ends early. A non-streaming answer arrives whole (one response per
 choice), so only the end-to-end timeout (the gRPC deadline, ``triton_client``) bounds it.
 """
@@ -20,9 +21,11 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+
 from openai_frontend.chat.accumulate import ChoiceAccumulator
 from openai_frontend.chat.responses import completion_body
-from openai_frontend.chat.sse import StreamFormatter, StreamOptions
+from openai_frontend.chat.sse import StreamFormatter, StreamOptions, keepalive_until
 from openai_frontend.chat.validation import ValidatedChat
 from openai_frontend.client.base import BackendError, BackendRequest, ChatBackend, close_stream
 from openai_frontend.http.drain import DRAINING, DrainState
@@ -211,3 +214,44 @@ async def events(started: StartedStream, drain: DrainState | None = None) -> Asy
     finally:
         observation.cancelled_in_stream()  # unless it ended above: then this does nothing
         await close_stream(started.backend_stream)
+
+
+async def keepalive_events(
+    backend: ChatBackend, call: ChatCall, interval_s: float, drain: DrainState | None = None
+) -> AsyncGenerator[bytes, None]:
+    """``events``, for a response whose headers were sent before the backend answered: a
+    ``: keep-alive`` comment every ``interval_s`` until the first event, and an error before it
+    (a full queue, a token timeout) as the stream's error ending instead of an HTTP status."""
+    start = asyncio.ensure_future(start_stream(backend, call))
+    try:
+        async for comment in keepalive_until(start, interval_s):
+            yield comment
+    except BaseException:  # closed or cancelled while waiting: the client left
+        await _abandon(start)
+        call.observation.cancelled_in_stream()
+        raise
+    try:
+        started = start.result()
+    except BackendError as exc:
+        logger.info("stream ended by backend error before its first event: %s", exc.info.message)
+        failure = exc.info
+    except Exception:
+        logger.exception("stream failed before its first event")
+        failure = INTERNAL_ERROR
+    else:
+        async for event in events(started, drain):
+            yield event
+        return
+    call.observation.failed_in_stream(failure.status)
+    for event in _formatter(call).on_error(failure):
+        yield event
+
+
+async def _abandon(start: asyncio.Future[StartedStream]) -> None:
+    """Stop waiting for a stream's start; its backend stream is closed however far it got."""
+    with anyio.CancelScope(shield=True):
+        if not start.done():
+            start.cancel()  # start_stream closes the backend stream on its way out
+            await asyncio.wait({start})
+        if not start.cancelled() and start.exception() is None:
+            await close_stream(start.result().backend_stream)
