@@ -1,18 +1,22 @@
 """The FastAPI application factory.
 
-Owns: ``create_app``: routes, error handlers, middlewares (metrics outermost, then drain, the API
-key and the body size limit), and the backend's lifetime. A backend passed in (tests, embedding) belongs to the caller;
-without one, a ``TritonBackend`` is created in the lifespan (inside the event loop, where grpc.aio
-needs it) and closed on shutdown. ``media_network`` replaces the media fetcher's resolver and dialer
-(tests). Only ``/openapi.json`` is served as documentation.
+Owns: ``create_app``: routes, error handlers, middlewares (the request id outermost, then CORS
+when configured, metrics, drain, the API key and the body size limit), and the backend's
+lifetime. A backend passed in (tests, embedding) belongs to the caller; without one, a
+``TritonBackend`` is created in the lifespan (inside the event loop, where grpc.aio needs it) and
+closed on shutdown. ``media_network`` replaces the media fetcher's resolver and dialer (tests);
+``docs_assets`` is the folder of Swagger UI's files for ``/docs`` (default: the installed
+``swagger-ui-bundle``'s).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from openai_frontend.chat.schemas import ChatCompletionRequest
 from openai_frontend.client.base import ChatBackend
@@ -24,15 +28,21 @@ from openai_frontend.http.drain import DrainMiddleware
 from openai_frontend.http.errors import install_error_handlers
 from openai_frontend.http.metrics import FrontendMetrics, MetricsMiddleware
 from openai_frontend.http.openapi import install_openapi
+from openai_frontend.http.request_id import REQUEST_ID_HEADER, RequestIdMiddleware
 from openai_frontend.media.loader import MediaLoader
 from openai_frontend.media.net import Network
-from openai_frontend.routes import chat, completions, health, metrics, models
+from openai_frontend.routes import chat, completions, health, metrics, models, tokenize, version
+from openai_frontend.routes.docs import docs_router, swagger_assets
 from openai_frontend.settings import FrontendSettings
 from openai_frontend.state import FrontendState
 
 
 def create_app(
-    settings: FrontendSettings, backend: ChatBackend | None = None, *, media_network: Network | None = None
+    settings: FrontendSettings,
+    backend: ChatBackend | None = None,
+    *,
+    media_network: Network | None = None,
+    docs_assets: Path | None = None,
 ) -> FastAPI:
     """An app serving ``settings``; with ``backend`` None it talks to Triton over gRPC."""
     observed = FrontendMetrics(settings.served_model_name)
@@ -67,12 +77,25 @@ def create_app(
     app.include_router(models.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
+    app.include_router(tokenize.router)
+    app.include_router(version.router)
+    app.include_router(docs_router(docs_assets or swagger_assets(), app.openapi_url or "", app.title))
     # add_middleware wraps: the last added runs first, so the key check precedes any body read.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     if settings.api_keys:
         app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys)
     # While draining, new inference requests get their 503 before anything else runs.
     app.add_middleware(DrainMiddleware, state=state.drain)
-    # Outermost: it sees every chat request's status, the drain's and the key check's included.
+    # Outside drain and the key check: it sees every chat request's status, theirs included.
     app.add_middleware(MetricsMiddleware, metrics=observed, draining=state.drain)
+    if settings.allowed_origins:  # CORS is off unless origins are named
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.allowed_origins,
+            allow_methods=settings.cors_methods,
+            allow_headers=settings.cors_headers,
+            allow_credentials=settings.allow_credentials,
+            expose_headers=[REQUEST_ID_HEADER],
+        )
+    app.add_middleware(RequestIdMiddleware)  # outermost: every answer carries the request's id
     return app

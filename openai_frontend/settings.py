@@ -92,6 +92,18 @@ _MAX_CONNECTIONS_DOCS = (
     "open connections the frontend accepts requests on; a request on one more gets a 503 (code "
     "`too_many_connections`, with `Retry-After`) and its connection closes"
 )
+_ALLOWED_ORIGINS_DOCS = (
+    "origins (`https://app.example.com`, or `*`) whose browser pages may call the API (CORS); "
+    "none: no CORS headers, and a preflight is answered like any request without a key or a route"
+)
+_SSE_KEEPALIVE_DOCS = (
+    "seconds between `: keep-alive` comment lines of a stream that waits for its first token; the stream's "
+    "headers are then sent at once, so an error before the first token arrives as the stream's error event, "
+    "not as an HTTP status. 0: off (headers with the first token)"
+)
+LOG_FORMATS = ("text", "json")
+DEFAULT_CORS_METHODS = ("GET", "POST")
+DEFAULT_CORS_HEADERS = ("Authorization", "Content-Type", "X-Request-Id")
 
 
 class FrontendSettings(BaseModel):
@@ -141,6 +153,31 @@ class FrontendSettings(BaseModel):
         description="the response channel: one gRPC response per engine step for the streamed deltas of all "
         "streaming requests, instead of one per delta",
     )
+    allowed_origins: Annotated[
+        list[str], FlagInfo("--allowed-origins", "allowed_origins", metavar="ORIGIN", docs=_ALLOWED_ORIGINS_DOCS)
+    ] = Field(default_factory=list, description="an origin browsers may call the API from (CORS)")
+    allowed_methods: Annotated[list[str], FlagInfo("--allowed-methods", "allowed_methods", metavar="METHOD")] = Field(
+        default_factory=list,
+        description="a method CORS allows; none: " + ", ".join(DEFAULT_CORS_METHODS),
+    )
+    allowed_headers: Annotated[list[str], FlagInfo("--allowed-headers", "allowed_headers", metavar="HEADER")] = Field(
+        default_factory=list,
+        description="a request header CORS allows; none: " + ", ".join(DEFAULT_CORS_HEADERS),
+    )
+    allow_credentials: Annotated[bool, FlagInfo("--allow-credentials", "allow_credentials")] = Field(
+        default=False, description="let CORS requests carry credentials (not with the origin `*`)"
+    )
+    sse_keepalive_s: Annotated[
+        float, FlagInfo("--sse-keepalive", "sse_keepalive", metavar="S", docs=_SSE_KEEPALIVE_DOCS)
+    ] = Field(
+        default=0.0,
+        ge=0,
+        description="send a `: keep-alive` comment every S seconds while a stream waits for its first token, "
+        "and the stream's headers at once (0: off)",
+    )
+    log_format: Annotated[str, FlagInfo("--log-format", "log_format", choices=LOG_FORMATS)] = Field(
+        default="text", description="text: plain log lines; json: one JSON object per line (frontend and launcher)"
+    )
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0, description="largest accepted request body")
     max_header_bytes: Annotated[int, FlagInfo("--max-header-bytes", "max_header_bytes", metavar="N")] = Field(
         default=DEFAULT_MAX_HEADER_BYTES,
@@ -183,6 +220,27 @@ class FrontendSettings(BaseModel):
             raise ValueError("must not contain empty strings")
         return value
 
+    @field_validator("allowed_origins", "allowed_methods", "allowed_headers")
+    @classmethod
+    def _no_blank_items(cls, value: list[str]) -> list[str]:
+        if any(not item.strip() for item in value):
+            raise ValueError("must not contain empty strings")
+        return value
+
+    @field_validator("log_format")
+    @classmethod
+    def _known_log_format(cls, value: str) -> str:
+        if value not in LOG_FORMATS:
+            raise ValueError(f"must be one of {', '.join(LOG_FORMATS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _credentials_need_named_origins(self) -> FrontendSettings:
+        # Browsers refuse credentials with a wildcard origin; allowing both would echo any origin.
+        if self.allow_credentials and "*" in self.allowed_origins:
+            raise ValueError("allow_credentials needs named origins, not '*'")
+        return self
+
     @model_validator(mode="after")
     def _lora_names_distinct(self) -> FrontendSettings:
         if self.served_model_name in self.lora_names:
@@ -211,3 +269,13 @@ class FrontendSettings(BaseModel):
     def model_names(self) -> tuple[str, ...]:
         """Every name a request may use as ``model``: the base model first, then the adapters."""
         return (self.served_model_name, *self.lora_names)
+
+    @property
+    def cors_methods(self) -> tuple[str, ...]:
+        """The methods CORS allows: the configured ones, else the API's own."""
+        return tuple(method.upper() for method in self.allowed_methods) or DEFAULT_CORS_METHODS
+
+    @property
+    def cors_headers(self) -> tuple[str, ...]:
+        """The request headers CORS allows: the configured ones, else those the API reads."""
+        return tuple(self.allowed_headers) or DEFAULT_CORS_HEADERS

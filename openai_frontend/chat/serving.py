@@ -5,7 +5,8 @@ Owns: the request id and timestamp, the ``BackendRequest``, non-streaming aggreg
 ``start_events``, which any endpoint's ``EventFormatter`` can use) pulls deltas until the first SSE event
 exists (so an error before any byte is still an HTTP error with the envelope), then ``events``
 yields the rest and turns a later error into the stream's error ending; ``paced`` holds a stream
-to the token timeout. Every path closes the backend stream (``close_stream``), which cancels the
+to the token timeout; ``keepalive_events`` is the stream whose headers go out at once, with comment
+lines until its first event (``--sse-keepalive``). Every path closes the backend stream (``close_stream``), which cancels the
 request in Triton when it ends early. A non-streaming answer arrives whole (one response per
 choice), so only the end-to-end timeout (the gRPC deadline, ``triton_client``) bounds it.
 """
@@ -21,10 +22,12 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import anyio
+
 from openai_frontend.chat.accumulate import ChoiceAccumulator
 from openai_frontend.chat.echo import with_echo
 from openai_frontend.chat.responses import completion_body
-from openai_frontend.chat.sse import StreamFormatter, StreamOptions
+from openai_frontend.chat.sse import StreamFormatter, StreamOptions, keepalive_until
 from openai_frontend.chat.validation import ValidatedChat
 from openai_frontend.client.base import BackendError, BackendRequest, ChatBackend, close_stream
 from openai_frontend.http.drain import DRAINING, DrainState
@@ -89,12 +92,15 @@ class ChatCall:
     media: list[tuple[bytes, str]] = field(default_factory=list)  # loaded ``chat.media``, same order
     request_id: str = field(default_factory=new_request_id)
     created: int = field(default_factory=lambda: int(time.time()))
+    # Triton's request id when it must differ from ``request_id`` (a client's X-Request-Id may
+    # repeat, and two requests in the model must not share one); "": ``request_id``.
+    backend_id: str = ""
 
     def backend_request(self) -> BackendRequest:
         # A non-streaming answer is asked for whole: one response per choice instead of one per
         # token saves every serving process its per-token work (IPC, gRPC, decoding).
         return BackendRequest(
-            self.request_id, self.chat.messages, self.chat.params.to_wire(), stream=self.chat.stream,
+            self.backend_id or self.request_id, self.chat.messages, self.chat.params.to_wire(), stream=self.chat.stream,
             media=list(self.media), counts_every_response=self.chat.continuous_usage,
         )  # fmt: skip
 
@@ -236,3 +242,44 @@ async def events(started: StartedStream, drain: DrainState | None = None) -> Asy
     finally:
         observation.cancelled_in_stream()  # unless it ended above: then this does nothing
         await close_stream(started.backend_stream)
+
+
+async def keepalive_events(
+    backend: ChatBackend, call: ChatCall, interval_s: float, drain: DrainState | None = None
+) -> AsyncGenerator[bytes, None]:
+    """``events``, for a response whose headers were sent before the backend answered: a
+    ``: keep-alive`` comment every ``interval_s`` until the first event, and an error before it
+    (a full queue, a token timeout) as the stream's error ending instead of an HTTP status."""
+    start = asyncio.ensure_future(start_stream(backend, call))
+    try:
+        async for comment in keepalive_until(start, interval_s):
+            yield comment
+    except BaseException:  # closed or cancelled while waiting: the client left
+        await _abandon(start)
+        call.observation.cancelled_in_stream()
+        raise
+    try:
+        started = start.result()
+    except BackendError as exc:
+        logger.info("stream ended by backend error before its first event: %s", exc.info.message)
+        failure = exc.info
+    except Exception:
+        logger.exception("stream failed before its first event")
+        failure = INTERNAL_ERROR
+    else:
+        async for event in events(started, drain):
+            yield event
+        return
+    call.observation.failed_in_stream(failure.status)
+    for event in _formatter(call).on_error(failure):
+        yield event
+
+
+async def _abandon(start: asyncio.Future[StartedStream]) -> None:
+    """Stop waiting for a stream's start; its backend stream is closed however far it got."""
+    with anyio.CancelScope(shield=True):
+        if not start.done():
+            start.cancel()  # start_stream closes the backend stream on its way out
+            await asyncio.wait({start})
+        if not start.cancelled() and start.exception() is None:
+            await close_stream(start.result().backend_stream)

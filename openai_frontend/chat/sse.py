@@ -3,8 +3,9 @@
 Owns: ``ChoiceStreamFormatter`` (what every endpoint's stream shares: per-choice accumulation,
 the usage chunk, the error ending, ``data: [DONE]``) and ``StreamFormatter``, chat's chunks over
 it, which turns backend deltas into ``data: {json}\\n\\n`` events and ends every stream with
-``data: [DONE]``. No I/O here (``serving`` drives it), so the exact bytes are
-unit-testable. Formats (docs/api.md, streaming):
+``data: [DONE]``, and ``keepalive_until``, the ``: keep-alive`` comment lines a stream sends while
+it waits for its first event (SSE clients skip comment lines; proxies see traffic). No I/O here
+(``serving`` drives both), so the exact bytes are unit-testable. Formats (docs/api.md, streaming):
 
 * MindIE mode: one choice per chunk, ``delta = {"role": "assistant", "content": piece}``;
   a ``logprobs`` key only when n > 1 or logprobs were requested (format 2 vs 3); the last chunk
@@ -20,7 +21,9 @@ unit-testable. Formats (docs/api.md, streaming):
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +34,7 @@ from python_backend.protocol.errors import ErrorInfo, backend_incomplete
 
 OBJECT_CHUNK = "chat.completion.chunk"
 DONE_EVENT = b"data: [DONE]\n\n"
+KEEPALIVE_EVENT = b": keep-alive\n\n"
 
 
 # Compact JSON, as in MindIE's examples. One configured encoder (it holds no state between
@@ -41,6 +45,15 @@ _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 def sse_event(payload: dict[str, Any]) -> bytes:
     """One SSE event."""
     return b"data: " + _JSON.encode(payload).encode("utf-8") + b"\n\n"
+
+
+async def keepalive_until(waited: asyncio.Future[Any], interval_s: float) -> AsyncGenerator[bytes, None]:
+    """A ``: keep-alive`` comment every ``interval_s`` until ``waited`` is done (none if it is
+    done within the first interval); it neither cancels nor reads ``waited``."""
+    while not waited.done():
+        done, _ = await asyncio.wait({waited}, timeout=interval_s)
+        if not done:
+            yield KEEPALIVE_EVENT
 
 
 @dataclass(frozen=True)

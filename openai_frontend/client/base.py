@@ -17,6 +17,7 @@ import anyio
 from python_backend.protocol import errors
 from python_backend.protocol.contract import ChoiceDelta
 from python_backend.protocol.errors import ErrorInfo
+from python_backend.protocol.tokenize import DetokenizeAnswer, DetokenizeQuery, TokenizeAnswer, TokenizeQuery
 
 
 class BackendError(Exception):
@@ -58,6 +59,14 @@ class ChatBackend(Protocol):
     """
 
     def generate(self, req: BackendRequest) -> AsyncGenerator[ChoiceDelta, None]: ...
+
+    async def tokenize(self, query: TokenizeQuery) -> TokenizeAnswer:
+        """The model's token ids for a prompt or chat messages (no generation)."""
+        ...
+
+    async def detokenize(self, query: DetokenizeQuery) -> DetokenizeAnswer:
+        """The model's text for token ids; ``BackendError`` (400) for ids outside its vocabulary."""
+        ...
 
     async def is_ready(self) -> bool: ...
 

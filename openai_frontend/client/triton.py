@@ -33,10 +33,12 @@ from openai_frontend.client.base import BackendError, BackendRequest, backend_un
 from openai_frontend.client.channel import ChannelLost, ResponseChannel, control_request
 from openai_frontend.client.reads import GuardedReads
 from openai_frontend.client.results import contract_input, ends_stream, is_final, outputs_by_name
+from openai_frontend.client.tokenize import ask_model
 from openai_frontend.settings import FrontendSettings
 from python_backend.protocol import contract
 from python_backend.protocol.channel_wire import ChannelEntry
 from python_backend.protocol.errors import ErrorInfo, e2e_timeout
+from python_backend.protocol.tokenize import DetokenizeAnswer, DetokenizeQuery, TokenizeAnswer, TokenizeQuery
 
 logger = logging.getLogger(__name__)
 
@@ -278,6 +280,12 @@ class TritonBackend:
                 logger.info("cancelling %s through the model failed: %r", request_id, exc)
             if not own.task.done():
                 await own.reads.cancel_when_idle(ends_stream)
+
+    async def tokenize(self, query: TokenizeQuery) -> TokenizeAnswer:
+        return TokenizeAnswer.from_wire(await ask_model(self._client, self._model_name, query, self._timeout_s))
+
+    async def detokenize(self, query: DetokenizeQuery) -> DetokenizeAnswer:
+        return DetokenizeAnswer.from_wire(await ask_model(self._client, self._model_name, query, self._timeout_s))
 
     async def is_ready(self) -> bool:
         """Whether the model answers the health probe within ``READY_TIMEOUT_S``.

@@ -37,14 +37,18 @@ class CompletionCall:
     observation: ChatObservation  # what the answer adds to the metrics
     request_id: str = field(default_factory=lambda: new_request_id("cmpl"))
     created: int = field(default_factory=lambda: int(time.time()))
+    # Triton's request id when it must differ from ``request_id`` (a client's X-Request-Id may
+    # repeat, and two requests in the model must not share one); "": ``request_id``.
+    backend_id: str = ""
 
     def backend_requests(self) -> list[BackendRequest]:
         """One per prompt; the Triton request ids stay unique (``<id>-<prompt index>``)."""
         wire = self.completion.params.to_wire()
         prompts = self.completion.prompts
+        base = self.backend_id or self.request_id
         return [
             BackendRequest(
-                self.request_id if len(prompts) == 1 else f"{self.request_id}-{i}",
+                base if len(prompts) == 1 else f"{base}-{i}",
                 [],
                 wire,
                 stream=self.completion.stream,

@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from openai_frontend.launcher.engine_flags import add_engine_flags, engine_values
-from openai_frontend.launcher.http_flags import add_http_flags, check_http_flags, http_limits, non_negative_int
+from openai_frontend.launcher.http_flags import (
+    add_http_flags,
+    check_http_flags,
+    http_limits,
+    non_negative_int,
+    operations_options,
+)
+from openai_frontend.launcher.log_format import configure_launcher_logging
 from openai_frontend.launcher.options import FrontendOptions, ServeOptions, TlsFiles
 from openai_frontend.launcher.server_config import ConfigFileError, flag_defaults, load_server_file
 from openai_frontend.launcher.supervisor import MAX_RESTARTS
@@ -112,6 +119,7 @@ def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions:
         e2e_timeout_s=args.e2e_timeout,
         response_channel=args.response_channel,
         http_limits=http_limits(args),
+        operations=operations_options(args),
     )
 
 
@@ -173,26 +181,16 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         e2e_timeout_s=args.e2e_timeout,
         response_channel=args.response_channel,
         http_limits=http_limits(args),
+        operations=operations_options(args),
         triton_log=args.triton_log,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,
     )
 
 
-def _configure_logging() -> None:
-    if logger.handlers:
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("triton-chat: %(message)s"))
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    # The launcher's messages are for the user; uvicorn has its own handlers.
-    logger.propagate = False
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``triton-chat`` console script."""
     options = parse_args(sys.argv[1:] if argv is None else argv)
-    _configure_logging()
+    configure_launcher_logging(logger, options.operations.log_format)
     # Imported here: they pull in uvicorn and the app, which `--help` and usage errors do not need.
     if isinstance(options, FrontendOptions):
         from openai_frontend.launcher.frontend_only import run_frontend

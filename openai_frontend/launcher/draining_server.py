@@ -21,6 +21,7 @@ from fastapi import FastAPI
 
 from openai_frontend.http.drain import DrainState
 from openai_frontend.http.limits import limited_protocol
+from openai_frontend.launcher.log_format import uvicorn_log_config
 from openai_frontend.launcher.options import TlsFiles, uvicorn_tls
 
 # uvicorn's wait for open connections once the drain is over (its default waits for every stream).
@@ -58,7 +59,8 @@ class DrainingServer(uvicorn.Server):
 
 
 def draining_server(app: FastAPI, host: str, port: int, tls: TlsFiles | None, drain_timeout_s: float) -> DrainingServer:
-    """The server for an app made by ``create_app`` (whose state holds the drain)."""
+    """The server for an app made by ``create_app`` (whose state holds the drain and the settings)."""
+    log_config = uvicorn_log_config(app.state.frontend.settings.log_format)
     config = uvicorn.Config(
         app,
         host=host,
@@ -69,5 +71,6 @@ def draining_server(app: FastAPI, host: str, port: int, tls: TlsFiles | None, dr
         # Header size, count and deadline, the connection cap, and protocol errors in the envelope.
         http=limited_protocol(app.state.frontend.settings.http_limits),
         **uvicorn_tls(tls),
+        log_config=log_config if log_config is not None else uvicorn.config.LOGGING_CONFIG,
     )
     return DrainingServer(config, app.state.frontend.drain, drain_timeout_s)

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic.fields import FieldInfo
 
 from openai_frontend.launcher.network import is_loopback
+from openai_frontend.launcher.options import OperationsOptions
 from openai_frontend.settings import FlagInfo, FrontendSettings, HttpLimits, flag_info
 
 DEFAULT_DRAIN_TIMEOUT_S = 30.0  # as tritonserver's --exit-timeout-secs
@@ -103,6 +104,18 @@ def http_limits(args: argparse.Namespace) -> HttpLimits:
     )
 
 
+def operations_options(args: argparse.Namespace) -> OperationsOptions:
+    """The operations flags' values (``OperationsOptions`` fields are ``FrontendSettings`` fields)."""
+    return OperationsOptions(
+        allowed_origins=tuple(args.allowed_origins),
+        allowed_methods=tuple(args.allowed_methods),
+        allowed_headers=tuple(args.allowed_headers),
+        allow_credentials=args.allow_credentials,
+        sse_keepalive_s=args.sse_keepalive,
+        log_format=args.log_format,
+    )
+
+
 def check_http_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Checks across the frontend's flags; a failure exits with status 2, like argparse's own."""
     if not is_loopback(args.host) and not args.allow_external:
@@ -129,6 +142,13 @@ def check_http_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     ):
         if not getattr(args, flag) > 0:  # also refuses nan
             parser.error(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
+    if not args.sse_keepalive >= 0:
+        parser.error(f"--sse-keepalive must be >= 0, got {args.sse_keepalive}")
+    if args.allow_credentials and "*" in args.allowed_origins:
+        parser.error("--allow-credentials needs named --allowed-origins, not '*'")
+    for flag in ("allowed_origins", "allowed_methods", "allowed_headers"):
+        if any(not item.strip() for item in getattr(args, flag)):
+            parser.error(f"--{flag.replace('_', '-')} must not be empty")
     if args.tls_ca_cert and not args.tls_cert:
         parser.error("--tls-ca-cert needs --tls-cert and --tls-key")
     for flag in ("tls_cert", "tls_key", "tls_ca_cert"):

@@ -9,7 +9,7 @@ itself is in ``cli.py``.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,19 @@ class TlsFiles:
     cert: str
     key: str
     client_ca: str | None  # set: clients must present a certificate signed by it (mTLS)
+
+
+@dataclass(frozen=True)
+class OperationsOptions:
+    """The operations flags both commands share; each field is the ``FrontendSettings`` field of
+    the same name (CORS, SSE keep-alive, log format)."""
+
+    allowed_origins: tuple[str, ...] = ()
+    allowed_methods: tuple[str, ...] = ()
+    allowed_headers: tuple[str, ...] = ()
+    allow_credentials: bool = False
+    sse_keepalive_s: float = 0.0
+    log_format: str = "text"
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,7 @@ class ServeOptions:
     max_restarts: int = MAX_RESTARTS  # tritonserver restarts allowed in 10 minutes (supervisor.py)
     response_channel: bool = True  # FrontendSettings.response_channel
     http_limits: HttpLimits = HttpLimits()  # FrontendSettings' header, body and connection limits
+    operations: OperationsOptions = field(default_factory=OperationsOptions)
 
     @property
     def dtype(self) -> str:
@@ -79,6 +93,7 @@ class FrontendOptions:
     e2e_timeout_s: float = 600.0  # FrontendSettings.request_timeout_s (MindIE e2eTimeout)
     response_channel: bool = True  # FrontendSettings.response_channel
     http_limits: HttpLimits = HttpLimits()  # FrontendSettings' header, body and connection limits
+    operations: OperationsOptions = field(default_factory=OperationsOptions)
 
 
 def uvicorn_tls(tls: TlsFiles | None) -> dict[str, Any]:
@@ -116,4 +131,8 @@ def http_settings(options: ServeOptions | FrontendOptions) -> dict[str, Any]:
         "request_timeout_s": options.e2e_timeout_s,
         "response_channel": options.response_channel,
         **asdict(options.http_limits),
+        **{
+            name: list(value) if isinstance(value, tuple) else value
+            for name, value in asdict(options.operations).items()
+        },
     }

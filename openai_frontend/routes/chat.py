@@ -2,13 +2,15 @@
 
 Owns: the endpoint's wiring only: read and validate the body, load its media (after validation,
 before any response byte, so a media error is a plain 400 even for ``stream: true``), pick JSON /
-SSE / the beam-search pseudo-stream, race the work against client disconnect, and add
+SSE (with keep-alive comments from the start when ``--sse-keepalive`` is set) / the beam-search
+pseudo-stream, name the answer after the request's ``X-Request-Id``, race the work against client disconnect, and add
 ``x-ignored-params``. Formats live in ``responses``/``sse``, the backend dialogue in ``serving``.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -18,10 +20,11 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from openai_frontend.chat.schemas import ChatCompletionRequest, documented_errors
-from openai_frontend.chat.serving import ChatCall, complete, events, start_stream
+from openai_frontend.chat.serving import ChatCall, complete, events, keepalive_events, start_stream
 from openai_frontend.chat.validation import validate_chat_request
 from openai_frontend.http.cancellation import ClientDisconnected, ClientGoneResponse, SSEResponse, run_until_disconnect
 from openai_frontend.http.headers import ignored_params_headers
+from openai_frontend.http.request_id import request_id_of
 from openai_frontend.settings import FrontendSettings
 from openai_frontend.state import frontend_state, require_backend
 
@@ -75,7 +78,14 @@ async def create_chat_completion(request: Request) -> Response:
     headers = ignored_params_headers(chat.ignored)
     try:
         media = await run_until_disconnect(request, state.media.load(chat.media)) if chat.media else []
-        call = ChatCall(chat, state.settings, observation, media)
+        rid = request_id_of(request)
+        response_id = f"chatcmpl-{rid.value}"
+        # A client's id may repeat; the model's request ids must not.
+        backend_id = f"{response_id}-{uuid.uuid4().hex[:8]}" if rid.given else ""
+        call = ChatCall(chat, state.settings, observation, media, request_id=response_id, backend_id=backend_id)
+        if chat.stream and not call.pseudo_stream and state.settings.sse_keepalive_s > 0:
+            keepalive = state.settings.sse_keepalive_s
+            return SSEResponse(keepalive_events(backend, call, keepalive, state.drain), headers=headers)
         if chat.stream and not call.pseudo_stream:
             started = await run_until_disconnect(request, start_stream(backend, call))
             return SSEResponse(events(started, state.drain), headers=headers)

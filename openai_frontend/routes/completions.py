@@ -8,6 +8,7 @@ backend dialogue live in ``openai_frontend.completions``.
 from __future__ import annotations
 
 import time
+import uuid
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -19,6 +20,7 @@ from openai_frontend.completions.serving import CompletionCall, complete, start_
 from openai_frontend.completions.validation import validate_completion_request
 from openai_frontend.http.cancellation import ClientDisconnected, ClientGoneResponse, SSEResponse, run_until_disconnect
 from openai_frontend.http.headers import ignored_params_headers
+from openai_frontend.http.request_id import request_id_of
 from openai_frontend.routes.chat import read_validated
 from openai_frontend.state import frontend_state, require_backend
 
@@ -51,7 +53,11 @@ async def create_completion(request: Request) -> Response:
         return ClientGoneResponse()
     backend = require_backend(request)
     headers = ignored_params_headers(completion.ignored)
-    call = CompletionCall(completion, state.settings, observation)
+    rid = request_id_of(request)
+    response_id = f"cmpl-{rid.value}"
+    # A client's id may repeat; the model's request ids must not.
+    backend_id = f"{response_id}-{uuid.uuid4().hex[:8]}" if rid.given else ""
+    call = CompletionCall(completion, state.settings, observation, request_id=response_id, backend_id=backend_id)
     try:
         if completion.stream:
             started = await run_until_disconnect(request, start_stream(backend, call))

@@ -54,6 +54,10 @@ name                       dtype   shape  meaning
 ``cancel_request``         BYTES   [1]    a request id: not a generation request; that request is
                                           cancelled as a gRPC cancel would, without waiting for the
                                           engine to ask Triton; one final response, no outputs.
+``tokenize``               BYTES   [1]    JSON query (``tokenize.py``): not a generation request;
+                                          answered at once, outside the batch, with one final
+                                          response whose ``text_output`` is the JSON answer (token
+                                          ids of a prompt or of chat messages, or the text of ids).
 =========================  ======  =====  ===========================================================
 
 Outputs (one response describes one choice; ``text_output`` is in every response, the others
@@ -125,6 +129,7 @@ HEALTH_PROBE = "health_probe"
 OPEN_CHANNEL = "open_channel"
 STREAM_CHANNEL = "stream_channel"
 CANCEL_REQUEST = "cancel_request"
+TOKENIZE = "tokenize"
 
 # --- output tensor names ------------------------------------------------------------------------
 TEXT_OUTPUT = "text_output"
@@ -182,6 +187,7 @@ INPUT_SPECS: tuple[TensorSpec, ...] = (
     TensorSpec(OPEN_CHANNEL, "BYTES", (1,)),
     TensorSpec(STREAM_CHANNEL, "BYTES", (1,)),
     TensorSpec(CANCEL_REQUEST, "BYTES", (1,)),
+    TensorSpec(TOKENIZE, "BYTES", (1,)),
 )
 
 OUTPUT_SPECS: tuple[TensorSpec, ...] = (

@@ -1,10 +1,10 @@
 """The Triton Python-backend model class, what Triton's stub loads and calls.
 
 Owns: ``TritonPythonModel`` (decoupled): ``initialize`` loads the model and starts the engine;
-``execute`` tells probes, cancellations and channel openings from generation requests, decodes
-and submits each and returns at once; ``finalize`` stops the engine, then the sender thread
-(``sender.py``, which turns engine events into responses). Every request ends with exactly one
-``COMPLETE_FINAL``: on success, on error and on cancel.
+``execute`` tells probes, tokenize queries, cancellations and channel openings from generation
+requests, decodes and submits each and returns at once; ``finalize`` stops the engine, then the
+sender thread (``sender.py``, which turns engine events into responses). Every request ends with
+exactly one ``COMPLETE_FINAL``: on success, on error and on cancel.
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ from python_backend.engine.sequence import EngineEvent, EngineRequest
 from python_backend.model.loader import load_model
 from python_backend.model.threads import confine_serving_threads, pinned_cpus, serialize_current_thread
 from python_backend.prompt.inputs import decode_request
+from python_backend.prompt.tokenize import answer_query
 from python_backend.protocol import contract
 from python_backend.protocol.errors import ContractError, ErrorInfo, internal
 from python_backend.protocol.settings import EngineSettings
+from python_backend.protocol.tokenize import read_query
 from python_backend.protocol.vllm_compat import VllmResponder
 from python_backend.sampling.structured import GrammarCompiler
 from python_backend.text.output_formats import resolve_formats
@@ -93,6 +95,10 @@ class TritonPythonModel:
             try:
                 if _is_probe(request):
                     self._answer_probe(sender, request_id)
+                    continue
+                query = _string_input(request, contract.TOKENIZE)
+                if query is not None:
+                    self._answer_tokenize(sender, request_id, query)
                     continue
                 target = _string_input(request, contract.CANCEL_REQUEST)
                 if target is not None:
@@ -166,6 +172,17 @@ class TritonPythonModel:
             self._fail(sender, request_id, problem)
             return
         delta = contract.ChoiceDelta(index=0, text=health.to_json())
+        self._sender.put(Outgoing(sender, EngineEvent(request_id, delta=delta, final=True)))
+
+    def _answer_tokenize(self, sender: ResponseLink, request_id: str, query: str) -> None:
+        # No generation: the tokenizer's answer, at once and outside the batch.
+        text = answer_query(
+            read_query(query),
+            self._tokenizer,
+            max_model_len=self._engine.limits.max_seq_len,
+            vocab_size=len(self._tokenizer),
+        )
+        delta = contract.ChoiceDelta(index=0, text=text)
         self._sender.put(Outgoing(sender, EngineEvent(request_id, delta=delta, final=True)))
 
     def _cancel(self, target: str) -> None:

@@ -19,9 +19,11 @@ from openai_frontend.client.base import BackendError, BackendRequest
 from openai_frontend.settings import FrontendSettings
 from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, TokenLogprob, TopLogprob
 from python_backend.protocol.errors import ErrorInfo
+from python_backend.protocol.tokenize import DetokenizeAnswer, DetokenizeQuery, TokenizeAnswer, TokenizeQuery
 
 MODEL = "tiny-chat"
 PROMPT_TOKENS = 9
+MAX_MODEL_LEN = 2048
 
 Script = Callable[[BackendRequest], Sequence[ChoiceDelta | BackendError]]
 
@@ -110,6 +112,7 @@ class FakeBackend:
     pauses: dict[int, float] = field(default_factory=dict)  # extra pause before the delta at this index
     requests: list[BackendRequest] = field(default_factory=list)
     endings: list[str] = field(default_factory=list)  # "finished" | "closed" | "cancelled" | "error"
+    queries: list[TokenizeQuery | DetokenizeQuery] = field(default_factory=list)  # tokenize/detokenize asked
     started: asyncio.Event = field(default_factory=asyncio.Event)
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
@@ -138,6 +141,19 @@ class FakeBackend:
         finally:
             self.endings.append(ending)
             self.ended.set()
+
+    async def tokenize(self, query: TokenizeQuery) -> TokenizeAnswer:
+        """One token per character of the prompt, or of each message's content (a stand-in tokenizer)."""
+        self.queries.append(query)
+        if query.messages is not None:
+            text = "".join(str(m.get("content") or "") for m in query.messages)
+        else:
+            text = query.prompt or ""
+        return TokenizeAnswer(tokens=[ord(c) for c in text], max_model_len=MAX_MODEL_LEN)
+
+    async def detokenize(self, query: DetokenizeQuery) -> DetokenizeAnswer:
+        self.queries.append(query)
+        return DetokenizeAnswer(prompt="".join(chr(t) for t in query.tokens))
 
     async def is_ready(self) -> bool:
         return self.ready

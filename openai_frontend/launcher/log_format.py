@@ -1,0 +1,67 @@
+"""Log line formats of the launcher and the frontend: plain text, or one JSON object per line.
+
+Owns: ``JsonFormatter`` (``{"time", "level", "logger", "message"}``, plus ``exception`` with
+the traceback when there is one, so a log collector needs no parsing rules),
+``configure_launcher_logging`` (the launcher's own user-facing messages) and
+``uvicorn_log_config`` (uvicorn's server and access logs and the frontend's loggers, for
+``uvicorn.Config``). Nothing is configured at import: the commands call these at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+JSON_FORMAT = "json"
+LAUNCHER_TEXT_FORMAT = "triton-chat: %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line (newlines in messages are escaped by JSON)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
+def configure_launcher_logging(logger: logging.Logger, log_format: str) -> None:
+    """The launcher's messages go to stderr, in ``log_format``; once per logger."""
+    if logger.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == JSON_FORMAT else logging.Formatter(LAUNCHER_TEXT_FORMAT))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    # The launcher's messages are for the user; uvicorn has its own handlers.
+    logger.propagate = False
+
+
+def uvicorn_log_config(log_format: str) -> dict[str, Any] | None:
+    """``uvicorn.Config(log_config=...)`` for ``log_format``; None: uvicorn's own (text). JSON
+    formats uvicorn's loggers and the frontend's (``openai_frontend``) alike, on stderr; the
+    frontend's at WARNING, what text mode shows of them too (Python's last-resort handler)."""
+    if log_format != JSON_FORMAT:
+        return None
+    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": f"{__name__}.JsonFormatter"}},
+        "handlers": {"json": handler},
+        "loggers": {
+            "uvicorn": {"handlers": ["json"], "level": "INFO", "propagate": False},
+            "uvicorn.error": {"level": "INFO"},
+            "uvicorn.access": {"handlers": ["json"], "level": "INFO", "propagate": False},
+            "openai_frontend": {"handlers": ["json"], "level": "WARNING", "propagate": False},
+        },
+    }
