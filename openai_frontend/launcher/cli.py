@@ -114,15 +114,26 @@ def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions:
     )
 
 
-def _config_defaults(argv: list[str]) -> dict[str, Any] | None:
-    """The flag defaults from ``--config FILE`` when it is given (read before the real parse)."""
+def _config_path(argv: list[str]) -> Path | None:
     finder = argparse.ArgumentParser(add_help=False)
     finder.add_argument("--config", type=Path)
     known, _ = finder.parse_known_args(argv)
-    if known.config is None:
+    return known.config if isinstance(known.config, Path) else None
+
+
+def _origin(argv: list[str], flag: str, config: Path | None, key: str) -> str:
+    """Where a value came from, for error messages: the flag, else the config.json key that set it."""
+    given = any(arg == flag or arg.startswith(flag + "=") for arg in argv)
+    return flag if given or config is None else f"{config} ModelConfig.{key}"
+
+
+def _config_defaults(argv: list[str]) -> dict[str, Any] | None:
+    """The flag defaults from ``--config FILE`` when it is given (read before the real parse)."""
+    config = _config_path(argv)
+    if config is None:
         return None
     try:
-        return flag_defaults(load_server_file(known.config))
+        return flag_defaults(load_server_file(config))
     except ConfigFileError as exc:
         build_parser().error(str(exc))
     return None
@@ -137,14 +148,16 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         parser.error("--ready-timeout must be > 0")
     engine = engine_values(args)
     lora_modules: dict[str, str] = {}
+    config = _config_path(argv)
+    lora_origin = "--lora-module" if config is None or "--lora-module" in argv else f"{config} LoraModules"
     for item in args.lora_modules:
         name, sep, folder = item.partition("=")
         if not sep or not name or not folder:
-            parser.error(f"--lora-module takes NAME=DIR, got '{item}'")
+            parser.error(f"{lora_origin} takes NAME=DIR, got '{item}'")
         if name in lora_modules:
-            parser.error(f"--lora-module: the name '{name}' is given twice")
+            parser.error(f"{lora_origin}: the name '{name}' is given twice")
         if not (Path(folder).expanduser() / "adapter_config.json").is_file():
-            parser.error(f"--lora-module {name}: '{folder}' is not a PEFT adapter folder (no adapter_config.json)")
+            parser.error(f"{lora_origin} {name}: '{folder}' is not a PEFT adapter folder (no adapter_config.json)")
         lora_modules[name] = str(Path(folder).expanduser().resolve())
     try:
         # The same checks the model runs, here so that a typo fails now and not after the load.
@@ -154,6 +167,8 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         parser.error(str(exc))
     return ServeOptions(
         model=args.model_path,
+        model_origin=_origin(argv, "--model", config, "modelWeightPath"),
+        device_origin=_origin(argv, "--device", config, "device"),
         served_model_name=args.served_model_name,
         host=args.host,
         port=args.port,

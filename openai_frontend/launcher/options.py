@@ -48,6 +48,8 @@ class ServeOptions:
     e2e_timeout_s: float = 600.0  # FrontendSettings.request_timeout_s (MindIE e2eTimeout)
     max_restarts: int = MAX_RESTARTS  # tritonserver restarts allowed in 10 minutes (supervisor.py)
     response_channel: bool = True  # FrontendSettings.response_channel
+    model_origin: str = "--model"  # where the model folder was named, for error messages
+    device_origin: str = "--device"
 
     @property
     def dtype(self) -> str:

@@ -1,8 +1,8 @@
 """``triton-chat serve``: start tritonserver with the model, wait for it, run the frontend, stop both.
 
 Owns the start/stop sequence and signal handling. Order on the way up: bind the frontend port
-(fail fast), resolve the model (converting the demo once), prepare tritonserver, write a
-temporary model repository, start the server in its own process group and wait until the model
+(fail fast), check the model folder and the device, find tritonserver, resolve the model
+(converting the demo once), write a temporary model repository, start the server in its own process group and wait until the model
 is ready, then run uvicorn in this process while ``supervisor.Supervisor`` watches tritonserver
 (and restarts it when the model's process dies). On the way down (Ctrl-C, SIGTERM, or
 tritonserver dying): stop uvicorn, stop tritonserver by its PID (SIGTERM, then SIGKILL after 30 s), and
@@ -25,6 +25,7 @@ from typing import Any
 
 from openai_frontend.launcher.cache import cache_root
 from openai_frontend.launcher.demo_model import DEMO_SERVED_NAME, DemoModelError, ensure_demo_model
+from openai_frontend.launcher.model_check import ModelFolder, ModelFolderError, check_device, check_model_folder
 from openai_frontend.launcher.model_repo import (
     MODEL_NAME,
     ModelRepositoryError,
@@ -56,6 +57,7 @@ LAUNCH_ERRORS = (
     TritonInstallError,
     TritonServerError,
     ModelRepositoryError,
+    ModelFolderError,
     SettingsError,
 )
 
@@ -120,17 +122,19 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
         logger.warning("listening on %s without --api-key: anyone who can reach it can use the model", options.host)
 
     cache = cache_root()
-    if options.model is not None:
-        model_dir = options.model.expanduser().resolve()
-        if not model_dir.is_dir():
-            raise LaunchError(f"--model {options.model} is not a folder")
+    # Everything that can be checked from files goes first: the demo conversion takes 20-45 s and
+    # tritonserver's own report of a bad folder comes after the stub has imported torch.
+    given = check_model_folder(ModelFolder(options.model, options.model_origin)) if options.model else None
+    check_device(options.device, options.device_origin)
+    install = locate_tritonserver(cache)
+    if given is not None:
+        model_dir = given
         served_name = options.served_model_name or model_dir.name
     else:
         model_dir = ensure_demo_model(cache, logger.info)
         served_name = options.served_model_name or DEMO_SERVED_NAME
     settings = engine_settings(options, model_dir, served_name)
 
-    install = locate_tritonserver(cache)
     run_dir = Path(tempfile.mkdtemp(prefix="triton-chat-"))
     undo.callback(shutil.rmtree, run_dir, ignore_errors=True)
     repo = write_model_repository(run_dir / "models", settings)

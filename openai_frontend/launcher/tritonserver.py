@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 from openai_frontend.launcher.network import free_port
 from openai_frontend.launcher.triton_install import TritonInstall
+from openai_frontend.launcher.triton_log import failure_summary, is_noise
 from python_backend.protocol.contract import HEALTH_PROBE
 
 logger = logging.getLogger(__name__)
@@ -192,12 +193,12 @@ class TritonServerProcess:
             self._remember_shm_regions()
             code = self.exit_code()
             if code is not None:
-                raise TritonServerError(f"tritonserver exited with status {code} while starting:\n{self.log_tail()}")
+                raise TritonServerError(f"tritonserver exited with status {code} while starting: {self._why()}")
             if _http_ok(endpoints.http_url + path):
                 self._remember_shm_regions()
                 return
             if time.monotonic() >= deadline:
-                raise TritonServerError(f"tritonserver was not ready after {timeout:.0f} s:\n{self.log_tail()}")
+                raise TritonServerError(f"tritonserver was not ready after {timeout:.0f} s: {self._why()}")
             time.sleep(POLL_INTERVAL_S)
 
     def wait_exit(self, timeout: float | None) -> int | None:
@@ -236,10 +237,14 @@ class TritonServerProcess:
             _wait_group_gone(proc.pid, timeout=5.0)
         self._remove_own_shm_regions()
 
+    def _why(self) -> str:
+        summary = failure_summary(self._log_path)
+        return summary if "\n" not in summary else "\n" + summary
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             with open(self._log_path, encoding="utf-8", errors="replace") as log:
-                return "".join(deque(log, maxlen=lines))
+                return "".join(deque((line for line in log if not is_noise(line)), maxlen=lines))
         except FileNotFoundError:
             return "(no tritonserver log)"
 
