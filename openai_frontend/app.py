@@ -32,7 +32,9 @@ def create_app(
     settings: FrontendSettings, backend: ChatBackend | None = None, *, media_network: Network | None = None
 ) -> FastAPI:
     """An app serving ``settings``; with ``backend`` None it talks to Triton over gRPC."""
-    observed = FrontendMetrics(settings.served_model_name)
+    observed = FrontendMetrics(
+        settings.served_model_name, "vllm:" if settings.metrics_vllm_names else "", settings.triton_metrics_url
+    )
     media = MediaLoader(settings.media, media_network, on_fetch=observed.media_fetched)
     state = FrontendState(settings=settings, media=media, metrics=observed, backend=backend)
 

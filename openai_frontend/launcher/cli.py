@@ -19,6 +19,7 @@ from openai_frontend.launcher.http_flags import add_http_flags, check_http_flags
 from openai_frontend.launcher.options import FrontendOptions, ServeOptions, TlsFiles
 from openai_frontend.launcher.server_config import ConfigFileError, flag_defaults, load_server_file
 from openai_frontend.launcher.supervisor import MAX_RESTARTS
+from openai_frontend.launcher.triton_flags import add_triton_listen_flags, triton_listen
 from python_backend.protocol.settings import EngineSettings, SettingsError
 
 logger = logging.getLogger("openai_frontend.launcher")
@@ -72,6 +73,8 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
         help="tritonserver's log file (default: <cache>/logs/tritonserver-<port>.log)",
     )
 
+    add_triton_listen_flags(triton)
+
     frontend = commands.add_parser(
         "frontend",
         help="only the HTTP frontend, in front of a tritonserver that already serves the model",
@@ -85,6 +88,13 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
         "--triton-model", default="triton_chat", metavar="NAME", help="the Triton model name (default: triton_chat)"
     )
     target.add_argument("--served-model-name", required=True, metavar="NAME", help="the `model` name clients send")
+    target.add_argument(
+        "--triton-metrics-url",
+        default="",
+        metavar="URL",
+        help="Triton's metrics endpoint (e.g. http://127.0.0.1:8002/metrics): /metrics then shows the engine's "
+        "running, waiting and KV-cache figures too",
+    )
     add_http_flags(frontend.add_argument_group("HTTP frontend"))
     return parser
 
@@ -111,6 +121,8 @@ def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions:
         token_timeout_s=args.token_timeout,
         e2e_timeout_s=args.e2e_timeout,
         response_channel=args.response_channel,
+        metrics_vllm_names=args.metrics_vllm_names,
+        triton_metrics_url=args.triton_metrics_url,
     )
 
 
@@ -146,6 +158,7 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
     check_http_flags(parser, args)
     if args.ready_timeout <= 0:
         parser.error("--ready-timeout must be > 0")
+    listen = triton_listen(parser, args)
     engine = engine_values(args)
     lora_modules: dict[str, str] = {}
     config = _config_path(argv)
@@ -186,7 +199,9 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         token_timeout_s=args.token_timeout,
         e2e_timeout_s=args.e2e_timeout,
         response_channel=args.response_channel,
+        metrics_vllm_names=args.metrics_vllm_names,
         triton_log=args.triton_log,
+        triton_listen=listen,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,
     )
 

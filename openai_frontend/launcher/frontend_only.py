@@ -27,6 +27,7 @@ def frontend_settings(options: FrontendOptions) -> FrontendSettings:
             "triton_grpc_url": options.triton_url,
             "triton_model_name": options.triton_model,
             "served_model_name": options.served_model_name,
+            "triton_metrics_url": options.triton_metrics_url,
             **http_settings(options),
             # The media allow-list comes from the environment, as in MindIE (read here, at start-up).
             "media": MediaSettings.from_env(os.environ),

@@ -9,11 +9,12 @@ itself is in ``cli.py``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from openai_frontend.launcher.supervisor import MAX_RESTARTS
+from openai_frontend.launcher.tritonserver import TritonListen
 from python_backend.protocol.settings import EngineSettings
 
 
@@ -50,6 +51,8 @@ class ServeOptions:
     response_channel: bool = True  # FrontendSettings.response_channel
     model_origin: str = "--model"  # where the model folder was named, for error messages
     device_origin: str = "--device"
+    metrics_vllm_names: bool = False  # FrontendSettings.metrics_vllm_names
+    triton_listen: TritonListen = field(default_factory=TritonListen)  # tritonserver's listeners
 
     @property
     def dtype(self) -> str:
@@ -78,6 +81,8 @@ class FrontendOptions:
     token_timeout_s: float = 600.0  # FrontendSettings.token_timeout_s (MindIE tokenTimeout)
     e2e_timeout_s: float = 600.0  # FrontendSettings.request_timeout_s (MindIE e2eTimeout)
     response_channel: bool = True  # FrontendSettings.response_channel
+    metrics_vllm_names: bool = False  # FrontendSettings.metrics_vllm_names
+    triton_metrics_url: str = ""  # FrontendSettings.triton_metrics_url
 
 
 def uvicorn_tls(tls: TlsFiles | None) -> dict[str, Any]:
@@ -114,4 +119,5 @@ def http_settings(options: ServeOptions | FrontendOptions) -> dict[str, Any]:
         "token_timeout_s": options.token_timeout_s,
         "request_timeout_s": options.e2e_timeout_s,
         "response_channel": options.response_channel,
+        "metrics_vllm_names": options.metrics_vllm_names,
     }

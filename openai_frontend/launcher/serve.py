@@ -36,7 +36,7 @@ from openai_frontend.launcher.network import bind_listening_socket, is_loopback
 from openai_frontend.launcher.options import ServeOptions, engine_settings, http_settings
 from openai_frontend.launcher.supervisor import Supervisor
 from openai_frontend.launcher.triton_install import TritonInstallError, locate_tritonserver
-from openai_frontend.launcher.tritonserver import TritonServerError, TritonServerProcess
+from openai_frontend.launcher.tritonserver import TritonEndpoints, TritonServerError, TritonServerProcess
 from python_backend.protocol.settings import SettingsError
 
 logger = logging.getLogger(__name__)
@@ -144,13 +144,19 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
     undo.callback(_stop_triton, triton)
     env = backend_python_path()
     env["HF_HUB_OFFLINE"] = "1"  # models are local folders; never download at run time
-    endpoints = triton.start(repo, env)
+    endpoints = triton.start(repo, env, options.triton_listen)
     logger.info(
         "started tritonserver (pid %s), loading '%s' from %s; log: %s", triton.pid, served_name, model_dir, log_path
     )
+    logger.info(
+        "tritonserver listens on gRPC %s, HTTP %s, metrics %s",
+        endpoints.grpc_url,
+        endpoints.http_url,
+        endpoints.metrics_url,
+    )
     triton.wait_ready(options.ready_timeout_s, MODEL_NAME)
 
-    server = _make_uvicorn(options, endpoints.grpc_url, served_name)
+    server = _make_uvicorn(options, endpoints, served_name)
     supervisor = Supervisor(
         triton,
         repo,
@@ -182,7 +188,7 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
     return EXIT_FAILED if state.triton_died else EXIT_OK
 
 
-def _make_uvicorn(options: ServeOptions, grpc_url: str, served_name: str) -> Any:
+def _make_uvicorn(options: ServeOptions, endpoints: TritonEndpoints, served_name: str) -> Any:
     # Imported late: uvicorn and the app are not needed until the model is ready.
     from openai_frontend.app import create_app
     from openai_frontend.launcher.draining_server import draining_server
@@ -192,7 +198,8 @@ def _make_uvicorn(options: ServeOptions, grpc_url: str, served_name: str) -> Any
     # model_validate: the frontend's pydantic checks apply, and its defaults fill the rest.
     settings = FrontendSettings.model_validate(
         {
-            "triton_grpc_url": grpc_url,
+            "triton_grpc_url": endpoints.grpc_url,
+            "triton_metrics_url": endpoints.metrics_url,
             "triton_model_name": MODEL_NAME,
             "served_model_name": served_name,
             "lora_names": list(options.lora_modules),
