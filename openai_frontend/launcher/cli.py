@@ -14,17 +14,41 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from openai_frontend.launcher.engine_flags import add_engine_flags, engine_values
+from openai_frontend.launcher.demo_model import DemoModelError
+from openai_frontend.launcher.engine_flags import add_engine_flags, engine_values, positive_int
 from openai_frontend.launcher.http_flags import add_http_flags, check_http_flags, non_negative_int
-from openai_frontend.launcher.options import FrontendOptions, ServeOptions, TlsFiles
+from openai_frontend.launcher.model_check import ModelFolderError
+from openai_frontend.launcher.model_repo import ModelRepositoryError
+from openai_frontend.launcher.options import (
+    FrontendOptions,
+    RepositoryOptions,
+    ServeOptions,
+    TlsFiles,
+    TritonServerArgs,
+)
 from openai_frontend.launcher.server_config import ConfigFileError, flag_defaults, load_server_file
 from openai_frontend.launcher.supervisor import MAX_RESTARTS
 from openai_frontend.launcher.triton_flags import add_triton_listen_flags, triton_listen
+from openai_frontend.launcher.triton_install import TritonInstallError
 from python_backend.protocol.settings import EngineSettings, SettingsError
 
 logger = logging.getLogger("openai_frontend.launcher")
 
 DEFAULT_READY_TIMEOUT_S = 600.0
+INSTANCES_HELP = (
+    "model instances (instance_group count), each its own engine, Triton spreading requests over them "
+    "(default: config.pbtxt's, 1); helps with one instance per GPU/NPU, not on one CPU"
+)
+
+# What the own-Triton commands report as one line, without a traceback.
+OWN_TRITON_ERRORS = (
+    DemoModelError,
+    FileExistsError,
+    ModelFolderError,
+    ModelRepositoryError,
+    SettingsError,
+    TritonInstallError,
+)
 
 
 def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
@@ -74,6 +98,27 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
     )
 
     add_triton_listen_flags(triton)
+    triton.add_argument("--instances", type=positive_int, metavar="N", help=INSTANCES_HELP)
+
+    commands.add_parser(
+        "tritonserver",
+        help="run tritonserver, prepared as serve prepares it, with your own flags (e.g. --model-repository DIR)",
+        description="Run tritonserver with the arguments that follow, as given, after preparing what the Python "
+        "backend needs: the binary (on PATH, else the nvidia-pytriton wheel's), --backend-directory with this "
+        "Python's stub, PATH and LD_LIBRARY_PATH for the stub, python_backend importable. "
+        "`triton-chat tritonserver --help` shows tritonserver's own flags.",
+        add_help=False,
+    )
+    repository = commands.add_parser(
+        "repository",
+        help="write a model repository for a model folder, for tritonserver",
+        description="Write DIR/triton_chat (config.pbtxt with model_path and the engine settings from the flags, "
+        "and the model code shim); without --model, the demo model (converted once). Then: "
+        "triton-chat tritonserver --model-repository DIR",
+    )
+    repository.add_argument("dest", type=Path, metavar="DIR", help="the model repository folder to write into")
+    add_engine_flags(repository)
+    repository.add_argument("--instances", type=positive_int, metavar="N", help=INSTANCES_HELP)
 
     frontend = commands.add_parser(
         "frontend",
@@ -99,12 +144,17 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
     return parser
 
 
-def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions:
+def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions | RepositoryOptions | TritonServerArgs:
     """Parse the command line; usage errors exit with status 2 like any argparse error."""
+    if argv[:1] == ["tritonserver"]:
+        # Everything after it is tritonserver's, --help included.
+        return TritonServerArgs(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
         return parse_serve_args(argv)
+    if args.command == "repository":
+        return _repository_options(parser, args)
     check_http_flags(parser, args)
     return FrontendOptions(
         triton_url=args.triton_url,
@@ -123,6 +173,30 @@ def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions:
         response_channel=args.response_channel,
         metrics_vllm_names=args.metrics_vllm_names,
         triton_metrics_url=args.triton_metrics_url,
+    )
+
+
+def _repository_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> RepositoryOptions:
+    engine = engine_values(args)
+    lora_modules: dict[str, str] = {}
+    for item in args.lora_modules:
+        name, sep, folder = item.partition("=")
+        if not sep or not name or not folder:
+            parser.error(f"--lora-module takes NAME=DIR, got '{item}'")
+        lora_modules[name] = str(Path(folder).expanduser().resolve())
+    try:
+        EngineSettings(**{**engine.flags, **engine.overrides})  # type: ignore[arg-type]
+    except SettingsError as exc:
+        parser.error(str(exc))
+    return RepositoryOptions(
+        dest=args.dest,
+        model=args.model_path,
+        model_origin="--model",
+        served_model_name=args.served_model_name,
+        engine_flags=engine.flags,
+        engine_overrides=engine.overrides,
+        lora_modules=lora_modules,
+        instances=args.instances or 1,
     )
 
 
@@ -202,6 +276,7 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         metrics_vllm_names=args.metrics_vllm_names,
         triton_log=args.triton_log,
         triton_listen=listen,
+        instances=args.instances,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,
     )
 
@@ -221,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``triton-chat`` console script."""
     options = parse_args(sys.argv[1:] if argv is None else argv)
     _configure_logging()
+    if isinstance(options, TritonServerArgs | RepositoryOptions):
+        return _own_triton(options)
     # Imported here: they pull in uvicorn and the app, which `--help` and usage errors do not need.
     if isinstance(options, FrontendOptions):
         from openai_frontend.launcher.frontend_only import run_frontend
@@ -229,3 +306,22 @@ def main(argv: list[str] | None = None) -> int:
     from openai_frontend.launcher.serve import run_serve
 
     return run_serve(options)
+
+
+def _own_triton(options: TritonServerArgs | RepositoryOptions) -> int:
+    from openai_frontend.launcher.own_triton import run_tritonserver, write_repository
+
+    try:
+        if isinstance(options, TritonServerArgs):
+            return run_tritonserver(options.args)
+        model_dir = write_repository(options)
+    except OWN_TRITON_ERRORS as exc:
+        logger.error("%s", exc)
+        return 1
+    logger.info(
+        "wrote %s for %s; run it with: triton-chat tritonserver --model-repository %s",
+        options.dest / "triton_chat",
+        model_dir,
+        options.dest,
+    )
+    return 0

@@ -1,6 +1,7 @@
 """What the ``triton-chat`` subcommands were asked to do, and how that becomes settings.
 
-Owns the parsed-options dataclasses (``ServeOptions``, ``FrontendOptions``, ``TlsFiles``), the
+Owns the parsed-options dataclasses (``ServeOptions``, ``FrontendOptions``, ``RepositoryOptions``,
+``TritonServerArgs``, ``TlsFiles``), the
 mapping from options to the model's ``EngineSettings``, to the frontend's settings (``http_settings``)
 and to uvicorn's TLS arguments. Parsing
 itself is in ``cli.py``.
@@ -53,6 +54,7 @@ class ServeOptions:
     device_origin: str = "--device"
     metrics_vllm_names: bool = False  # FrontendSettings.metrics_vllm_names
     triton_listen: TritonListen = field(default_factory=TritonListen)  # tritonserver's listeners
+    instances: int | None = None  # instance_group count; None: config.pbtxt's
 
     @property
     def dtype(self) -> str:
@@ -83,6 +85,27 @@ class FrontendOptions:
     response_channel: bool = True  # FrontendSettings.response_channel
     metrics_vllm_names: bool = False  # FrontendSettings.metrics_vllm_names
     triton_metrics_url: str = ""  # FrontendSettings.triton_metrics_url
+
+
+@dataclass(frozen=True)
+class RepositoryOptions:
+    """Everything ``triton-chat repository`` was asked to do."""
+
+    dest: Path  # the model repository folder; the model goes into dest/triton_chat
+    model: Path | None  # None: the demo model
+    model_origin: str  # where the model folder was named, for error messages
+    served_model_name: str | None
+    engine_flags: dict[str, str | bool]
+    engine_overrides: dict[str, int]
+    lora_modules: dict[str, str]
+    instances: int  # instance_group count: one engine per instance
+
+
+@dataclass(frozen=True)
+class TritonServerArgs:
+    """``triton-chat tritonserver ARGS...``: ARGS go to tritonserver as they are."""
+
+    args: list[str]
 
 
 def uvicorn_tls(tls: TlsFiles | None) -> dict[str, Any]:

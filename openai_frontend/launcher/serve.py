@@ -18,7 +18,7 @@ import shutil
 import signal
 import tempfile
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -30,6 +30,7 @@ from openai_frontend.launcher.model_repo import (
     MODEL_NAME,
     ModelRepositoryError,
     backend_python_path,
+    instance_count,
     write_model_repository,
 )
 from openai_frontend.launcher.network import bind_listening_socket, is_loopback
@@ -137,7 +138,12 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
 
     run_dir = Path(tempfile.mkdtemp(prefix="triton-chat-"))
     undo.callback(shutil.rmtree, run_dir, ignore_errors=True)
-    repo = write_model_repository(run_dir / "models", settings)
+    repo = write_model_repository(run_dir / "models", settings, instances=options.instances)
+    instances = instance_count(repo)
+    if instances > 1 and options.response_channel:
+        # A channel is open in one instance, and Triton may send a stream naming it to another.
+        logger.info("%d model instances: each stream gets its own responses (no response channel)", instances)
+        options = replace(options, response_channel=False)
 
     log_path = (options.triton_log or cache / "logs" / f"tritonserver-{options.port}.log").expanduser()
     triton = TritonServerProcess(install, log_path)
