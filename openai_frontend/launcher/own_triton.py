@@ -12,6 +12,7 @@ its output. Everything else (ports, addresses, other models in the repository) i
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import signal
@@ -83,7 +84,12 @@ def run_tritonserver(args: list[str]) -> int:
     command = tritonserver_command(locate_tritonserver(cache_root()), args)
     logger.info("running %s", " ".join(command.argv))
     proc = subprocess.Popen(
-        command.argv, env=command.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        command.argv,
+        env=command.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=_stop_with_parent,  # safe: this process starts no threads before it
     )
 
     def forward(signum: int, frame: FrameType | None) -> None:
@@ -102,3 +108,13 @@ def run_tritonserver(args: list[str]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _stop_with_parent() -> None:
+    """In the child before exec: SIGTERM when this launcher dies, even by SIGKILL, so that a
+    killed ``triton-chat tritonserver`` leaves no server behind (Linux's prctl; tritonserver
+    runs on Linux only)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -13,9 +13,11 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -164,3 +166,33 @@ def _wait_ok(process: subprocess.Popen[bytes], url: str, log: Path) -> None:
         except subprocess.TimeoutExpired:
             continue
     raise AssertionError(f"{url} was not ready:\n{log.read_text(errors='replace')[-4000:]}")
+
+
+def test_a_killed_tritonserver_command_leaves_no_server_behind(tmp_path: Path, user_env: dict[str, str]) -> None:
+    from openai_frontend.launcher.network import free_port
+
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    (tmp_path / "empty").mkdir()
+    wrapper = subprocess.Popen(
+        [sys.executable, "-m", "openai_frontend.launcher", "tritonserver", "--model-repository", str(tmp_path / "empty"),
+         "--http-address", "127.0.0.1", "--http-port", str(http_port), "--grpc-address", "127.0.0.1",
+         "--grpc-port", str(grpc_port), "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics_port)],
+        env=user_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_for(wrapper, f"http://127.0.0.1:{http_port}/v2/health/live", timeout=120)
+        children = Path(f"/proc/{wrapper.pid}/task/{wrapper.pid}/children").read_text().split()
+        assert len(children) == 1
+        server = int(children[0])
+        wrapper.kill()
+        wrapper.wait()
+        # The server gets SIGTERM from the kernel when its parent dies, and exits.
+        for _ in range(600):
+            if not Path(f"/proc/{server}").exists() or "Z" in Path(f"/proc/{server}/stat").read_text().split()[2]:
+                break
+            threading.Event().wait(0.05)  # a pause between two looks at /proc
+        assert not Path(f"/proc/{server}").exists() or Path(f"/proc/{server}/stat").read_text().split()[2] == "Z"
+    finally:
+        if wrapper.poll() is None:
+            os.killpg(wrapper.pid, signal.SIGKILL)
+            wrapper.wait()
