@@ -4,12 +4,12 @@ Owns: ``create_app``: routes, error handlers, middlewares (metrics outermost, th
 key and the body size limit), and the backend's lifetime. A backend passed in (tests, embedding) belongs to the caller;
 without one, a ``TritonBackend`` is created in the lifespan (inside the event loop, where grpc.aio
 needs it) and closed on shutdown. ``media_network`` replaces the media fetcher's resolver and dialer
-(tests). Only ``/openapi.json`` is served as documentation.
+(tests); ``engine_metrics`` is the launcher's reader of Triton's ``/metrics``. Only ``/openapi.json`` is served as documentation.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -29,11 +29,16 @@ from openai_frontend.state import FrontendState
 
 
 def create_app(
-    settings: FrontendSettings, backend: ChatBackend | None = None, *, media_network: Network | None = None
+    settings: FrontendSettings,
+    backend: ChatBackend | None = None,
+    *,
+    media_network: Network | None = None,
+    engine_metrics: Callable[[], str] | None = None,
 ) -> FastAPI:
-    """An app serving ``settings``; with ``backend`` None it talks to Triton over gRPC."""
+    """An app serving ``settings``; with ``backend`` None it talks to Triton over gRPC.
+    ``engine_metrics`` reads Triton's metrics text, for the engine's gauges on ``/metrics``."""
     observed = FrontendMetrics(
-        settings.served_model_name, "vllm:" if settings.metrics_vllm_names else "", settings.triton_metrics_url
+        settings.served_model_name, "vllm:" if settings.metrics_vllm_names else "", engine_metrics
     )
     media = MediaLoader(settings.media, media_network, on_fetch=observed.media_fetched)
     state = FrontendState(settings=settings, media=media, metrics=observed, backend=backend)

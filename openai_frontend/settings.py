@@ -115,11 +115,6 @@ class FrontendSettings(BaseModel):
         default=False,
         description="name the /metrics families as vLLM does (`vllm:` prefix), so its Grafana dashboards work as they are",
     )
-    triton_metrics_url: str = Field(
-        default="",
-        description="Triton's metrics endpoint (http://host:port/metrics), whose engine gauges /metrics re-exposes; "
-        "empty: only the frontend's own figures",
-    )
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0, description="largest accepted request body")
     media: MediaSettings = Field(
         default_factory=MediaSettings,

@@ -1,7 +1,8 @@
 """The engine's figures on the frontend's ``/metrics``, read from tritonserver's metrics endpoint.
 
 Owns ``EngineCollector``: a Prometheus collector that, at each scrape of the frontend, reads the
-model's custom metrics (``triton_chat_*``, written by the model into Triton's ``/metrics``) and
+model's custom metrics (``triton_chat_*``, written by the model into Triton's ``/metrics``; the
+read itself is the launcher's, handed in, since serving modules open no connections) and
 re-exposes them under the frontend's names and label scheme (``model_name``, plus ``instance``
 when Triton runs several model instances): running sequences, waiting requests and the KV-cache
 usage as a fraction. So one scrape target, whose address is known before start, has everything;
@@ -12,9 +13,7 @@ scrape: the frontend's own figures still count.
 from __future__ import annotations
 
 import logging
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -23,7 +22,6 @@ from prometheus_client.registry import Collector
 
 logger = logging.getLogger(__name__)
 
-READ_TIMEOUT_S = 2.0
 TRITON_PREFIX = "triton_chat_"
 # Triton's label for the model; the frontend's families use vLLM's ``model_name``.
 TRITON_MODEL_LABEL = "model"
@@ -58,10 +56,11 @@ class _Sample:
 
 
 class EngineCollector(Collector):
-    """Engine gauges read from ``metrics_url`` (Triton's ``/metrics``) at each collection."""
+    """Engine gauges from ``read`` (Triton's ``/metrics`` exposition text) at each collection."""
 
-    def __init__(self, metrics_url: str, model_name: str, prefix: str = "") -> None:
-        self._url = metrics_url
+    def __init__(self, read: Callable[[], str], model_name: str, prefix: str = "") -> None:
+        """``read`` raises ``OSError`` or ``ValueError`` when Triton cannot be read."""
+        self._read_text = read
         self._model_name = model_name
         self._names = EngineNames.for_prefix(prefix)
 
@@ -74,8 +73,8 @@ class EngineCollector(Collector):
         up = GaugeMetricFamily(names.up, "1 when the engine's figures were read from Triton", labels=["model_name"])
         try:
             engine = self._read()
-        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError) as exc:
-            logger.warning("reading the engine's metrics from %s failed: %s", self._url, exc)
+        except (OSError, ValueError) as exc:
+            logger.warning("reading the engine's metrics from Triton failed: %s", exc)
             up.add_metric([self._model_name], 0.0)
             yield up
             return
@@ -98,8 +97,7 @@ class EngineCollector(Collector):
 
     def _read(self) -> dict[str, list[_Sample]]:
         """Triton's ``triton_chat_*`` samples by name without the prefix, relabelled."""
-        with urllib.request.urlopen(self._url, timeout=READ_TIMEOUT_S) as response:  # noqa: S310 - the launcher's URL
-            text = response.read().decode("utf-8", "replace")
+        text = self._read_text()
         found: dict[str, list[_Sample]] = {}
         for family in text_string_to_metric_families(text):
             if not family.name.startswith(TRITON_PREFIX):

@@ -8,13 +8,14 @@ started) and ``MetricsMiddleware`` (requests running, and what the HTTP status o
 says: failures, cancellations, rejections). Names follow vLLM's and MindIE's dashboards without
 vLLM's ``vllm:`` prefix, or with it (``prefix="vllm:"``, so vLLM's Grafana dashboards work as they
 are); every family has the ``model_name`` label. The engine's own gauges (running and waiting
-sequences, KV-cache usage) are read from Triton's ``/metrics`` when its address is known
-(``engine_metrics.EngineCollector``).
+sequences, KV-cache usage) are read from Triton's ``/metrics`` when the launcher hands in a
+reader (``engine_metrics.EngineCollector``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -37,9 +38,9 @@ _BYTES_BUCKETS = tuple(float(2**n) for n in range(10, 30, 2))  # 1 KiB .. 128 Mi
 class FrontendMetrics:
     """Every metric family of one frontend; ``render`` is the exposition text."""
 
-    def __init__(self, model_name: str, prefix: str = "", engine_metrics_url: str = "") -> None:
-        """``prefix``: before every name (``vllm:`` for vLLM's dashboards); ``engine_metrics_url``:
-        Triton's ``/metrics``, whose engine gauges each scrape re-exposes ("" = none)."""
+    def __init__(self, model_name: str, prefix: str = "", engine_metrics: Callable[[], str] | None = None) -> None:
+        """``prefix``: before every name (``vllm:`` for vLLM's dashboards); ``engine_metrics``: reads
+        Triton's ``/metrics``, whose engine gauges each scrape re-exposes (None: none)."""
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
         labels = ["model_name"]
@@ -99,8 +100,8 @@ class FrontendMetrics:
         # family is there (at 0) for dashboards that chart it. Refusals are requests_rejected.
         self.preemptions = Counter(f"{p}num_preemptions", "Requests preempted by the engine", labels, registry=r)
         self.preemptions.labels(model_name)
-        if engine_metrics_url:
-            r.register(EngineCollector(engine_metrics_url, model_name, prefix))
+        if engine_metrics is not None:
+            r.register(EngineCollector(engine_metrics, model_name, prefix))
         # The children observed per streamed token, looked up once (labels() costs a lock and a dict).
         self.ttft_child = self.ttft.labels(model_name)
         self.itl_child = self.itl.labels(model_name)

@@ -15,6 +15,7 @@ from types import FrameType
 from openai_frontend.app import create_app
 from openai_frontend.launcher.draining_server import draining_server
 from openai_frontend.launcher.options import FrontendOptions, http_settings
+from openai_frontend.launcher.triton_metrics import metrics_reader
 from openai_frontend.media.policy import MediaSettings
 from openai_frontend.settings import FrontendSettings
 
@@ -27,7 +28,6 @@ def frontend_settings(options: FrontendOptions) -> FrontendSettings:
             "triton_grpc_url": options.triton_url,
             "triton_model_name": options.triton_model,
             "served_model_name": options.served_model_name,
-            "triton_metrics_url": options.triton_metrics_url,
             **http_settings(options),
             # The media allow-list comes from the environment, as in MindIE (read here, at start-up).
             "media": MediaSettings.from_env(os.environ),
@@ -36,7 +36,8 @@ def frontend_settings(options: FrontendOptions) -> FrontendSettings:
 
 
 def run_frontend(options: FrontendOptions) -> int:
-    app = create_app(frontend_settings(options))
+    reader = metrics_reader(options.triton_metrics_url) if options.triton_metrics_url else None
+    app = create_app(frontend_settings(options), engine_metrics=reader)
     shown_host = f"[{options.host}]" if ":" in options.host else options.host
     logger.info(
         "serving '%s' at %s://%s:%d/v1 (Triton gRPC at %s, model %s)",

@@ -84,7 +84,7 @@ class FrontendOptions:
     e2e_timeout_s: float = 600.0  # FrontendSettings.request_timeout_s (MindIE e2eTimeout)
     response_channel: bool = True  # FrontendSettings.response_channel
     metrics_vllm_names: bool = False  # FrontendSettings.metrics_vllm_names
-    triton_metrics_url: str = ""  # FrontendSettings.triton_metrics_url
+    triton_metrics_url: str = ""  # Triton's /metrics, read for the engine's gauges ("": none)
 
 
 @dataclass(frozen=True)

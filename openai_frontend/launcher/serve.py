@@ -198,6 +198,7 @@ def _make_uvicorn(options: ServeOptions, endpoints: TritonEndpoints, served_name
     # Imported late: uvicorn and the app are not needed until the model is ready.
     from openai_frontend.app import create_app
     from openai_frontend.launcher.draining_server import draining_server
+    from openai_frontend.launcher.triton_metrics import metrics_reader
     from openai_frontend.media.policy import MediaSettings
     from openai_frontend.settings import FrontendSettings
 
@@ -205,7 +206,6 @@ def _make_uvicorn(options: ServeOptions, endpoints: TritonEndpoints, served_name
     settings = FrontendSettings.model_validate(
         {
             "triton_grpc_url": endpoints.grpc_url,
-            "triton_metrics_url": endpoints.metrics_url,
             "triton_model_name": MODEL_NAME,
             "served_model_name": served_name,
             "lora_names": list(options.lora_modules),
@@ -214,7 +214,8 @@ def _make_uvicorn(options: ServeOptions, endpoints: TritonEndpoints, served_name
             "media": MediaSettings.from_env(os.environ),
         }
     )
-    return draining_server(create_app(settings), options.host, options.port, options.tls, options.drain_timeout_s)
+    app = create_app(settings, engine_metrics=metrics_reader(endpoints.metrics_url))
+    return draining_server(app, options.host, options.port, options.tls, options.drain_timeout_s)
 
 
 def _join(thread: threading.Thread, stop: threading.Event) -> None:

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from openai_frontend.app import create_app
 from openai_frontend.http.metrics import FrontendMetrics
+from openai_frontend.launcher.triton_metrics import metrics_reader
 from python_backend.protocol.contract import ChoiceDelta
 
 # What tritonserver's /metrics shows for a model with two instances (the model's custom gauges).
@@ -81,8 +82,9 @@ def at(samples: Samples, name: str, **labels: str) -> float | None:
     return samples.get((name, tuple(sorted({"model_name": MODEL, **labels}.items()))))
 
 
-async def scrape(**overrides: object) -> Samples:
-    app = create_app(settings(**overrides), FakeBackend())
+async def scrape(triton_metrics_url: str = "", **overrides: object) -> Samples:
+    reader = metrics_reader(triton_metrics_url) if triton_metrics_url else None
+    app = create_app(settings(**overrides), FakeBackend(), engine_metrics=reader)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
         assert (await client.post("/v1/chat/completions", json=chat_body())).status_code == 200
