@@ -6,12 +6,12 @@ lifetime. A backend passed in (tests, embedding) belongs to the caller; without 
 ``TritonBackend`` is created in the lifespan (inside the event loop, where grpc.aio needs it) and
 closed on shutdown. ``media_network`` replaces the media fetcher's resolver and dialer (tests);
 ``docs_assets`` is the folder of Swagger UI's files for ``/docs`` (default: the installed
-``swagger-ui-bundle``'s).
+``swagger-ui-bundle``'s); ``engine_metrics`` is the launcher's reader of Triton's ``/metrics``.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -43,9 +43,13 @@ def create_app(
     *,
     media_network: Network | None = None,
     docs_assets: Path | None = None,
+    engine_metrics: Callable[[], str] | None = None,
 ) -> FastAPI:
-    """An app serving ``settings``; with ``backend`` None it talks to Triton over gRPC."""
-    observed = FrontendMetrics(settings.served_model_name)
+    """An app serving ``settings``; with ``backend`` None it talks to Triton over gRPC.
+    ``engine_metrics`` reads Triton's metrics text, for the engine's gauges on ``/metrics``."""
+    observed = FrontendMetrics(
+        settings.served_model_name, "vllm:" if settings.metrics_vllm_names else "", engine_metrics
+    )
     media = MediaLoader(settings.media, media_network, on_fetch=observed.media_fetched)
     state = FrontendState(settings=settings, media=media, metrics=observed, backend=backend)
 

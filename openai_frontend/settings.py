@@ -178,6 +178,10 @@ class FrontendSettings(BaseModel):
     log_format: Annotated[str, FlagInfo("--log-format", "log_format", choices=LOG_FORMATS)] = Field(
         default="text", description="text: plain log lines; json: one JSON object per line (frontend and launcher)"
     )
+    metrics_vllm_names: Annotated[bool, FlagInfo("--metrics-vllm-names", "metrics_vllm_names")] = Field(
+        default=False,
+        description="name the /metrics families as vLLM does (`vllm:` prefix), so its Grafana dashboards work as they are",
+    )
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0, description="largest accepted request body")
     max_header_bytes: Annotated[int, FlagInfo("--max-header-bytes", "max_header_bytes", metavar="N")] = Field(
         default=DEFAULT_MAX_HEADER_BYTES,

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.device import engine_test_device
 from tests.fixtures.tiny_models import build_tiny_chat_model, train_tiny_tokenizer
 from tests.fixtures.trained_models import build_trained_chat_model
 
@@ -55,7 +56,7 @@ def tiny_loaded(tiny_model_dir: Path) -> Any:
     from python_backend.model.loader import load_model
     from python_backend.protocol.settings import EngineSettings
 
-    return load_model(EngineSettings(model_path=str(tiny_model_dir), dtype="float32", device="cpu"))
+    return load_model(EngineSettings(model_path=str(tiny_model_dir), dtype="float32", device=engine_test_device()))
 
 
 _MODEL_FIXTURES = frozenset(

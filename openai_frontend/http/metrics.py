@@ -3,22 +3,26 @@
 Owns: ``FrontendMetrics`` (one registry per app, never prometheus_client's process-wide default,
 so two apps in one process count apart), ``ChatObservation`` (what one chat request's answer
 adds: time to first token, inter-token latency, end-to-end latency, queue time, tokens, finish
-reasons, a failure or cancellation seen after the response started) and ``MetricsMiddleware``
-(requests running, and what the HTTP status of a chat request says: failures, cancellations,
-rejections). Names follow vLLM's and MindIE's dashboards without vLLM's ``vllm:`` prefix; every
-family has the ``model_name`` label. The engine's own gauges (running and waiting sequences, KV
-cache) are Triton custom metrics on Triton's ``/metrics`` (docs/design.md).
+reasons, prefix-cache queries and hits, a failure or cancellation seen after the response
+started) and ``MetricsMiddleware`` (requests running, and what the HTTP status of a chat request
+says: failures, cancellations, rejections). Names follow vLLM's and MindIE's dashboards without
+vLLM's ``vllm:`` prefix, or with it (``prefix="vllm:"``, so vLLM's Grafana dashboards work as they
+are); every family has the ``model_name`` label. The engine's own gauges (running and waiting
+sequences, KV-cache usage) are read from Triton's ``/metrics`` when the launcher hands in a
+reader (``engine_metrics.EngineCollector``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openai_frontend.http.cancellation import CLIENT_CLOSED_REQUEST
 from openai_frontend.http.drain import DrainState
+from openai_frontend.http.engine_metrics import EngineCollector
 from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage
 
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
@@ -34,48 +38,70 @@ _BYTES_BUCKETS = tuple(float(2**n) for n in range(10, 30, 2))  # 1 KiB .. 128 Mi
 class FrontendMetrics:
     """Every metric family of one frontend; ``render`` is the exposition text."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, prefix: str = "", engine_metrics: Callable[[], str] | None = None) -> None:
+        """``prefix``: before every name (``vllm:`` for vLLM's dashboards); ``engine_metrics``: reads
+        Triton's ``/metrics``, whose engine gauges each scrape re-exposes (None: none)."""
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
         labels = ["model_name"]
         r = self.registry
-        self.running = Gauge("num_requests_running", "Chat requests the frontend is answering", labels, registry=r)
+        p = prefix
+        # With vLLM's names, num_requests_running is the engine's batch (as in vLLM); HTTP
+        # requests in flight keep a name of their own.
+        running_name = f"{p}num_http_requests_running" if p else "num_requests_running"
+        self.running = Gauge(running_name, "Chat requests the frontend is answering", labels, registry=r)
         self.ttft = Histogram(
-            "time_to_first_token_seconds", "Request arrival to first streamed token", labels,
+            f"{p}time_to_first_token_seconds", "Request arrival to first streamed token", labels,
             buckets=_TOKEN_BUCKETS, registry=r,
         )  # fmt: skip
         self.itl = Histogram(
-            "inter_token_latency_seconds", "Time between a stream's responses", labels,
+            f"{p}inter_token_latency_seconds", "Time between a stream's responses", labels,
             buckets=_TOKEN_BUCKETS, registry=r,
         )  # fmt: skip
         self.e2e = Histogram(
-            "e2e_request_latency_seconds", "Request arrival to its last byte, successful requests", labels,
+            f"{p}e2e_request_latency_seconds", "Request arrival to its last byte, successful requests", labels,
             buckets=_REQUEST_BUCKETS, registry=r,
         )  # fmt: skip
         self.queue_time = Histogram(
-            "request_queue_time_seconds", "Time a choice waited in the engine's queue before its first step",
+            f"{p}request_queue_time_seconds", "Time a choice waited in the engine's queue before its first step",
             labels, buckets=_REQUEST_BUCKETS, registry=r,
         )  # fmt: skip
-        self.prompt_tokens = Counter("prompt_tokens", "Prompt tokens of answered requests", labels, registry=r)
+        self.prompt_tokens = Counter(f"{p}prompt_tokens", "Prompt tokens of answered requests", labels, registry=r)
         self.generation_tokens = Counter(
-            "generation_tokens", "Tokens generated for answered choices", labels, registry=r
+            f"{p}generation_tokens", "Tokens generated for answered choices", labels, registry=r
         )
         self.success = Counter(
-            "request_success", "Choices that finished, by finish reason", [*labels, "finished_reason"], registry=r
+            f"{p}request_success", "Choices that finished, by finish reason", [*labels, "finished_reason"], registry=r
         )
         self.failure = Counter(
-            "request_failure", "Requests that ended with an error, by HTTP status", [*labels, "status"], registry=r
+            f"{p}request_failure", "Requests that ended with an error, by HTTP status", [*labels, "status"], registry=r
         )
-        self.cancelled = Counter("requests_cancelled", "Requests whose client went away", labels, registry=r)
+        self.cancelled = Counter(f"{p}requests_cancelled", "Requests whose client went away", labels, registry=r)
         self.rejected = Counter(
-            "requests_rejected", "Requests refused before any work, by reason", [*labels, "reason"], registry=r
+            f"{p}requests_rejected", "Requests refused before any work, by reason", [*labels, "reason"], registry=r
         )
         self.media_fetches = Counter(
-            "media_fetch", "Remote media fetches, by result (ok or the error code)", [*labels, "result"], registry=r
+            f"{p}media_fetch", "Remote media fetches, by result (ok or the error code)", [*labels, "result"], registry=r
         )
         self.media_bytes = Histogram(
-            "media_fetch_bytes", "Bytes of each remote media item fetched", labels, buckets=_BYTES_BUCKETS, registry=r
+            f"{p}media_fetch_bytes",
+            "Bytes of each remote media item fetched",
+            labels,
+            buckets=_BYTES_BUCKETS,
+            registry=r,
         )
+        self.prefix_cache_queries = Counter(
+            f"{p}prefix_cache_queries", "Prompt tokens looked up in the prefix cache", labels, registry=r
+        )
+        self.prefix_cache_hits = Counter(
+            f"{p}prefix_cache_hits", "Prompt tokens served from the prefix cache", labels, registry=r
+        )
+        # The engine reserves a request's KV cache when admitting it, so it never preempts; the
+        # family is there (at 0) for dashboards that chart it. Refusals are requests_rejected.
+        self.preemptions = Counter(f"{p}num_preemptions", "Requests preempted by the engine", labels, registry=r)
+        self.preemptions.labels(model_name)
+        if engine_metrics is not None:
+            r.register(EngineCollector(engine_metrics, model_name, prefix))
         # The children observed per streamed token, looked up once (labels() costs a lock and a dict).
         self.ttft_child = self.ttft.labels(model_name)
         self.itl_child = self.itl.labels(model_name)
@@ -123,6 +149,8 @@ class ChatObservation:
         m, name = self._metrics, self._metrics.model_name
         if not self._prompt_counted:  # the prompt is shared by the request's n choices
             m.prompt_tokens.labels(name).inc(usage.prompt_tokens)
+            m.prefix_cache_queries.labels(name).inc(usage.prompt_tokens)
+            m.prefix_cache_hits.labels(name).inc(usage.cached_tokens)
             self._prompt_counted = True
         m.generation_tokens.labels(name).inc(usage.completion_tokens)
         if usage.queue_wait_time:

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from openai_frontend.launcher.engine_flags import add_engine_flags, engine_values
+from openai_frontend.launcher.demo_model import DemoModelError
+from openai_frontend.launcher.engine_flags import add_engine_flags, engine_values, positive_int
 from openai_frontend.launcher.http_flags import (
     add_http_flags,
     check_http_flags,
@@ -23,14 +24,38 @@ from openai_frontend.launcher.http_flags import (
     operations_options,
 )
 from openai_frontend.launcher.log_format import configure_launcher_logging
-from openai_frontend.launcher.options import FrontendOptions, ServeOptions, TlsFiles
+from openai_frontend.launcher.model_check import ModelFolderError
+from openai_frontend.launcher.model_repo import ModelRepositoryError
+from openai_frontend.launcher.options import (
+    FrontendOptions,
+    RepositoryOptions,
+    ServeOptions,
+    TlsFiles,
+    TritonServerArgs,
+)
 from openai_frontend.launcher.server_config import ConfigFileError, flag_defaults, load_server_file
 from openai_frontend.launcher.supervisor import MAX_RESTARTS
+from openai_frontend.launcher.triton_flags import add_triton_listen_flags, triton_listen
+from openai_frontend.launcher.triton_install import TritonInstallError
 from python_backend.protocol.settings import EngineSettings, SettingsError
 
 logger = logging.getLogger("openai_frontend.launcher")
 
 DEFAULT_READY_TIMEOUT_S = 600.0
+INSTANCES_HELP = (
+    "model instances (instance_group count), each its own engine, Triton spreading requests over them "
+    "(default: config.pbtxt's, 1); helps with one instance per GPU/NPU, not on one CPU"
+)
+
+# What the own-Triton commands report as one line, without a traceback.
+OWN_TRITON_ERRORS = (
+    DemoModelError,
+    FileExistsError,
+    ModelFolderError,
+    ModelRepositoryError,
+    SettingsError,
+    TritonInstallError,
+)
 
 
 def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
@@ -79,6 +104,29 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
         help="tritonserver's log file (default: <cache>/logs/tritonserver-<port>.log)",
     )
 
+    add_triton_listen_flags(triton)
+    triton.add_argument("--instances", type=positive_int, metavar="N", help=INSTANCES_HELP)
+
+    commands.add_parser(
+        "tritonserver",
+        help="run tritonserver, prepared as serve prepares it, with your own flags (e.g. --model-repository DIR)",
+        description="Run tritonserver with the arguments that follow, as given, after preparing what the Python "
+        "backend needs: the binary (on PATH, else the nvidia-pytriton wheel's), --backend-directory with this "
+        "Python's stub, PATH and LD_LIBRARY_PATH for the stub, python_backend importable. "
+        "`triton-chat tritonserver --help` shows tritonserver's own flags.",
+        add_help=False,
+    )
+    repository = commands.add_parser(
+        "repository",
+        help="write a model repository for a model folder, for tritonserver",
+        description="Write DIR/triton_chat (config.pbtxt with model_path and the engine settings from the flags, "
+        "and the model code shim); without --model, the demo model (converted once). Then: "
+        "triton-chat tritonserver --model-repository DIR",
+    )
+    repository.add_argument("dest", type=Path, metavar="DIR", help="the model repository folder to write into")
+    add_engine_flags(repository)
+    repository.add_argument("--instances", type=positive_int, metavar="N", help=INSTANCES_HELP)
+
     frontend = commands.add_parser(
         "frontend",
         help="only the HTTP frontend, in front of a tritonserver that already serves the model",
@@ -92,16 +140,28 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
         "--triton-model", default="triton_chat", metavar="NAME", help="the Triton model name (default: triton_chat)"
     )
     target.add_argument("--served-model-name", required=True, metavar="NAME", help="the `model` name clients send")
+    target.add_argument(
+        "--triton-metrics-url",
+        default="",
+        metavar="URL",
+        help="Triton's metrics endpoint (e.g. http://127.0.0.1:8002/metrics): /metrics then shows the engine's "
+        "running, waiting and KV-cache figures too",
+    )
     add_http_flags(frontend.add_argument_group("HTTP frontend"))
     return parser
 
 
-def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions:
+def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions | RepositoryOptions | TritonServerArgs:
     """Parse the command line; usage errors exit with status 2 like any argparse error."""
+    if argv[:1] == ["tritonserver"]:
+        # Everything after it is tritonserver's, --help included.
+        return TritonServerArgs(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
         return parse_serve_args(argv)
+    if args.command == "repository":
+        return _repository_options(parser, args)
     check_http_flags(parser, args)
     return FrontendOptions(
         triton_url=args.triton_url,
@@ -120,18 +180,55 @@ def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions:
         response_channel=args.response_channel,
         http_limits=http_limits(args),
         operations=operations_options(args),
+        metrics_vllm_names=args.metrics_vllm_names,
+        triton_metrics_url=args.triton_metrics_url,
     )
+
+
+def _repository_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> RepositoryOptions:
+    engine = engine_values(args)
+    lora_modules: dict[str, str] = {}
+    for item in args.lora_modules:
+        name, sep, folder = item.partition("=")
+        if not sep or not name or not folder:
+            parser.error(f"--lora-module takes NAME=DIR, got '{item}'")
+        lora_modules[name] = str(Path(folder).expanduser().resolve())
+    try:
+        EngineSettings(**{**engine.flags, **engine.overrides})  # type: ignore[arg-type]
+    except SettingsError as exc:
+        parser.error(str(exc))
+    return RepositoryOptions(
+        dest=args.dest,
+        model=args.model_path,
+        model_origin="--model",
+        served_model_name=args.served_model_name,
+        engine_flags=engine.flags,
+        engine_overrides=engine.overrides,
+        lora_modules=lora_modules,
+        instances=args.instances or 1,
+    )
+
+
+def _config_path(argv: list[str]) -> Path | None:
+    finder = argparse.ArgumentParser(add_help=False)
+    finder.add_argument("--config", type=Path)
+    known, _ = finder.parse_known_args(argv)
+    return known.config if isinstance(known.config, Path) else None
+
+
+def _origin(argv: list[str], flag: str, config: Path | None, key: str) -> str:
+    """Where a value came from, for error messages: the flag, else the config.json key that set it."""
+    given = any(arg == flag or arg.startswith(flag + "=") for arg in argv)
+    return flag if given or config is None else f"{config} ModelConfig.{key}"
 
 
 def _config_defaults(argv: list[str]) -> dict[str, Any] | None:
     """The flag defaults from ``--config FILE`` when it is given (read before the real parse)."""
-    finder = argparse.ArgumentParser(add_help=False)
-    finder.add_argument("--config", type=Path)
-    known, _ = finder.parse_known_args(argv)
-    if known.config is None:
+    config = _config_path(argv)
+    if config is None:
         return None
     try:
-        return flag_defaults(load_server_file(known.config))
+        return flag_defaults(load_server_file(config))
     except ConfigFileError as exc:
         build_parser().error(str(exc))
     return None
@@ -144,16 +241,19 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
     check_http_flags(parser, args)
     if args.ready_timeout <= 0:
         parser.error("--ready-timeout must be > 0")
+    listen = triton_listen(parser, args)
     engine = engine_values(args)
     lora_modules: dict[str, str] = {}
+    config = _config_path(argv)
+    lora_origin = "--lora-module" if config is None or "--lora-module" in argv else f"{config} LoraModules"
     for item in args.lora_modules:
         name, sep, folder = item.partition("=")
         if not sep or not name or not folder:
-            parser.error(f"--lora-module takes NAME=DIR, got '{item}'")
+            parser.error(f"{lora_origin} takes NAME=DIR, got '{item}'")
         if name in lora_modules:
-            parser.error(f"--lora-module: the name '{name}' is given twice")
+            parser.error(f"{lora_origin}: the name '{name}' is given twice")
         if not (Path(folder).expanduser() / "adapter_config.json").is_file():
-            parser.error(f"--lora-module {name}: '{folder}' is not a PEFT adapter folder (no adapter_config.json)")
+            parser.error(f"{lora_origin} {name}: '{folder}' is not a PEFT adapter folder (no adapter_config.json)")
         lora_modules[name] = str(Path(folder).expanduser().resolve())
     try:
         # The same checks the model runs, here so that a typo fails now and not after the load.
@@ -163,6 +263,8 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         parser.error(str(exc))
     return ServeOptions(
         model=args.model_path,
+        model_origin=_origin(argv, "--model", config, "modelWeightPath"),
+        device_origin=_origin(argv, "--device", config, "device"),
         served_model_name=args.served_model_name,
         host=args.host,
         port=args.port,
@@ -182,7 +284,10 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         response_channel=args.response_channel,
         http_limits=http_limits(args),
         operations=operations_options(args),
+        metrics_vllm_names=args.metrics_vllm_names,
         triton_log=args.triton_log,
+        triton_listen=listen,
+        instances=args.instances,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,
     )
 
@@ -190,6 +295,9 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``triton-chat`` console script."""
     options = parse_args(sys.argv[1:] if argv is None else argv)
+    if isinstance(options, TritonServerArgs | RepositoryOptions):
+        configure_launcher_logging(logger, "text")
+        return _own_triton(options)
     configure_launcher_logging(logger, options.operations.log_format)
     # Imported here: they pull in uvicorn and the app, which `--help` and usage errors do not need.
     if isinstance(options, FrontendOptions):
@@ -199,3 +307,22 @@ def main(argv: list[str] | None = None) -> int:
     from openai_frontend.launcher.serve import run_serve
 
     return run_serve(options)
+
+
+def _own_triton(options: TritonServerArgs | RepositoryOptions) -> int:
+    from openai_frontend.launcher.own_triton import run_tritonserver, write_repository
+
+    try:
+        if isinstance(options, TritonServerArgs):
+            return run_tritonserver(options.args)
+        model_dir = write_repository(options)
+    except OWN_TRITON_ERRORS as exc:
+        logger.error("%s", exc)
+        return 1
+    logger.info(
+        "wrote %s for %s; run it with: triton-chat tritonserver --model-repository %s",
+        options.dest / "triton_chat",
+        model_dir,
+        options.dest,
+    )
+    return 0

@@ -15,6 +15,7 @@ from types import FrameType
 from openai_frontend.app import create_app
 from openai_frontend.launcher.draining_server import draining_server
 from openai_frontend.launcher.options import FrontendOptions, http_settings
+from openai_frontend.launcher.triton_metrics import metrics_reader
 from openai_frontend.media.policy import MediaSettings
 from openai_frontend.settings import FrontendSettings
 
@@ -35,7 +36,8 @@ def frontend_settings(options: FrontendOptions) -> FrontendSettings:
 
 
 def run_frontend(options: FrontendOptions) -> int:
-    app = create_app(frontend_settings(options))
+    reader = metrics_reader(options.triton_metrics_url) if options.triton_metrics_url else None
+    app = create_app(frontend_settings(options), engine_metrics=reader)
     shown_host = f"[{options.host}]" if ":" in options.host else options.host
     logger.info(
         "serving '%s' at %s://%s:%d/v1 (Triton gRPC at %s, model %s)",

@@ -1,6 +1,7 @@
 """What the ``triton-chat`` subcommands were asked to do, and how that becomes settings.
 
-Owns the parsed-options dataclasses (``ServeOptions``, ``FrontendOptions``, ``TlsFiles``), the
+Owns the parsed-options dataclasses (``ServeOptions``, ``FrontendOptions``, ``RepositoryOptions``,
+``TritonServerArgs``, ``TlsFiles``), the
 mapping from options to the model's ``EngineSettings``, to the frontend's settings (``http_settings``)
 and to uvicorn's TLS arguments. Parsing
 itself is in ``cli.py``.
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from openai_frontend.launcher.supervisor import MAX_RESTARTS
+from openai_frontend.launcher.tritonserver import TritonListen
 from openai_frontend.settings import HttpLimits
 from python_backend.protocol.settings import EngineSettings
 
@@ -64,6 +66,11 @@ class ServeOptions:
     response_channel: bool = True  # FrontendSettings.response_channel
     http_limits: HttpLimits = HttpLimits()  # FrontendSettings' header, body and connection limits
     operations: OperationsOptions = field(default_factory=OperationsOptions)
+    model_origin: str = "--model"  # where the model folder was named, for error messages
+    device_origin: str = "--device"
+    metrics_vllm_names: bool = False  # FrontendSettings.metrics_vllm_names
+    triton_listen: TritonListen = field(default_factory=TritonListen)  # tritonserver's listeners
+    instances: int | None = None  # instance_group count; None: config.pbtxt's
 
     @property
     def dtype(self) -> str:
@@ -94,6 +101,29 @@ class FrontendOptions:
     response_channel: bool = True  # FrontendSettings.response_channel
     http_limits: HttpLimits = HttpLimits()  # FrontendSettings' header, body and connection limits
     operations: OperationsOptions = field(default_factory=OperationsOptions)
+    metrics_vllm_names: bool = False  # FrontendSettings.metrics_vllm_names
+    triton_metrics_url: str = ""  # Triton's /metrics, read for the engine's gauges ("": none)
+
+
+@dataclass(frozen=True)
+class RepositoryOptions:
+    """Everything ``triton-chat repository`` was asked to do."""
+
+    dest: Path  # the model repository folder; the model goes into dest/triton_chat
+    model: Path | None  # None: the demo model
+    model_origin: str  # where the model folder was named, for error messages
+    served_model_name: str | None
+    engine_flags: dict[str, str | bool]
+    engine_overrides: dict[str, int]
+    lora_modules: dict[str, str]
+    instances: int  # instance_group count: one engine per instance
+
+
+@dataclass(frozen=True)
+class TritonServerArgs:
+    """``triton-chat tritonserver ARGS...``: ARGS go to tritonserver as they are."""
+
+    args: list[str]
 
 
 def uvicorn_tls(tls: TlsFiles | None) -> dict[str, Any]:
@@ -135,4 +165,5 @@ def http_settings(options: ServeOptions | FrontendOptions) -> dict[str, Any]:
             name: list(value) if isinstance(value, tuple) else value
             for name, value in asdict(options.operations).items()
         },
+        "metrics_vllm_names": options.metrics_vllm_names,
     }

@@ -1,8 +1,8 @@
 """``triton-chat serve``: start tritonserver with the model, wait for it, run the frontend, stop both.
 
 Owns the start/stop sequence and signal handling. Order on the way up: bind the frontend port
-(fail fast), resolve the model (converting the demo once), prepare tritonserver, write a
-temporary model repository, start the server in its own process group and wait until the model
+(fail fast), check the model folder and the device, find tritonserver, resolve the model
+(converting the demo once), write a temporary model repository, start the server in its own process group and wait until the model
 is ready, then run uvicorn in this process while ``supervisor.Supervisor`` watches tritonserver
 (and restarts it when the model's process dies). On the way down (Ctrl-C, SIGTERM, or
 tritonserver dying): stop uvicorn, stop tritonserver by its PID (SIGTERM, then SIGKILL after 30 s), and
@@ -18,24 +18,26 @@ import shutil
 import signal
 import tempfile
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from openai_frontend.launcher.cache import cache_root
 from openai_frontend.launcher.demo_model import DEMO_SERVED_NAME, DemoModelError, ensure_demo_model
+from openai_frontend.launcher.model_check import ModelFolder, ModelFolderError, check_device, check_model_folder
 from openai_frontend.launcher.model_repo import (
     MODEL_NAME,
     ModelRepositoryError,
     backend_python_path,
+    instance_count,
     write_model_repository,
 )
 from openai_frontend.launcher.network import bind_listening_socket, is_loopback
 from openai_frontend.launcher.options import ServeOptions, engine_settings, http_settings
 from openai_frontend.launcher.supervisor import Supervisor
 from openai_frontend.launcher.triton_install import TritonInstallError, locate_tritonserver
-from openai_frontend.launcher.tritonserver import TritonServerError, TritonServerProcess
+from openai_frontend.launcher.tritonserver import TritonEndpoints, TritonServerError, TritonServerProcess
 from python_backend.protocol.settings import SettingsError
 
 logger = logging.getLogger(__name__)
@@ -56,6 +58,7 @@ LAUNCH_ERRORS = (
     TritonInstallError,
     TritonServerError,
     ModelRepositoryError,
+    ModelFolderError,
     SettingsError,
 )
 
@@ -120,33 +123,46 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
         logger.warning("listening on %s without --api-key: anyone who can reach it can use the model", options.host)
 
     cache = cache_root()
-    if options.model is not None:
-        model_dir = options.model.expanduser().resolve()
-        if not model_dir.is_dir():
-            raise LaunchError(f"--model {options.model} is not a folder")
+    # Everything that can be checked from files goes first: the demo conversion takes 20-45 s and
+    # tritonserver's own report of a bad folder comes after the stub has imported torch.
+    given = check_model_folder(ModelFolder(options.model, options.model_origin)) if options.model else None
+    check_device(options.device, options.device_origin)
+    install = locate_tritonserver(cache)
+    if given is not None:
+        model_dir = given
         served_name = options.served_model_name or model_dir.name
     else:
         model_dir = ensure_demo_model(cache, logger.info)
         served_name = options.served_model_name or DEMO_SERVED_NAME
     settings = engine_settings(options, model_dir, served_name)
 
-    install = locate_tritonserver(cache)
     run_dir = Path(tempfile.mkdtemp(prefix="triton-chat-"))
     undo.callback(shutil.rmtree, run_dir, ignore_errors=True)
-    repo = write_model_repository(run_dir / "models", settings)
+    repo = write_model_repository(run_dir / "models", settings, instances=options.instances)
+    instances = instance_count(repo)
+    if instances > 1 and options.response_channel:
+        # A channel is open in one instance, and Triton may send a stream naming it to another.
+        logger.info("%d model instances: each stream gets its own responses (no response channel)", instances)
+        options = replace(options, response_channel=False)
 
     log_path = (options.triton_log or cache / "logs" / f"tritonserver-{options.port}.log").expanduser()
     triton = TritonServerProcess(install, log_path)
     undo.callback(_stop_triton, triton)
     env = backend_python_path()
     env["HF_HUB_OFFLINE"] = "1"  # models are local folders; never download at run time
-    endpoints = triton.start(repo, env)
+    endpoints = triton.start(repo, env, options.triton_listen)
     logger.info(
         "started tritonserver (pid %s), loading '%s' from %s; log: %s", triton.pid, served_name, model_dir, log_path
     )
+    logger.info(
+        "tritonserver listens on gRPC %s, HTTP %s, metrics %s",
+        endpoints.grpc_url,
+        endpoints.http_url,
+        endpoints.metrics_url,
+    )
     triton.wait_ready(options.ready_timeout_s, MODEL_NAME)
 
-    server = _make_uvicorn(options, endpoints.grpc_url, served_name)
+    server = _make_uvicorn(options, endpoints, served_name)
     supervisor = Supervisor(
         triton,
         repo,
@@ -178,17 +194,18 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
     return EXIT_FAILED if state.triton_died else EXIT_OK
 
 
-def _make_uvicorn(options: ServeOptions, grpc_url: str, served_name: str) -> Any:
+def _make_uvicorn(options: ServeOptions, endpoints: TritonEndpoints, served_name: str) -> Any:
     # Imported late: uvicorn and the app are not needed until the model is ready.
     from openai_frontend.app import create_app
     from openai_frontend.launcher.draining_server import draining_server
+    from openai_frontend.launcher.triton_metrics import metrics_reader
     from openai_frontend.media.policy import MediaSettings
     from openai_frontend.settings import FrontendSettings
 
     # model_validate: the frontend's pydantic checks apply, and its defaults fill the rest.
     settings = FrontendSettings.model_validate(
         {
-            "triton_grpc_url": grpc_url,
+            "triton_grpc_url": endpoints.grpc_url,
             "triton_model_name": MODEL_NAME,
             "served_model_name": served_name,
             "lora_names": list(options.lora_modules),
@@ -197,7 +214,8 @@ def _make_uvicorn(options: ServeOptions, grpc_url: str, served_name: str) -> Any
             "media": MediaSettings.from_env(os.environ),
         }
     )
-    return draining_server(create_app(settings), options.host, options.port, options.tls, options.drain_timeout_s)
+    app = create_app(settings, engine_metrics=metrics_reader(endpoints.metrics_url))
+    return draining_server(app, options.host, options.port, options.tls, options.drain_timeout_s)
 
 
 def _join(thread: threading.Thread, stop: threading.Event) -> None:

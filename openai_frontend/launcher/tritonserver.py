@@ -1,8 +1,8 @@
-"""One ``tritonserver`` process: start on free loopback ports, wait until ready, restart on the same
-ports, stop without leftovers.
+"""One ``tritonserver`` process: start on free loopback ports (or those asked for), wait until ready,
+restart on the same ports, stop without leftovers.
 
-Owns ``TritonServerProcess`` (used by the launcher and by the end-to-end tests) and
-``TritonEndpoints``, and the model's health probe over HTTP. The server runs in its own session and process group so that a terminal's
+Owns ``TritonServerProcess`` (used by the launcher and by the end-to-end tests), ``TritonListen``
+(what was asked for) and ``TritonEndpoints`` (what it got), and the model's health probe over HTTP. The server runs in its own session and process group so that a terminal's
 Ctrl-C reaches only the launcher, which then stops the server in order; the group id also lets
 ``stop()`` find and kill a Python-backend stub that outlives its server. Shared-memory regions
 are attributed to this server by the stub command lines (never by timing, because other servers
@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 from openai_frontend.launcher.network import free_port
 from openai_frontend.launcher.triton_install import TritonInstall
+from openai_frontend.launcher.triton_log import failure_summary, is_noise
 from python_backend.protocol.contract import HEALTH_PROBE
 
 logger = logging.getLogger(__name__)
@@ -45,26 +46,63 @@ class TritonServerError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class TritonListen:
+    """Where the server's listeners are asked to bind; port 0: a free port chosen at start."""
+
+    grpc_address: str = LOOPBACK
+    grpc_port: int = 0
+    http_address: str = LOOPBACK
+    http_port: int = 0
+    metrics_address: str = LOOPBACK
+    metrics_port: int = 0
+
+    def endpoints(self) -> TritonEndpoints:
+        def port(address: str, wanted: int) -> int:
+            return wanted or free_port(LOOPBACK if ":" in address else address)
+
+        return TritonEndpoints(
+            LOOPBACK,
+            port(self.http_address, self.http_port),
+            port(self.grpc_address, self.grpc_port),
+            port(self.metrics_address, self.metrics_port),
+            http_address=self.http_address,
+            grpc_address=self.grpc_address,
+            metrics_address=self.metrics_address,
+        )
+
+
+@dataclass(frozen=True)
 class TritonEndpoints:
-    """Where a started server listens (always loopback)."""
+    """Where a started server listens; ``host`` (loopback) is what this machine connects to
+    when a listener's address is a wildcard."""
 
     host: str
     http_port: int
     grpc_port: int
     metrics_port: int
+    http_address: str = ""  # the listener's bind address; "": ``host``
+    grpc_address: str = ""
+    metrics_address: str = ""
+
+    def _reach(self, address: str) -> str:
+        """The address to connect to for a listener bound to ``address``."""
+        chosen = address or self.host
+        if chosen in ("0.0.0.0", "::", "[::]"):
+            return self.host
+        return f"[{chosen}]" if ":" in chosen and not chosen.startswith("[") else chosen
 
     @property
     def grpc_url(self) -> str:
         """``host:port``, the form tritonclient.grpc takes."""
-        return f"{self.host}:{self.grpc_port}"
+        return f"{self._reach(self.grpc_address)}:{self.grpc_port}"
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        return f"http://{self._reach(self.http_address)}:{self.http_port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self.host}:{self.metrics_port}/metrics"
+        return f"http://{self._reach(self.metrics_address)}:{self.metrics_port}/metrics"
 
 
 class TritonServerProcess:
@@ -93,27 +131,29 @@ class TritonServerProcess:
         return self._log_path
 
     def command(self, repo: Path, endpoints: TritonEndpoints) -> list[str]:
-        """The full command line; every listener is bound to loopback only."""
+        """The full command line; every listener binds where ``endpoints`` says (loopback by default)."""
         cmd = [str(self._install.server), "--model-repository", str(repo)]
         if self._install.backend_dir is not None:
             cmd += ["--backend-directory", str(self._install.backend_dir)]
         cmd += [
-            "--http-address", endpoints.host,
+            "--http-address", endpoints.http_address or endpoints.host,
             "--http-port", str(endpoints.http_port),
-            "--grpc-address", endpoints.host,
+            "--grpc-address", endpoints.grpc_address or endpoints.host,
             "--grpc-port", str(endpoints.grpc_port),
-            "--metrics-address", endpoints.host,
+            "--metrics-address", endpoints.metrics_address or endpoints.host,
             "--metrics-port", str(endpoints.metrics_port),
             "--log-verbose", "0",
             *self._extra_args,
         ]  # fmt: skip
         return cmd
 
-    def start(self, repo: Path, env: dict[str, str] | None = None) -> TritonEndpoints:
-        """Launch the server on free loopback ports; ``env`` adds to the install's environment."""
+    def start(
+        self, repo: Path, env: dict[str, str] | None = None, listen: TritonListen | None = None
+    ) -> TritonEndpoints:
+        """Launch the server (default: free loopback ports); ``env`` adds to the install's environment."""
         if self._proc is not None:
             raise TritonServerError("tritonserver is already started")
-        endpoints = TritonEndpoints(LOOPBACK, free_port(LOOPBACK), free_port(LOOPBACK), free_port(LOOPBACK))
+        endpoints = (listen or TritonListen()).endpoints()
         return self._launch(repo, env, endpoints, log_mode="wb")
 
     def restart(self, repo: Path, env: dict[str, str] | None = None) -> TritonEndpoints:
@@ -192,12 +232,12 @@ class TritonServerProcess:
             self._remember_shm_regions()
             code = self.exit_code()
             if code is not None:
-                raise TritonServerError(f"tritonserver exited with status {code} while starting:\n{self.log_tail()}")
+                raise TritonServerError(f"tritonserver exited with status {code} while starting: {self._why()}")
             if _http_ok(endpoints.http_url + path):
                 self._remember_shm_regions()
                 return
             if time.monotonic() >= deadline:
-                raise TritonServerError(f"tritonserver was not ready after {timeout:.0f} s:\n{self.log_tail()}")
+                raise TritonServerError(f"tritonserver was not ready after {timeout:.0f} s: {self._why()}")
             time.sleep(POLL_INTERVAL_S)
 
     def wait_exit(self, timeout: float | None) -> int | None:
@@ -236,10 +276,14 @@ class TritonServerProcess:
             _wait_group_gone(proc.pid, timeout=5.0)
         self._remove_own_shm_regions()
 
+    def _why(self) -> str:
+        summary = failure_summary(self._log_path)
+        return summary if "\n" not in summary else "\n" + summary
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             with open(self._log_path, encoding="utf-8", errors="replace") as log:
-                return "".join(deque(log, maxlen=lines))
+                return "".join(deque((line for line in log if not is_noise(line)), maxlen=lines))
         except FileNotFoundError:
             return "(no tritonserver log)"
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from python_backend.model.device import free_memory
 from python_backend.model.loader import LoadedModel
 from python_backend.protocol.errors import ContractError, context_too_long, kv_cache_exceeded
 from python_backend.protocol.params import GenerationParams
@@ -36,14 +37,9 @@ def kv_bytes_per_token(loaded: LoadedModel, dtype: torch.dtype | None = None) ->
 
 
 def _automatic_budget(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
+    free = free_memory(device)
+    if free is not None:
         return int(free * _ACCEL_BUDGET_SHARE)
-    if device.type == "npu":
-        npu = getattr(torch, "npu", None)
-        if npu is not None:
-            free, _total = npu.mem_get_info(device)
-            return int(free * _ACCEL_BUDGET_SHARE)
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return int(min(physical * _CPU_BUDGET_SHARE, _CPU_BUDGET_CAP))
 

@@ -1,8 +1,12 @@
 """Device and dtype selection: CUDA, Ascend NPU or CPU.
 
 Owns: resolving ``auto|cpu|cuda[:N]|npu[:N]`` and ``auto|bfloat16|float16|float32`` to torch
-objects. This is the only module that imports ``torch_npu`` (it registers the ``npu`` device with
-torch as a side effect, so it must be imported before any NPU tensor is made).
+objects, what an accelerator says about its free memory (the engine's automatic KV budget) and
+waiting for its queued work (``synchronize``: kernels run asynchronously on CUDA and Ascend, so a
+clock read after launching them measures nothing until the device is waited for). CUDA goes
+through ``torch.cuda`` and Ascend through ``torch.npu``, the same calls on both. This is the only
+module that imports ``torch_npu`` (it registers the ``npu`` device with torch as a side effect, so
+it must be imported before any NPU tensor is made).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import importlib
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -73,3 +78,28 @@ def resolve_dtype(name: str, config_dtype: torch.dtype | str | None, device: tor
 def place(device_name: str, dtype_name: str, config_dtype: torch.dtype | str | None) -> Placement:
     device = resolve_device(device_name)
     return Placement(device=device, dtype=resolve_dtype(dtype_name, config_dtype, device))
+
+
+def _accelerator(device: torch.device) -> Any | None:
+    """``torch.cuda`` or ``torch.npu`` for an accelerator device; None for the CPU."""
+    if device.type == "cuda":
+        return torch.cuda
+    if device.type == "npu":
+        return getattr(torch, "npu", None)
+    return None
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes free on ``device`` now (after the weights are loaded); None for the CPU."""
+    accelerator = _accelerator(device)
+    if accelerator is None:
+        return None
+    free, _total = accelerator.mem_get_info(device)
+    return int(free)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait until the work queued on ``device`` has run (nothing to wait for on the CPU)."""
+    accelerator = _accelerator(device)
+    if accelerator is not None:
+        accelerator.synchronize(device)

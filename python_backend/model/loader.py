@@ -23,7 +23,7 @@ from python_backend.cpu.attention import use_decode_attention
 from python_backend.cpu.fast_decode import FastDecoder
 from python_backend.cpu.linear import pack_linears, prepack_supported
 from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel, build_kernel
-from python_backend.model.device import place
+from python_backend.model.device import place, synchronize
 from python_backend.model.lora import attach_adapters, parse_lora_modules
 from python_backend.prompt.multimodal.processor import AUDIO_MODEL_TYPES, VISION_MODEL_TYPES, MediaProcessor
 from python_backend.protocol.settings import EngineSettings
@@ -173,6 +173,9 @@ def load_model(settings: EngineSettings) -> LoadedModel:
     if tokenizer.eos_token_id is not None:
         eos.add(int(tokenizer.eos_token_id))
     context = int(getattr(text_config, "max_position_embeddings", 0) or 0) or 2048
+    # The copies to the device are asynchronous: wait, so that the load time is true and the free
+    # memory the KV budget is sized from no longer counts the weights still on their way.
+    synchronize(placement.device)
     logger.info(
         "loaded %s (%s, %s) in %.1f s", folder.name, placement.device, placement.dtype, time.monotonic() - started
     )

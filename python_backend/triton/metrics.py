@@ -24,6 +24,7 @@ _GAUGES = (
         "KV-cache token slots reserved by admitted requests",
         "kv_reserved_tokens",
     ),
+    ("triton_chat_kv_cache_budget_tokens", "KV-cache token slots the engine may reserve", "kv_budget_tokens"),
     ("triton_chat_prefix_cache_bytes", "Bytes held by cached prompt prefixes", "prefix_cache_bytes"),
 )
 # Each gauge update is a round trip to tritonserver, on the cores the engine computes on: a value
@@ -38,16 +39,18 @@ class MetricsReporter:
     rather than in the step loop.
     """
 
-    def __init__(self, engine: Engine, model: str, pb_utils: Any) -> None:
+    def __init__(self, engine: Engine, model: str, pb_utils: Any, instance: str = "") -> None:
         """``pb_utils``: Triton's ``triton_python_backend_utils``, which only ``python_backend.triton``
-        imports (it exists only inside Triton's stub)."""
+        imports (it exists only inside Triton's stub); ``instance``: Triton's model instance name, a
+        label of its own so that each instance's engine (``instance_group`` count > 1) is a series."""
         self._engine = engine
         self._families: list[Any] = []
         self._gauges: list[tuple[Any, str]] = []
         for name, description, field in _GAUGES:
             family = pb_utils.MetricFamily(name=name, description=description, kind=pb_utils.MetricFamily.GAUGE)
             self._families.append(family)
-            self._gauges.append((family.Metric(labels={"model": model}), field))
+            labels = {"model": model, "instance": instance} if instance else {"model": model}
+            self._gauges.append((family.Metric(labels=labels), field))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="triton-chat-metrics", daemon=True)
         self._thread.start()

@@ -85,7 +85,7 @@ class TritonPythonModel:
         self._sender = ResponseSender(self._channels)
         self._engine = Engine(loaded, settings, compute_cpus=cpus, after_pass=self._sender.pass_ended)
         self._engine.start()
-        self._metrics = MetricsReporter(self._engine, loaded.name, pb_utils)
+        self._metrics = MetricsReporter(self._engine, loaded.name, pb_utils, args.get("model_instance_name", ""))
         logger.info("triton-chat model '%s' ready", loaded.name)
 
     def execute(self, requests: list[Any]) -> None:

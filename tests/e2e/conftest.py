@@ -27,6 +27,7 @@ from openai_frontend.launcher.network import bind_listening_socket
 from openai_frontend.launcher.triton_install import locate_tritonserver
 from openai_frontend.launcher.tritonserver import TritonServerProcess
 from python_backend.protocol.settings import EngineSettings
+from tests.fixtures.device import engine_test_device
 
 SERVED_MODEL_NAME = "tiny-qwen2-chat"
 LORA_NAME = "tiny-lora"
@@ -73,7 +74,7 @@ def triton_server(
         model_path=str(tiny_model_dir),
         served_model_name=SERVED_MODEL_NAME,
         dtype="float32",
-        device="cpu",
+        device=engine_test_device(),
         # Long enough that a cancelled stream is visibly cut short: the tiny model writes
         # thousands of tokens a second, so only a very long request is still running when the
         # test looks (test_chat_e2e.test_disconnect_mid_stream_frees_the_engine_slot).
@@ -100,7 +101,7 @@ def trained_triton_server(trained_model_dir: Path, tmp_path_factory: pytest.Temp
         model_path=str(trained_model_dir),
         served_model_name=TRAINED_MODEL_NAME,
         dtype="float32",
-        device="cpu",
+        device=engine_test_device(),
         max_iter_times=256,
         max_num_seqs=4,
     )

@@ -21,7 +21,9 @@ from openai_frontend.launcher.cli import parse_args, parse_serve_args
 from openai_frontend.launcher.frontend_only import frontend_settings
 from openai_frontend.launcher.model_repo import (
     MODEL_NAME,
+    SHIM_IMPORT,
     backend_python_path,
+    model_shim,
     render_config,
     shipped_model_dir,
     write_model_repository,
@@ -191,7 +193,10 @@ def test_generated_repository_overrides_parameters(tmp_path: Path) -> None:
     generated.parameters.clear()
     shipped.parameters.clear()
     assert generated == shipped
-    assert (model_dir / "1" / "model.py").read_text() == (shipped_model_dir() / "1" / "model.py").read_text()
+    # The shipped shim's import, from this checkout (the stub's isolated Python ignores PYTHONPATH).
+    generated_shim = (model_dir / "1" / "model.py").read_text()
+    assert SHIM_IMPORT in (shipped_model_dir() / "1" / "model.py").read_text()
+    assert generated_shim == model_shim(REPO_ROOT) and SHIM_IMPORT in generated_shim
     assert not list(model_dir.rglob("__pycache__"))
 
 
