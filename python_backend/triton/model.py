@@ -1,8 +1,9 @@
 """The Triton Python-backend model class, what Triton's stub loads and calls.
 
 Owns: ``TritonPythonModel`` (decoupled): ``initialize`` loads the model and starts the engine;
-``execute`` tells probes, cancellations and channel openings from generation requests, decodes
-and submits each and returns at once; ``finalize`` stops the engine, then the sender thread
+``execute`` tells probes, cancellations and channel openings from generation requests, reads
+each generation request's inputs, holds its place in the engine's queue and hands it to the
+preparer's thread (``preparer.py``: chat template, tokenizing, grammar), and returns at once; ``finalize`` stops the engine, then the sender thread
 (``sender.py``, which turns engine events into responses). Every request ends with exactly one
 ``COMPLETE_FINAL``: on success, on error and on cancel.
 """
@@ -23,7 +24,7 @@ from python_backend.engine.liveness import health_problem
 from python_backend.engine.sequence import EngineEvent, EngineRequest
 from python_backend.model.loader import load_model
 from python_backend.model.threads import confine_serving_threads, pinned_cpus, serialize_current_thread
-from python_backend.prompt.inputs import decode_request
+from python_backend.prompt.inputs import PreparedRequest, TensorGetter, decode_request
 from python_backend.protocol import contract
 from python_backend.protocol.errors import ContractError, ErrorInfo, internal
 from python_backend.protocol.settings import EngineSettings
@@ -31,6 +32,7 @@ from python_backend.sampling.structured import GrammarCompiler
 from python_backend.text.output_formats import resolve_formats
 from python_backend.triton.channels import ChannelRegistry, Outgoing
 from python_backend.triton.metrics import MetricsReporter
+from python_backend.triton.preparer import Arrival, RequestPreparer
 from python_backend.triton.sender import ResponseLink, ResponseSender, end_channel
 
 logger = logging.getLogger("triton_chat")
@@ -73,7 +75,7 @@ class TritonPythonModel:
             self._formats.tool_parser or "none",
             "<think>" if self._formats.reasoning else "none",
         )
-        self._grammars = GrammarCompiler(loaded.tokenizer, loaded.vocab_size)
+        self._grammars = GrammarCompiler(loaded.tokenizer, loaded.vocab_size, settings.max_response_format_bytes)
         cpus = pinned_cpus(settings.torch_threads, loaded.device.type == "cpu", settings.cpu_bind_threads)
         if cpus is not None:
             confine_serving_threads(cpus[0])
@@ -82,6 +84,15 @@ class TritonPythonModel:
         self._sender = ResponseSender(self._channels)
         self._engine = Engine(loaded, settings, compute_cpus=cpus, after_pass=self._sender.pass_ended)
         self._engine.start()
+        self._preparer = RequestPreparer(
+            self._decode,
+            self._grammars,
+            self._engine,
+            self._make_request,
+            lambda arrival, info: self._fail(arrival.sender, arrival.request_id, info),
+            float(settings.grammar_compile_timeout_s),
+        )
+        self._preparer.start()
         self._metrics = MetricsReporter(self._engine, loaded.name, pb_utils)
         logger.info("triton-chat model '%s' ready", loaded.name)
 
@@ -102,7 +113,7 @@ class TritonPythonModel:
                 if channel_name is not None:
                     self._open_channel(sender, request_id, channel_name)
                     continue
-                self._submit(request, sender, request_id)
+                self._accept(request, sender, request_id)
             except ContractError as exc:
                 self._fail(sender, request_id, exc.info)
             except Exception:
@@ -110,16 +121,20 @@ class TritonPythonModel:
                 self._fail(sender, request_id, _INTERNAL)
         return None
 
-    def _submit(self, request: Any, sender: ResponseLink, request_id: str) -> None:
-        def get(name: str) -> Any:
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            return None if tensor is None else tensor.as_numpy()
-
+    def _accept(self, request: Any, sender: ResponseLink, request_id: str) -> None:
+        """Take a generation request: read its inputs now (Triton's call is short), hold its
+        waiting place, and leave the rest to the preparer's thread."""
         channel_name = _string_input(request, contract.STREAM_CHANNEL)
         channel = self._channels.find(channel_name) if channel_name is not None else None
-        prepared = decode_request(get, self._tokenizer, self._adapters, self._formats, self._media)
-        response_format = prepared.params.response_format
-        grammar = self._grammars.compile(response_format) if response_format is not None else None
+        inputs = {tensor.name(): tensor.as_numpy().copy() for tensor in request.inputs()}
+        self._engine.reserve()
+        self._preparer.put(Arrival(request_id, sender, inputs, channel))
+
+    def _decode(self, get: TensorGetter) -> PreparedRequest:
+        return decode_request(get, self._tokenizer, self._adapters, self._formats, self._media)
+
+    def _make_request(self, arrival: Arrival, prepared: PreparedRequest, grammar: Any) -> EngineRequest:
+        sender, channel = arrival.sender, arrival.channel
         echo, counts = prepared.echo_prompt, prepared.counts
 
         def sink(event: EngineEvent) -> None:
@@ -129,7 +144,7 @@ class TritonPythonModel:
 
         def is_cancelled() -> bool:
             if channel is None:
-                return sender.is_cancelled()
+                return bool(sender.is_cancelled())
             # A closed channel has nowhere to deliver to: its requests stop too. The caller of a
             # channel cancels with ``cancel_request`` (seen at the next step), so Triton's own
             # flag, a round trip each time, is only the fallback, asked less often.
@@ -137,20 +152,18 @@ class TritonPythonModel:
             if channel.closed or now - asked[0] < CHANNEL_REQUEST_POLL_S:
                 return channel.closed
             asked[0] = now
-            return sender.is_cancelled()
+            return bool(sender.is_cancelled())
 
-        self._engine.submit(
-            EngineRequest(
-                request_id=request_id,
-                prompt_ids=prepared.prompt_ids,
-                params=prepared.params,
-                sink=sink,
-                is_cancelled=is_cancelled,
-                stream=prepared.stream,
-                output=prepared.output,
-                grammar=grammar,
-                media=prepared.media,
-            )
+        return EngineRequest(
+            request_id=arrival.request_id,
+            prompt_ids=prepared.prompt_ids,
+            params=prepared.params,
+            sink=sink,
+            is_cancelled=is_cancelled,
+            stream=prepared.stream,
+            output=prepared.output,
+            grammar=grammar,
+            media=prepared.media,
         )
 
     def _answer_probe(self, sender: ResponseLink, request_id: str) -> None:
@@ -184,7 +197,9 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self._metrics.stop()
+        self._preparer.stop()  # what it still holds is refused; what it handed on, the engine ends
         self._engine.stop()
+        self._grammars.close()
         self._sender.stop()
         for channel in self._channels.close_all():
             end_channel(channel)
