@@ -35,7 +35,12 @@ from openai_frontend.launcher.network import bind_listening_socket, is_loopback
 from openai_frontend.launcher.options import ServeOptions, engine_settings, http_settings
 from openai_frontend.launcher.supervisor import Supervisor
 from openai_frontend.launcher.triton_install import TritonInstallError, locate_tritonserver
-from openai_frontend.launcher.tritonserver import TritonServerError, TritonServerProcess
+from openai_frontend.launcher.tritonserver import (
+    RestrictedAccess,
+    TritonServerError,
+    TritonServerProcess,
+    version_problem,
+)
 from python_backend.protocol.settings import SettingsError
 
 logger = logging.getLogger(__name__)
@@ -136,7 +141,9 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
     repo = write_model_repository(run_dir / "models", settings)
 
     log_path = (options.triton_log or cache / "logs" / f"tritonserver-{options.port}.log").expanduser()
-    triton = TritonServerProcess(install, log_path)
+    # A per-start secret keeps other local processes off tritonserver's own ports (docs/security.md).
+    access = RestrictedAccess.for_frontend(bool(options.api_keys))
+    triton = TritonServerProcess(install, log_path, access=access)
     undo.callback(_stop_triton, triton)
     env = backend_python_path()
     env["HF_HUB_OFFLINE"] = "1"  # models are local folders; never download at run time
@@ -145,8 +152,11 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
         "started tritonserver (pid %s), loading '%s' from %s; log: %s", triton.pid, served_name, model_dir, log_path
     )
     triton.wait_ready(options.ready_timeout_s, MODEL_NAME)
+    problem = version_problem(triton.version())
+    if problem is not None:
+        logger.warning("%s", problem)
 
-    server = _make_uvicorn(options, endpoints.grpc_url, served_name)
+    server = _make_uvicorn(options, endpoints.grpc_url, served_name, access.grpc_headers)
     supervisor = Supervisor(
         triton,
         repo,
@@ -178,7 +188,7 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
     return EXIT_FAILED if state.triton_died else EXIT_OK
 
 
-def _make_uvicorn(options: ServeOptions, grpc_url: str, served_name: str) -> Any:
+def _make_uvicorn(options: ServeOptions, grpc_url: str, served_name: str, triton_headers: dict[str, str]) -> Any:
     # Imported late: uvicorn and the app are not needed until the model is ready.
     from openai_frontend.app import create_app
     from openai_frontend.launcher.draining_server import draining_server
@@ -189,6 +199,7 @@ def _make_uvicorn(options: ServeOptions, grpc_url: str, served_name: str) -> Any
     settings = FrontendSettings.model_validate(
         {
             "triton_grpc_url": grpc_url,
+            "triton_headers": triton_headers,
             "triton_model_name": MODEL_NAME,
             "served_model_name": served_name,
             "lora_names": list(options.lora_modules),
