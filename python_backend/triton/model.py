@@ -11,8 +11,12 @@ preparer's thread (``preparer.py``: chat template, tokenizing, grammar), and ret
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import json
 import logging
+import signal
+import sys
+import threading
 import time
 import uuid
 from typing import Any
@@ -50,6 +54,24 @@ def _is_probe(request: Any) -> bool:
 def _string_input(request: Any, name: str) -> str | None:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else contract.read_string(tensor.as_numpy())
+
+
+_FATAL_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT)
+
+
+def _die_fast_on_crash() -> None:
+    """On a fatal signal, print each thread's Python stack and die at once.
+
+    tvm_ffi (loaded by xgrammar) installs a handler that symbolizes a native backtrace: 6 s on
+    the test machine, during which the dying stub still looks alive and every stream waits for
+    it. faulthandler chains to the handler it replaces, so the defaults go back first.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        logger.warning("not on the main thread: the fatal-signal handlers stay as they are")
+        return
+    for number in _FATAL_SIGNALS:
+        signal.signal(number, signal.SIG_DFL)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
 class TritonPythonModel:
@@ -94,6 +116,7 @@ class TritonPythonModel:
         )
         self._preparer.start()
         self._metrics = MetricsReporter(self._engine, loaded.name, pb_utils)
+        _die_fast_on_crash()  # last: after every import that may install a handler of its own
         logger.info("triton-chat model '%s' ready", loaded.name)
 
     def execute(self, requests: list[Any]) -> None:
