@@ -3,9 +3,11 @@
 Owns: ``TritonPythonModel`` (decoupled): ``initialize`` loads the model and starts the engine;
 ``execute`` tells probes, cancellations and channel openings from generation requests, reads
 each generation request's inputs, holds its place in the engine's queue and hands it to the
-preparer's thread (``preparer.py``: chat template, tokenizing, grammar), and returns at once; ``finalize`` stops the engine, then the sender thread
-(``sender.py``, which turns engine events into responses). Every request ends with exactly one
-``COMPLETE_FINAL``: on success, on error and on cancel.
+preparer's thread (``preparer.py``: chat template, tokenizing, grammar), and returns at once;
+``finalize`` stops the preparer and the engine, then the sender thread (``sender.py``, which
+turns engine events into responses and sends every response, the channels' last ones
+included). Every request ends with exactly one ``COMPLETE_FINAL``: on success, on error and
+on cancel.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from python_backend.text.output_formats import resolve_formats
 from python_backend.triton.channels import ChannelRegistry, Outgoing
 from python_backend.triton.metrics import MetricsReporter
 from python_backend.triton.preparer import Arrival, RequestPreparer
-from python_backend.triton.sender import ResponseLink, ResponseSender, end_channel
+from python_backend.triton.sender import ResponseLink, ResponseSender
 
 logger = logging.getLogger("triton_chat")
 
@@ -223,6 +225,4 @@ class TritonPythonModel:
         self._preparer.stop()  # what it still holds is refused; what it handed on, the engine ends
         self._engine.stop()
         self._grammars.close()
-        self._sender.stop()
-        for channel in self._channels.close_all():
-            end_channel(channel)
+        self._sender.stop()  # ends the open channels too, on its own thread
