@@ -165,6 +165,7 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
         options.ready_timeout_s,
         on_fatal=state.triton_lost,
         max_restarts=options.max_restarts,
+        drain=server.config.app.state.frontend.drain,
     )
     watcher = threading.Thread(target=supervisor.run, name="triton-watch", daemon=True)
     # uvicorn installs its own SIGINT/SIGTERM handlers while it runs and afterwards restores

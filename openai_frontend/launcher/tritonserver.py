@@ -289,7 +289,7 @@ class TritonServerProcess:
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                logger.warning("tritonserver (pid %d) did not stop in %.0f s; killing it", proc.pid, timeout)
+                logger.warning("tritonserver (pid %d) did not stop in %g s; killing it", proc.pid, timeout)
                 _kill_group(proc.pid)
         self._reap(proc)
         return proc.returncode
