@@ -150,6 +150,21 @@ def channel_args() -> list[tuple[str, Any]]:
     ]
 
 
+class HeaderClient:
+    """The gRPC client with headers added to every call: a server started with restricted APIs
+    (``--grpc-restricted-protocol``) answers only calls that carry its secret header."""
+
+    def __init__(self, client: Any, headers: dict[str, str]) -> None:
+        self._client = client  # tritonclient.grpc.aio.InferenceServerClient (or a stand-in)
+        self._headers = dict(headers)
+
+    def stream_infer(self, inputs_iterator: Any, stream_timeout: float | None = None) -> Any:
+        return self._client.stream_infer(inputs_iterator, stream_timeout=stream_timeout, headers=self._headers)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
 class TritonBackend:
     """A ``ChatBackend`` that calls one decoupled Triton model over gRPC."""
 
@@ -168,7 +183,9 @@ class TritonBackend:
     @classmethod
     def from_settings(cls, settings: FrontendSettings) -> TritonBackend:
         """Create the gRPC client; call from inside the event loop (grpc.aio channels bind to it)."""
-        client = InferenceServerClient(url=settings.triton_grpc_url, channel_args=channel_args())
+        client: Any = InferenceServerClient(url=settings.triton_grpc_url, channel_args=channel_args())
+        if settings.triton_headers:
+            client = HeaderClient(client, settings.triton_headers)
         channel = ResponseChannel(client, settings.triton_model_name) if settings.response_channel else None
         return cls(client, settings.triton_model_name, settings.request_timeout_s, channel)
 

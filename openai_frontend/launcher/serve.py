@@ -37,7 +37,13 @@ from openai_frontend.launcher.network import bind_listening_socket, is_loopback
 from openai_frontend.launcher.options import ServeOptions, engine_settings, http_settings
 from openai_frontend.launcher.supervisor import Supervisor
 from openai_frontend.launcher.triton_install import TritonInstallError, locate_tritonserver
-from openai_frontend.launcher.tritonserver import TritonEndpoints, TritonServerError, TritonServerProcess
+from openai_frontend.launcher.tritonserver import (
+    RestrictedAccess,
+    TritonEndpoints,
+    TritonServerError,
+    TritonServerProcess,
+    version_problem,
+)
 from python_backend.protocol.settings import SettingsError
 
 logger = logging.getLogger(__name__)
@@ -146,7 +152,9 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
         options = replace(options, response_channel=False)
 
     log_path = (options.triton_log or cache / "logs" / f"tritonserver-{options.port}.log").expanduser()
-    triton = TritonServerProcess(install, log_path)
+    # A per-start secret keeps other local processes off tritonserver's own ports (docs/security.md).
+    access = RestrictedAccess.for_frontend(bool(options.api_keys))
+    triton = TritonServerProcess(install, log_path, access=access)
     undo.callback(_stop_triton, triton)
     env = backend_python_path()
     env["HF_HUB_OFFLINE"] = "1"  # models are local folders; never download at run time
@@ -161,8 +169,11 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
         endpoints.metrics_url,
     )
     triton.wait_ready(options.ready_timeout_s, MODEL_NAME)
+    problem = version_problem(triton.version())
+    if problem is not None:
+        logger.warning("%s", problem)
 
-    server = _make_uvicorn(options, endpoints, served_name)
+    server = _make_uvicorn(options, endpoints, served_name, access.grpc_headers)
     supervisor = Supervisor(
         triton,
         repo,
@@ -171,6 +182,7 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
         options.ready_timeout_s,
         on_fatal=state.triton_lost,
         max_restarts=options.max_restarts,
+        drain=server.config.app.state.frontend.drain,
     )
     watcher = threading.Thread(target=supervisor.run, name="triton-watch", daemon=True)
     # uvicorn installs its own SIGINT/SIGTERM handlers while it runs and afterwards restores
@@ -194,7 +206,9 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
     return EXIT_FAILED if state.triton_died else EXIT_OK
 
 
-def _make_uvicorn(options: ServeOptions, endpoints: TritonEndpoints, served_name: str) -> Any:
+def _make_uvicorn(
+    options: ServeOptions, endpoints: TritonEndpoints, served_name: str, triton_headers: dict[str, str]
+) -> Any:
     # Imported late: uvicorn and the app are not needed until the model is ready.
     from openai_frontend.app import create_app
     from openai_frontend.launcher.draining_server import draining_server
@@ -206,6 +220,7 @@ def _make_uvicorn(options: ServeOptions, endpoints: TritonEndpoints, served_name
     settings = FrontendSettings.model_validate(
         {
             "triton_grpc_url": endpoints.grpc_url,
+            "triton_headers": triton_headers,
             "triton_model_name": MODEL_NAME,
             "served_model_name": served_name,
             "lora_names": list(options.lora_modules),

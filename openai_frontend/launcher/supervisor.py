@@ -12,6 +12,10 @@ notices three ways:
   a hung stub, or an engine loop that stalled or died. The frontend's readiness already says 503
   from the first failed probe; this is the recovery.
 
+It also stops tritonserver at once (``DEADLINE_STOP_S``) when the frontend's drain has run out of
+time: the requests still in flight are being cut anyway, and a graceful stop of the model takes
+seconds (the stub's interpreter teardown after ``finalize``), which the exit would wait for.
+
 Killing the server ends the streams in flight at once (their gRPC calls fail, the frontend sends
 the error event), readiness is 503 while it loads again, and the new server listens on the same
 ports, so the frontend reconnects by itself. Restarts are bounded: a model that keeps failing
@@ -27,6 +31,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from openai_frontend.launcher.tritonserver import TritonServerError, TritonServerProcess
 
@@ -37,8 +42,21 @@ PROBE_INTERVAL_S = 5.0
 # Probes failing for this long mean the model will not come back by itself. Longer than any
 # burst of load can delay a probe, short enough that a stuck server does not sit unready for long.
 HANG_RESTART_S = 30.0
+# SIGTERM, then SIGKILL after this long, once the drain deadline has passed: no grace, what
+# was in flight has been cut and the graceful unload would only delay the exit.
+DEADLINE_STOP_S = 0.0
 MAX_RESTARTS = 3  # the default of `--max-restarts`: within RESTART_WINDOW_S
 RESTART_WINDOW_S = 600.0
+
+
+class Drain(Protocol):
+    """What the supervisor reads of the frontend's drain (``openai_frontend.http.drain``)."""
+
+    draining: bool
+
+    def expired(self) -> bool: ...
+
+    def done(self) -> bool: ...
 
 
 @dataclass
@@ -53,6 +71,7 @@ class Supervisor:
     on_fatal: Callable[[], None]
     max_restarts: int = MAX_RESTARTS  # within RESTART_WINDOW_S (`--max-restarts`)
     stop: threading.Event = field(default_factory=threading.Event)
+    drain: Drain | None = None  # the frontend's drain, once it has one
     restarts: deque[float] = field(default_factory=deque)  # monotonic times of recent restarts
 
     def run(self) -> None:
@@ -60,8 +79,15 @@ class Supervisor:
         hang = _HangClock()
         next_probe = time.monotonic() + PROBE_INTERVAL_S
         while not self.stop.wait(WATCH_INTERVAL_S):
+            draining = self.drain is not None and self.drain.draining
+            if draining and self.drain is not None and self.drain.expired() and self.drain.done():
+                logger.info("drain deadline passed: stopping tritonserver now")
+                self.triton.stop(timeout=DEADLINE_STOP_S)
+                return
             reason = self._lost(watched)
-            if reason is None and time.monotonic() >= next_probe:
+            # No probes while draining: readiness is 503 already, and a probe (up to its
+            # timeout) would delay seeing the deadline.
+            if reason is None and not draining and time.monotonic() >= next_probe:
                 reason = hang.observe(self.triton.probe_model(self.model), time.monotonic())
                 next_probe = time.monotonic() + PROBE_INTERVAL_S
             if reason is None:

@@ -15,13 +15,15 @@ import contextlib
 import json
 import logging
 import os
+import re
+import secrets
 import signal
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
@@ -39,6 +41,48 @@ STUB_NAME = "triton_python_backend_stub"  # the Python backend's per-instance mo
 STOP_TIMEOUT_S = 30.0
 POLL_INTERVAL_S = 0.25
 PROBE_TIMEOUT_S = 2.0
+
+
+# The header that carries the per-start secret of a restricted server (gRPC keys are lowercase).
+SECRET_HEADER = "triton-chat-secret"
+GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
+# Triton's APIs that act on the server itself: with them a local process could map the stub's
+# shared memory (the first step of the published shared-memory exploit chain) or load models.
+ADMIN_APIS = ("shared-memory", "model-repository", "trace", "logging")
+EVERY_API = ("health", "metadata", "inference", "model-config", "statistics", *ADMIN_APIS)
+# tritonserver 2.59 (NGC 25.07) fixed the published shared-memory and HTTP CVEs (August 2025).
+FIXED_VERSION = (2, 59)
+
+
+@dataclass(frozen=True)
+class RestrictedAccess:
+    """Triton APIs that answer only calls carrying ``SECRET_HEADER`` with this start's secret.
+
+    Triton checks the header itself (``--grpc-restricted-protocol``, ``--http-restricted-api``);
+    the launcher's own calls and the frontend's client send it, nothing else knows it.
+    """
+
+    apis: tuple[str, ...] = ADMIN_APIS
+    secret: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
+
+    @classmethod
+    def for_frontend(cls, api_keys: bool) -> RestrictedAccess:
+        """Every API when the frontend needs a key (nothing then works without one), else the
+        administrative ones only (a keyless frontend already lets anyone local run inference)."""
+        return cls(EVERY_API if api_keys else ADMIN_APIS)
+
+    @property
+    def http_headers(self) -> dict[str, str]:
+        return {SECRET_HEADER: self.secret}
+
+    @property
+    def grpc_headers(self) -> dict[str, str]:
+        """Triton's gRPC endpoint expects a restricted protocol's header under its own prefix."""
+        return {GRPC_HEADER_PREFIX + SECRET_HEADER: self.secret}
+
+    def flags(self) -> list[str]:
+        rule = f"{','.join(self.apis)}:{SECRET_HEADER}={self.secret}"
+        return [f"--grpc-restricted-protocol={rule}", f"--http-restricted-api={rule}"]
 
 
 class TritonServerError(RuntimeError):
@@ -108,10 +152,19 @@ class TritonEndpoints:
 class TritonServerProcess:
     """Start, watch and stop one tritonserver serving one model repository."""
 
-    def __init__(self, install: TritonInstall, log_path: Path, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        install: TritonInstall,
+        log_path: Path,
+        extra_args: tuple[str, ...] = (),
+        access: RestrictedAccess | None = None,
+    ) -> None:
+        """``access``: the APIs only callers with its secret may use (None: all open, for tests)."""
         self._install = install
         self._log_path = log_path
         self._extra_args = extra_args
+        self.access = access
+        self._headers = access.http_headers if access is not None else {}
         self._proc: subprocess.Popen[bytes] | None = None
         self._endpoints: TritonEndpoints | None = None
         self._shm_regions: set[str] = set()
@@ -143,6 +196,7 @@ class TritonServerProcess:
             "--metrics-address", endpoints.metrics_address or endpoints.host,
             "--metrics-port", str(endpoints.metrics_port),
             "--log-verbose", "0",
+            *(self.access.flags() if self.access is not None else []),
             *self._extra_args,
         ]  # fmt: skip
         return cmd
@@ -205,7 +259,8 @@ class TritonServerProcess:
         generate endpoint: None when it answered, otherwise what went wrong."""
         url = f"{self.endpoints.http_url}/v2/models/{quote(model, safe='')}/generate"
         body = json.dumps({HEALTH_PROBE: True}).encode()
-        request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json", **self._headers}
+        request = urllib.request.Request(url, data=body, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - loopback URL we built
                 return None if response.status == 200 else f"HTTP {response.status}"
@@ -213,6 +268,17 @@ class TritonServerProcess:
             return f"HTTP {exc.code}: {exc.read(2000).decode('utf-8', 'replace')}"
         except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
             return f"no answer within {timeout:g} s: {exc}"
+
+    def version(self) -> str | None:
+        """The running server's version (Triton's server metadata), or None if it does not say."""
+        request = urllib.request.Request(self.endpoints.http_url + "/v2", headers=self._headers)
+        try:
+            with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as response:  # noqa: S310 - loopback URL
+                version = json.loads(response.read(65536)).get("version")
+        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError) as exc:
+            logger.warning("could not read tritonserver's version: %s", exc)
+            return None
+        return version if isinstance(version, str) else None
 
     def exit_code(self) -> int | None:
         """None while the server runs (or was never started), else its exit status."""
@@ -233,7 +299,7 @@ class TritonServerProcess:
             code = self.exit_code()
             if code is not None:
                 raise TritonServerError(f"tritonserver exited with status {code} while starting: {self._why()}")
-            if _http_ok(endpoints.http_url + path):
+            if _http_ok(endpoints.http_url + path, self._headers):
                 self._remember_shm_regions()
                 return
             if time.monotonic() >= deadline:
@@ -263,7 +329,7 @@ class TritonServerProcess:
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                logger.warning("tritonserver (pid %d) did not stop in %.0f s; killing it", proc.pid, timeout)
+                logger.warning("tritonserver (pid %d) did not stop in %g s; killing it", proc.pid, timeout)
                 _kill_group(proc.pid)
         self._reap(proc)
         return proc.returncode
@@ -305,9 +371,10 @@ class TritonServerProcess:
         self._shm_regions.clear()
 
 
-def _http_ok(url: str) -> bool:
+def _http_ok(url: str, headers: dict[str, str]) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=2.0) as response:  # noqa: S310 - loopback URL we built
+        request = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(request, timeout=2.0) as response:  # noqa: S310 - loopback URL we built
             return bool(response.status == 200)
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         # Not listening yet, or listening but not ready (400/503): keep polling.
@@ -361,3 +428,17 @@ def _wait_group_gone(pgid: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while _group_alive(pgid) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def version_problem(version: str | None) -> str | None:
+    """What is wrong with running tritonserver ``version`` in production, if anything."""
+    if version is None:
+        return "tritonserver did not say its version; make sure it is 2.59 (NGC 25.07) or newer"
+    numbers = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if numbers >= FIXED_VERSION:
+        return None
+    return (
+        f"tritonserver {version} is older than 2.59 (NGC 25.07), the release that fixed the published "
+        "shared-memory and HTTP vulnerabilities (CVE-2025-23319/23320/23334, CVE-2025-23310/23311); "
+        "in production run the NGC Triton container 25.07 or newer (docs/security.md)"
+    )

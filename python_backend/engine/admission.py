@@ -3,7 +3,7 @@
 Owns: the bounded waiting queue (refusing with 429 past ``max_waiting_requests``: no unbounded queue), the
 cancellation requests that arrive from other threads, and the KV-cache reservations of admitted
 requests. FIFO: the head of the queue waits for room rather than being overtaken.
-``enqueue``/``request_cancel``/``queued`` may be called from any thread; the rest only from the
+``hold``/``unhold``/``enqueue``/``request_cancel``/``queued`` may be called from any thread; the rest only from the
 engine thread. Imports no torch: the scheduler (``scheduler.py``) builds on it.
 """
 
@@ -34,11 +34,23 @@ class Admission:
         self.reserved = 0  # KV token slots held by admitted requests
 
     # --- any thread -------------------------------------------------------------------------------
-    def enqueue(self, group: RequestGroup) -> None:
+    def hold(self) -> None:
+        """Take a waiting place for a request still being prepared (its grammar compiling), so
+        that requests in preparation count against ``max_waiting_requests`` too."""
         with self._lock:
             if self._queued >= self._max_waiting:
                 raise ContractError(overloaded(self._queued))
             self._queued += 1
+
+    def unhold(self) -> None:
+        """Give back a place taken by ``hold`` for a request that never came."""
+        with self._lock:
+            self._queued -= 1
+
+    def enqueue(self, group: RequestGroup, held: bool = False) -> None:
+        """Queue ``group``; ``held``: in the place ``hold`` took for it."""
+        if not held:
+            self.hold()
         self._inbox.put(group)
 
     def request_cancel(self, request_id: str, before_arrival: bool = False) -> None:

@@ -104,10 +104,31 @@ class Engine:
             self._thread.join(timeout)
         self._watcher.stop()
 
-    def submit(self, request: EngineRequest) -> None:
-        """Queue a request; raise ``ContractError`` at once if it can never run or we are full."""
+    def reserve(self) -> None:
+        """Hold a waiting place for a request that is still being prepared; raise ``ContractError``
+        (429) when the queue is full. ``submit(..., reserved=True)`` or ``unreserve`` gives it back."""
+        self._refuse_if_stopping()
+        self._scheduler.admission.hold()
+
+    def unreserve(self) -> None:
+        self._scheduler.admission.unhold()
+
+    def submit(self, request: EngineRequest, reserved: bool = False) -> None:
+        """Queue a request; raise ``ContractError`` at once if it can never run or we are full.
+        ``reserved``: in the place ``reserve`` held, which a refusal gives back."""
+        try:
+            self._submit(request, reserved)
+        except BaseException:
+            if reserved:
+                self.unreserve()
+            raise
+
+    def _refuse_if_stopping(self) -> None:
         if self._stopping.is_set():
             raise ContractError(_LOOP_FAILED if self._heartbeat.failure else _SHUTDOWN)
+
+    def _submit(self, request: EngineRequest, reserved: bool) -> None:
+        self._refuse_if_stopping()
         params = request.params
         if params.use_beam_search and params.logprobs:
             raise invalid("'logprobs' cannot be used with 'use_beam_search'", "logprobs")
@@ -120,7 +141,7 @@ class Engine:
                 f"n/best_of is {rows}; the server runs at most {self._settings.max_num_seqs} sequences",
                 "best_of" if (params.best_of or 0) > params.n else "n",
             )
-        self._scheduler.admission.enqueue(RequestGroup(request, max_new, reservation))
+        self._scheduler.admission.enqueue(RequestGroup(request, max_new, reservation), held=reserved)
         self._wake.set()
 
     def cancel(self, request_id: str, before_arrival: bool = False) -> None:

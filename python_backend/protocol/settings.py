@@ -147,6 +147,33 @@ class EngineSettings:
             docs="waiting requests beyond which new ones get 429",
         ),
     )
+    # xgrammar's compile time grows faster than the schema (seconds at tens of kilobytes of
+    # enum) and cannot be interrupted: a ceiling keeps one request from holding the compiler.
+    max_response_format_bytes: int = _setting(
+        65536,
+        SettingInfo(
+            "largest response_format JSON schema (as compact JSON) that is compiled; larger ones get a 400",
+            flag="--max-response-format-bytes",
+            minimum=1,
+            metavar="BYTES",
+            group=LIMITS_GROUP,
+            docs="largest `response_format` JSON schema, as compact JSON, that is compiled into a grammar; a "
+            "larger one gets a 400 naming `response_format` at once",
+        ),
+    )
+    grammar_compile_timeout_s: int = _setting(
+        10,
+        SettingInfo(
+            "seconds a request waits for its response_format grammar to compile before it gets a 400",
+            flag="--grammar-compile-timeout-s",
+            minimum=1,
+            metavar="S",
+            group=LIMITS_GROUP,
+            docs="seconds a request waits for its `response_format` grammar (compiled beside the engine, one "
+            "at a time, cached by schema) before it gets a 400 naming `response_format`; other requests "
+            "run meanwhile",
+        ),
+    )
     kv_cache_memory_mb: int = _setting(
         0,
         SettingInfo(

@@ -2,16 +2,22 @@
 
 Owns: ``TritonPythonModel`` (decoupled): ``initialize`` loads the model and starts the engine;
 ``execute`` tells probes, tokenize queries, cancellations and channel openings from generation
-requests, decodes and submits each and returns at once; ``finalize`` stops the engine, then the
-sender thread (``sender.py``, which turns engine events into responses). Every request ends with
-exactly one ``COMPLETE_FINAL``: on success, on error and on cancel.
+requests, reads each generation request's inputs, holds its place in the engine's queue and hands
+it to the preparer's thread (``preparer.py``: chat template, tokenizing, grammar), and returns at
+once; ``finalize`` stops the preparer and the engine, then the sender thread (``sender.py``, which
+turns engine events into responses and sends every response, the channels' last ones included).
+Every request ends with exactly one ``COMPLETE_FINAL``: on success, on error and on cancel.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import json
 import logging
+import signal
+import sys
+import threading
 import time
 import uuid
 from typing import Any
@@ -23,7 +29,7 @@ from python_backend.engine.liveness import health_problem
 from python_backend.engine.sequence import EngineEvent, EngineRequest
 from python_backend.model.loader import load_model
 from python_backend.model.threads import confine_serving_threads, pinned_cpus, serialize_current_thread
-from python_backend.prompt.inputs import decode_request
+from python_backend.prompt.inputs import PreparedRequest, decode_request
 from python_backend.prompt.tokenize import answer_query
 from python_backend.protocol import contract
 from python_backend.protocol.errors import ContractError, ErrorInfo, internal
@@ -34,7 +40,8 @@ from python_backend.sampling.structured import GrammarCompiler
 from python_backend.text.output_formats import resolve_formats
 from python_backend.triton.channels import ChannelRegistry, Outgoing
 from python_backend.triton.metrics import MetricsReporter
-from python_backend.triton.sender import ResponseLink, ResponseSender, end_channel
+from python_backend.triton.preparer import Arrival, RequestPreparer
+from python_backend.triton.sender import ResponseLink, ResponseSender
 
 logger = logging.getLogger("triton_chat")
 
@@ -51,6 +58,24 @@ def _is_probe(request: Any) -> bool:
 def _string_input(request: Any, name: str) -> str | None:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else contract.read_string(tensor.as_numpy())
+
+
+_FATAL_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT)
+
+
+def _die_fast_on_crash() -> None:
+    """On a fatal signal, print each thread's Python stack and die at once.
+
+    tvm_ffi (loaded by xgrammar) installs a handler that symbolizes a native backtrace: 6 s on
+    the test machine, during which the dying stub still looks alive and every stream waits for
+    it. faulthandler chains to the handler it replaces, so the defaults go back first.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        logger.warning("not on the main thread: the fatal-signal handlers stay as they are")
+        return
+    for number in _FATAL_SIGNALS:
+        signal.signal(number, signal.SIG_DFL)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
 class TritonPythonModel:
@@ -76,7 +101,7 @@ class TritonPythonModel:
             self._formats.tool_parser or "none",
             "<think>" if self._formats.reasoning else "none",
         )
-        self._grammars = GrammarCompiler(loaded.tokenizer, loaded.vocab_size)
+        self._grammars = GrammarCompiler(loaded.tokenizer, loaded.vocab_size, settings.max_response_format_bytes)
         cpus = pinned_cpus(settings.torch_threads, loaded.device.type == "cpu", settings.cpu_bind_threads)
         if cpus is not None:
             confine_serving_threads(cpus[0])
@@ -85,7 +110,17 @@ class TritonPythonModel:
         self._sender = ResponseSender(self._channels)
         self._engine = Engine(loaded, settings, compute_cpus=cpus, after_pass=self._sender.pass_ended)
         self._engine.start()
+        self._preparer = RequestPreparer(
+            self._decode,
+            self._grammars,
+            self._engine,
+            self._make_request,
+            lambda arrival, info: self._fail(arrival.sender, arrival.request_id, info),
+            float(settings.grammar_compile_timeout_s),
+        )
+        self._preparer.start()
         self._metrics = MetricsReporter(self._engine, loaded.name, pb_utils, args.get("model_instance_name", ""))
+        _die_fast_on_crash()  # last: after every import that may install a handler of its own
         logger.info("triton-chat model '%s' ready", loaded.name)
 
     def execute(self, requests: list[Any]) -> None:
@@ -109,7 +144,7 @@ class TritonPythonModel:
                 if channel_name is not None:
                     self._open_channel(sender, request_id, channel_name)
                     continue
-                self._submit(request, sender, request_id)
+                self._accept(request, sender, request_id)
             except ContractError as exc:
                 self._fail(sender, request_id, exc.info)
             except Exception:
@@ -117,18 +152,27 @@ class TritonPythonModel:
                 self._fail(sender, request_id, _INTERNAL)
         return None
 
-    def _submit(self, request: Any, sender: ResponseLink, request_id: str) -> None:
-        def get(name: str) -> Any:
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            return None if tensor is None else tensor.as_numpy()
-
+    def _accept(self, request: Any, sender: ResponseLink, request_id: str) -> None:
+        """Take a generation request: read its inputs now (Triton's call is short), hold its
+        waiting place, and leave the rest to the preparer's thread."""
         channel_name = _string_input(request, contract.STREAM_CHANNEL)
         channel = self._channels.find(channel_name) if channel_name is not None else None
-        prepared = decode_request(
-            get, self._tokenizer, self._adapters, self._formats, self._media, request_parameters=request.parameters()
+        inputs = {tensor.name(): tensor.as_numpy().copy() for tensor in request.inputs()}
+        self._engine.reserve()
+        self._preparer.put(Arrival(request_id, sender, inputs, channel, request.parameters()))
+
+    def _decode(self, arrival: Arrival) -> PreparedRequest:
+        return decode_request(
+            arrival.get,
+            self._tokenizer,
+            self._adapters,
+            self._formats,
+            self._media,
+            request_parameters=arrival.parameters,
         )
-        response_format = prepared.params.response_format
-        grammar = self._grammars.compile(response_format) if response_format is not None else None
+
+    def _make_request(self, arrival: Arrival, prepared: PreparedRequest, grammar: Any) -> EngineRequest:
+        sender, channel = arrival.sender, arrival.channel
         echo, counts = prepared.echo_prompt, prepared.counts
         # One per request: it counts the tokens each choice has reported (the sender thread only).
         vllm = VllmResponder(prepared.vllm) if prepared.vllm is not None else None
@@ -140,7 +184,7 @@ class TritonPythonModel:
 
         def is_cancelled() -> bool:
             if channel is None:
-                return sender.is_cancelled()
+                return bool(sender.is_cancelled())
             # A closed channel has nowhere to deliver to: its requests stop too. The caller of a
             # channel cancels with ``cancel_request`` (seen at the next step), so Triton's own
             # flag, a round trip each time, is only the fallback, asked less often.
@@ -148,20 +192,18 @@ class TritonPythonModel:
             if channel.closed or now - asked[0] < CHANNEL_REQUEST_POLL_S:
                 return channel.closed
             asked[0] = now
-            return sender.is_cancelled()
+            return bool(sender.is_cancelled())
 
-        self._engine.submit(
-            EngineRequest(
-                request_id=request_id,
-                prompt_ids=prepared.prompt_ids,
-                params=prepared.params,
-                sink=sink,
-                is_cancelled=is_cancelled,
-                stream=prepared.stream,
-                output=prepared.output,
-                grammar=grammar,
-                media=prepared.media,
-            )
+        return EngineRequest(
+            request_id=arrival.request_id,
+            prompt_ids=prepared.prompt_ids,
+            params=prepared.params,
+            sink=sink,
+            is_cancelled=is_cancelled,
+            stream=prepared.stream,
+            output=prepared.output,
+            grammar=grammar,
+            media=prepared.media,
         )
 
     def _answer_probe(self, sender: ResponseLink, request_id: str) -> None:
@@ -206,7 +248,7 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self._metrics.stop()
+        self._preparer.stop()  # what it still holds is refused; what it handed on, the engine ends
         self._engine.stop()
-        self._sender.stop()
-        for channel in self._channels.close_all():
-            end_channel(channel)
+        self._grammars.close()
+        self._sender.stop()  # ends the open channels too, on its own thread

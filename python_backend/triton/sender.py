@@ -25,6 +25,7 @@ from python_backend.triton.channels import CANCEL_CHECK_S, Channel, ChannelRegis
 logger = logging.getLogger("triton_chat")
 
 _PASS_END = object()  # the engine finished a pass: its events so far are one burst
+_CLOSE_ALL = object()  # the model stops: end every open channel
 # The longest a channel's deltas wait for the end of their pass (normally well under 1 ms).
 _PASS_WAIT_S = 0.005
 
@@ -96,8 +97,17 @@ class ResponseSender:
         self._queue.put(_CloseChannel(channel))
 
     def stop(self) -> None:
+        """Send what is queued, end every open channel, and stop the thread.
+
+        The channels' final flags go from this thread too: a final sent from another thread
+        while this one is still sending on the same channel is two sends at once on one
+        response sender, which the stub does not guard (its final frees the response factory
+        that the other send is using)."""
+        self._queue.put(_CLOSE_ALL)
         self._queue.put(None)
         self._thread.join(10)
+        if self._thread.is_alive():
+            logger.error("the sender thread did not stop in 10 s; its open channels are left to Triton")
 
     def _run(self) -> None:
         pending: list[Outgoing] = []
@@ -118,6 +128,9 @@ class ResponseSender:
                 self._deliver(pending)
                 if isinstance(item, _CloseChannel):
                     self.close_channel(item.channel)
+                elif item is _CLOSE_ALL:
+                    for channel in self._channels.close_all():
+                        end_channel(channel)
                 self._check_channels()
             except Exception:  # a bug here must not stop every response of every request
                 logger.exception("delivering %d responses failed", len(pending))

@@ -52,7 +52,7 @@ def test_a_request_the_engine_takes_is_answered_by_its_events(
     served = serve()
     request = chat_request("taken", stream=True, parameters={"max_tokens": 4})
     served.execute(request)
-    (taken,) = fake_engine.submitted
+    (taken,) = fake_engine.wait_submitted(1)
     assert taken.request_id == "taken" and taken.stream and taken.params.max_tokens == 4
     sender = request.get_response_sender()
     assert sender.sent == []  # execute returned without answering: the engine's events do

@@ -132,3 +132,63 @@ def test_a_hung_model_process_fails_readiness_at_once_and_is_restarted(tiny_mode
     assert restarted_after >= supervisor.HANG_RESTART_S
     assert "the model has not answered its health probe for" in output, output
     assert code == 0, output
+
+
+def test_a_segfault_of_the_model_process_is_answered_within_2_s(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A stub that dies of SIGSEGV dies at once (no native backtrace to symbolize first), so its
+    stream ends and a new request gets its 503 within 2 s; with --api-key, the restarted server
+    still takes the frontend's calls (they carry the per-start secret)."""
+    launcher, port = _start_launcher(
+        tiny_model_dir, tmp_path, "--max-iter-times", "30000", "--max-seq-len", "32768", "--api-key", "k1"
+    )
+    lines: list[str] = []
+    auth = {"Authorization": "Bearer k1"}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 30000, "ignore_eos": True}
+    events: list[str] = []
+    started, ended = threading.Event(), threading.Event()
+
+    def stream() -> None:
+        with (
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60, headers=auth) as http,
+            http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as reply,
+        ):
+            for line in reply.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line.removeprefix("data: "))
+                    started.set()
+        ended.set()
+
+    try:
+        _read_until(launcher, f"serving 'tiny' at http://127.0.0.1:{port}/v1", lines)
+        stub, _ = _stub_of(_triton_pid(lines))
+        reader = threading.Thread(target=stream, daemon=True)
+        reader.start()
+        assert started.wait(60)
+        os.kill(stub, signal.SIGSEGV)
+        crashed = time.monotonic()
+        assert ended.wait(10)
+        stream_ended_after = time.monotonic() - crashed
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60, headers=auth) as http:
+            refused = http.post("/v1/chat/completions", json={**body, "max_tokens": 2})
+            refused_after = time.monotonic() - crashed
+            assert stream_ended_after < 2.0, stream_ended_after
+            assert refused.status_code == 503 and refused_after < 2.0, (refused.status_code, refused_after)
+            answered = None
+            deadline = time.monotonic() + 300  # a loaded machine reloads the model slowly
+            while time.monotonic() < deadline:
+                try:
+                    reply = http.post("/v1/chat/completions", json={**body, "max_tokens": 2})
+                except httpx.TimeoutException:
+                    continue  # on a loaded machine the reload can outlast one request's timeout
+                if reply.status_code == 200:
+                    answered = reply
+                    break
+                time.sleep(0.25)
+        _read_until(launcher, "the model is ready again", lines, timeout=30)
+    finally:
+        code = _finish(launcher, signal.SIGINT, lines)
+    output = "".join(lines)
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["err_msg"] == "model backend unavailable"
+    assert answered is not None and answered.json()["usage"]["completion_tokens"] == 2
+    assert f"the model's process (pid {stub}) died; restarting tritonserver" in output, output
+    assert code == 0, output

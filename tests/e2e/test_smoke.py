@@ -249,6 +249,46 @@ def test_launcher_drains_on_sigterm(tiny_model_dir: Path, tmp_path: Path) -> Non
     assert group_pids(_triton_pid(lines)) == []
 
 
+def test_past_the_drain_deadline_the_launcher_exits_within_2_s(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # A stream far longer than the drain allows: at the deadline it is cut, and the launcher does
+    # not wait for the model's graceful unload (seconds of the stub's teardown) before exiting.
+    drain_s = 1.0
+    launcher, port = _start_launcher(
+        tiny_model_dir, tmp_path, "--max-iter-times", "30000", "--max-seq-len", "32768", "--drain-timeout", str(drain_s)
+    )
+    lines: list[str] = []
+    first_chunk = threading.Event()
+    try:
+        _read_until(launcher, f"serving 'tiny' at http://127.0.0.1:{port}/v1", lines)
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                "max_tokens": 30000, "ignore_eos": True}  # fmt: skip
+
+        def stream() -> None:
+            with (
+                httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as http,
+                http.stream("POST", "/v1/chat/completions", json=body) as reply,
+            ):
+                for _ in reply.iter_lines():
+                    first_chunk.set()
+
+        threading.Thread(target=stream, daemon=True).start()
+        assert first_chunk.wait(60)
+        launcher.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        code = launcher.wait(timeout=60)
+        exited_after = time.monotonic() - signalled
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert launcher.stderr is not None
+    output = "".join(lines) + launcher.stderr.read()
+    assert code == 0, output
+    assert "drain deadline passed: stopping tritonserver now" in output, output
+    assert exited_after <= drain_s + 2.0, (exited_after, output)
+    assert group_pids(_triton_pid(lines)) == []
+
+
 def test_launcher_stops_tritonserver_when_terminated_while_loading(tiny_model_dir: Path, tmp_path: Path) -> None:
     launcher, _ = _start_launcher(tiny_model_dir, tmp_path)
     lines: list[str] = []

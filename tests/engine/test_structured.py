@@ -10,7 +10,7 @@ import xgrammar as xgr
 from python_backend.engine.sequence import EngineRequest
 from python_backend.protocol.errors import ContractError
 from python_backend.protocol.params import parse_parameters
-from python_backend.sampling.structured import GrammarCompiler
+from python_backend.sampling.structured import GrammarCompiler, GrammarSpec
 from tests.fixtures.engine_driver import Collected, Driver
 
 SCHEMA = {
@@ -91,3 +91,36 @@ def test_json_object_wins_over_a_bias_towards_an_array(driver: Driver, compiler:
         logit_bias={str(bracket): 100},
     )
     assert run.wait().text().lstrip().startswith("{")
+
+
+def test_compiled_grammars_are_cached_by_schema_and_bounded(tiny_loaded, monkeypatch: pytest.MonkeyPatch) -> None:
+    compiler = GrammarCompiler(tiny_loaded.tokenizer, tiny_loaded.vocab_size, cache_entries=2)
+    compiled: list[str] = []
+    real = GrammarCompiler._compile
+
+    def counting(self: GrammarCompiler, spec: GrammarSpec) -> object:
+        compiled.append(spec.schema)
+        return real(self, spec)
+
+    monkeypatch.setattr(GrammarCompiler, "_compile", counting)
+
+    def fmt(name: str) -> dict:
+        schema = {"type": "object", "properties": {name: {"type": "integer"}}}
+        return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+    first = compiler.compile(fmt("a"))
+    assert compiler.compile(fmt("a")) is first and len(compiled) == 1  # the same schema: cached
+    compiler.compile(fmt("b"))
+    compiler.compile(fmt("c"))  # a third schema evicts the least recently used
+    compiler.compile(fmt("a"))
+    assert len(compiled) == 4
+    compiler.close()
+
+
+def test_a_schema_over_the_ceiling_is_a_400_without_compiling(tiny_loaded) -> None:
+    compiler = GrammarCompiler(tiny_loaded.tokenizer, tiny_loaded.vocab_size, max_schema_bytes=100)
+    enum = [f"value-{i}" for i in range(50)]
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": enum}}}
+    with pytest.raises(ContractError) as caught:
+        compiler.spec(fmt)
+    assert caught.value.info.param == "response_format" and "100" in caught.value.info.message

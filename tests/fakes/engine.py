@@ -7,6 +7,7 @@ place of ``Engine`` with ``monkeypatch.setattr(adapter, "Engine", fake.build)``.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,8 @@ class FakeEngine:
     cancelled: list[str] = field(default_factory=list)
     started: bool = False
     stopped: bool = False
+    reserved: int = 0  # waiting places held for requests still being prepared
+    _arrived: threading.Condition = field(default_factory=threading.Condition)
 
     def build(self, *args: Any, **kwargs: Any) -> FakeEngine:
         """Called as ``Engine(loaded, settings, ...)`` would be: this engine, whatever the args."""
@@ -35,10 +38,27 @@ class FakeEngine:
     def stop(self, timeout: float = 30.0) -> None:
         self.stopped = True
 
-    def submit(self, request: EngineRequest) -> None:
+    def reserve(self) -> None:
+        self.reserved += 1
+
+    def unreserve(self) -> None:
+        self.reserved -= 1
+
+    def submit(self, request: EngineRequest, reserved: bool = False) -> None:
+        if reserved:
+            self.reserved -= 1  # taken, or given back by the refusal
         if self.submit_error is not None:
             raise self.submit_error
-        self.submitted.append(request)
+        with self._arrived:
+            self.submitted.append(request)
+            self._arrived.notify_all()
+
+    def wait_submitted(self, count: int, timeout: float = 30.0) -> list[EngineRequest]:
+        """The first ``count`` submissions, once made (requests are prepared on their own thread)."""
+        with self._arrived:
+            if not self._arrived.wait_for(lambda: len(self.submitted) >= count, timeout):
+                raise TimeoutError(f"{len(self.submitted)} of {count} requests were submitted")
+            return self.submitted[:count]
 
     def cancel(self, request_id: str, before_arrival: bool = False) -> None:
         self.cancelled.append(request_id)

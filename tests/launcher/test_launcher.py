@@ -32,7 +32,12 @@ from openai_frontend.launcher.network import is_loopback
 from openai_frontend.launcher.options import FrontendOptions, ServeOptions, engine_settings
 from openai_frontend.launcher.serve import run_serve
 from openai_frontend.launcher.triton_install import TritonInstall
-from openai_frontend.launcher.tritonserver import TritonEndpoints, TritonServerProcess
+from openai_frontend.launcher.tritonserver import (
+    SECRET_HEADER,
+    RestrictedAccess,
+    TritonEndpoints,
+    TritonServerProcess,
+)
 from python_backend.protocol.settings import EngineSettings, SettingsError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -358,3 +363,24 @@ def test_frontend_connections_send_small_writes_at_once() -> None:
             server.close()
 
     assert asyncio.run(accepted_nodelay()) != 0
+
+
+def test_a_restricted_server_needs_the_secret_for_every_api_when_keys_are_set(tmp_path: Path) -> None:
+    install = TritonInstall(server=Path("/x/tritonserver"), backend_dir=None)
+    keyed, keyless = RestrictedAccess.for_frontend(api_keys=True), RestrictedAccess.for_frontend(api_keys=False)
+    assert keyed.secret != keyless.secret and len(keyed.secret) >= 32  # a new secret each start
+    assert keyed.secret not in repr(keyed)
+    endpoints = TritonEndpoints("127.0.0.1", 1, 2, 3)
+    cmd = TritonServerProcess(install, tmp_path / "log", access=keyed).command(tmp_path, endpoints)
+    for flag in ("--grpc-restricted-protocol", "--http-restricted-api"):
+        (rule,) = [arg.split("=", 1)[1] for arg in cmd if arg.startswith(flag + "=")]
+        apis, header = rule.split(":", 1)
+        assert set(apis.split(",")) >= {"inference", "health", "shared-memory", "model-repository"}
+        assert header == f"{SECRET_HEADER}={keyed.secret}"
+    # Without keys, inference stays open (the frontend is keyless too) but the admin APIs are not.
+    cmd = TritonServerProcess(install, tmp_path / "log", access=keyless).command(tmp_path, endpoints)
+    (rule,) = [arg for arg in cmd if arg.startswith("--grpc-restricted-protocol=")]
+    keyless_apis = set(rule.split("=", 1)[1].split(":", 1)[0].split(","))
+    assert "inference" not in keyless_apis and {"shared-memory", "model-repository"} <= keyless_apis
+    # The frontend's gRPC calls carry the header under the prefix Triton's gRPC endpoint expects.
+    assert keyed.grpc_headers == {f"triton-grpc-protocol-{SECRET_HEADER}": keyed.secret}

@@ -160,3 +160,43 @@ def test_max_restarts_zero_stops_at_the_first_failure(monkeypatch: Any) -> None:
     triton.stub = 0
     thread.join(5)
     assert fatal == ["x"] and triton.restarts == 0
+
+
+def test_once_the_drain_deadline_has_passed_tritonserver_is_stopped_at_once() -> None:
+    class StoppableTriton(FakeTriton):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stop_timeouts: list[float] = []
+
+        def stop(self, timeout: float = 30.0) -> int | None:
+            self.stop_timeouts.append(timeout)
+            self.stub, self.code = 0, -9
+            return -9
+
+    class Drain:
+        draining = True
+
+        def __init__(self) -> None:
+            self.over = threading.Event()
+
+        def expired(self) -> bool:
+            return self.over.is_set()
+
+        def done(self) -> bool:
+            return self.over.is_set()
+
+    triton = StoppableTriton()
+    drain = Drain()
+    fatal: list[str] = []
+    watcher = Supervisor(
+        cast(TritonServerProcess, triton), Path("/repo"), {}, "m", 5.0, lambda: fatal.append("x"),
+        drain=drain,
+    )  # fmt: skip
+    thread = threading.Thread(target=watcher.run, daemon=True)
+    thread.start()
+    time.sleep(supervisor.WATCH_INTERVAL_S * 2)
+    assert triton.stop_timeouts == [] and triton.probes == 0  # draining within the deadline: no probes
+    drain.over.set()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert triton.stop_timeouts == [supervisor.DEADLINE_STOP_S] and triton.restarts == 0 and fatal == []
