@@ -23,6 +23,7 @@ from python_backend.engine.liveness import health_problem
 from python_backend.engine.sequence import EngineEvent, EngineRequest
 from python_backend.model.loader import load_model
 from python_backend.model.threads import confine_serving_threads, pinned_cpus, serialize_current_thread
+from python_backend.parallel.ranks import RankGroup
 from python_backend.prompt.inputs import decode_request
 from python_backend.protocol import contract
 from python_backend.protocol.errors import ContractError, ErrorInfo, internal
@@ -61,6 +62,16 @@ class TritonPythonModel:
         # This (stub) thread must not start an OpenMP team next to the engine's (model/threads.py).
         threads = serialize_current_thread()
         settings = dataclasses.replace(settings, torch_threads=settings.torch_threads or threads)
+        # Tensor parallel: the other ranks' processes start and join here, then load with rank 0.
+        self._ranks = RankGroup.start(settings) if settings.tensor_parallel_size > 1 else None
+        try:
+            self._start(self._ranks.settings if self._ranks is not None else settings)
+        except BaseException:
+            if self._ranks is not None:
+                self._ranks.close()
+            raise
+
+    def _start(self, settings: EngineSettings) -> None:
         loaded = load_model(settings)
         self._tokenizer = loaded.tokenizer
         self._adapters = loaded.adapters
@@ -80,7 +91,8 @@ class TritonPythonModel:
             logger.info("compute threads pinned to CPUs %s; the stub's other threads share CPU %d", cpus, cpus[0])
         self._channels = ChannelRegistry()
         self._sender = ResponseSender(self._channels)
-        self._engine = Engine(loaded, settings, compute_cpus=cpus, after_pass=self._sender.pass_ended)
+        ranks = self._ranks.sync if self._ranks is not None else None
+        self._engine = Engine(loaded, settings, compute_cpus=cpus, after_pass=self._sender.pass_ended, ranks=ranks)
         self._engine.start()
         self._metrics = MetricsReporter(self._engine, loaded.name, pb_utils)
         logger.info("triton-chat model '%s' ready", loaded.name)
@@ -156,7 +168,8 @@ class TritonPythonModel:
     def _answer_probe(self, sender: ResponseLink, request_id: str) -> None:
         # Through the sender thread like any response, so a stuck sender fails the probe too.
         health = self._engine.health()
-        problem = health_problem(health)
+        # A dead rank first: the engine fails too at its next collective, but says less.
+        problem = (self._ranks.problem() if self._ranks is not None else None) or health_problem(health)
         if problem is not None:
             self._fail(sender, request_id, problem)
             return
@@ -185,6 +198,8 @@ class TritonPythonModel:
     def finalize(self) -> None:
         self._metrics.stop()
         self._engine.stop()
+        if self._ranks is not None:
+            self._ranks.close()
         self._sender.stop()
         for channel in self._channels.close_all():
             end_channel(channel)
