@@ -1,4 +1,5 @@
-"""Two CPU ranks over gloo answer exactly as one: greedy text, seeded samples, cache, cancellation."""
+"""Two CPU ranks over gloo answer exactly as one: greedy text, seeded samples, the prefix cache,
+cancellation and beam search."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class Answers:
     cached_tokens: int
     cancelled_deltas: int
     after_cancel: str
+    beams: list[str]
     kv_bytes_per_token: int
 
 
@@ -43,12 +45,14 @@ def _answers(model_dir: Path, ranks: int) -> Answers:
         holder.append(long)
         long.wait()
         after = driver.submit(PROMPTS[3], temperature=0, max_tokens=20).wait()
+        beams = driver.submit("beam me up", stream=False, use_beam_search=True, n=2, max_tokens=8).wait()
         return Answers(
             greedy=greedy,
             seeded=[seeded.text(0), seeded.text(1)],
             cached_tokens=repeat.usage().cached_tokens,
             cancelled_deltas=len(long.deltas),
             after_cancel=after.text(),
+            beams=[beams.text(0), beams.text(1)],
             kv_bytes_per_token=model.engine.limits.kv_bytes_per_token,
         )
 
@@ -64,6 +68,7 @@ def test_two_ranks_give_the_answers_of_one(model: str, request: pytest.FixtureRe
     assert two.cached_tokens == one.cached_tokens > 0
     assert 0 < two.cancelled_deltas < 4000  # cancelled mid-answer, as on one rank
     assert two.after_cancel == one.after_cancel  # the ranks are still in step after the cancel
+    assert two.beams == one.beams and all(two.beams)  # every rank picks the same beams
     # Each rank holds half of the key/value heads: its KV budget counts half the bytes per token.
     assert two.kv_bytes_per_token * 2 == one.kv_bytes_per_token
 
