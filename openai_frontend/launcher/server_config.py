@@ -15,7 +15,8 @@ ServerConfig's from ``FrontendSettings``' ``FlagInfo.mindie_key`` beside the lis
                       "dtype": "auto", "device": "auto", "maxSeqLen": 0, "maxInputTokenLen": 0,
                       "maxIterTimes": 512, "maxBatchSize": 32, "maxPrefillTokens": 512,
                       "maxQueueSize": 256, "kvCacheMemoryMb": 0,
-                      "toolCallParser": "auto", "reasoningParser": "auto"},
+                      "toolCallParser": "auto", "reasoningParser": "auto",
+                      "worldSize": 1, "npuDeviceIds": ""},
       "LoraModules": [{"name": "sql-adapter", "path": "/adapters/sql"}]
     }
 """
@@ -77,7 +78,9 @@ def _model_section() -> type[_Section]:
         if info.mindie_key is None:
             continue
         kind: Any = {"bool": bool, "int": int}.get(setting_kind(spec), str)
-        if spec.default == "":
+        if spec.name == "device_ids":  # MindIE writes npuDeviceIds as [[0, 1, 2, 3]]
+            keys[info.mindie_key] = (str | list[int] | list[list[int]], Field(default="", description=info.help))
+        elif spec.default == "":
             # The model folder and served name: absent means the demo model and the folder's name.
             keys[info.mindie_key] = (kind | None, Field(default=None, description=info.help))
         else:
@@ -115,6 +118,14 @@ def load_server_file(path: Path) -> ServerFile:
         raise ConfigFileError(f"{path}: '{where}': {first['msg']}") from exc
 
 
+def _device_ids(value: str | list[int] | list[list[int]]) -> str:
+    """``npuDeviceIds`` as the setting takes it: ``"0,1"`` from ``"0,1"``, ``[0, 1]`` or ``[[0, 1]]``."""
+    if isinstance(value, str):
+        return value
+    flat = [i for item in value for i in (item if isinstance(item, list) else [item])]
+    return ",".join(str(i) for i in flat)
+
+
 def flag_defaults(config: ServerFile) -> dict[str, Any]:
     """The ``serve`` parser's defaults (argparse ``dest`` names) that the file sets."""
     server, model = config.ServerConfig, config.ModelConfig
@@ -133,6 +144,7 @@ def flag_defaults(config: ServerFile) -> dict[str, Any]:
         key = setting_info(spec).mindie_key
         if key is not None:
             defaults[spec.name] = getattr(model, key)
+    defaults["device_ids"] = _device_ids(defaults["device_ids"])
     if defaults["model_path"]:
         defaults["model_path"] = Path(defaults["model_path"])
     if server.httpsEnabled:

@@ -36,6 +36,7 @@ from python_backend.engine.request import EngineEvent, EngineRequest, RequestGro
 from python_backend.engine.rows import new_sequences
 from python_backend.engine.scheduler import Scheduler
 from python_backend.engine.sequence import Sequence
+from python_backend.engine.step_sync import StepSync
 from python_backend.model.loader import LoadedModel
 from python_backend.model.lora import adapter_names
 from python_backend.model.threads import engine_thread_count, pinned_cpus, use_compute_threads
@@ -63,16 +64,23 @@ class Engine:
         settings: EngineSettings,
         compute_cpus: list[int] | None = None,
         after_pass: Callable[[], None] | None = None,
+        ranks: StepSync | None = None,
     ) -> None:
         """``compute_cpus``: where to pin the engine thread's team (default: chosen here, on CPU).
         ``after_pass``: called on the engine thread after each pass that may have sent events
-        (cancellations, a prefill, a decode step), so a transport can send them as one burst."""
+        (cancellations, a prefill, a decode step), so a transport can send them as one burst.
+        ``ranks``: this rank's tensor-parallel group (``step_sync.py``); None on one device."""
         self._after_pass = after_pass or (lambda: None)
         self._loaded = loaded
         self._settings = settings
+        self._ranks = ranks
         self.limits = Limits.resolve(settings, loaded)
+        if ranks is not None:
+            self.limits = ranks.agree(self.limits)
+        self._sample = ranks.sample if ranks is not None else sample
         self._texts = TokenTexts(loaded.tokenizer)
-        admission = Admission(settings.max_waiting_requests, self.limits.kv_budget_tokens)
+        make_admission = ranks.admission if ranks is not None else Admission
+        admission = make_admission(settings.max_waiting_requests, self.limits.kv_budget_tokens)
         self._scheduler = Scheduler(admission, settings.max_num_seqs, settings.max_num_batched_tokens)
         self._running: list[Sequence] = []  # in KV-batch row order
         self._kv = KVBatch(loaded.kv_dtype)
@@ -196,10 +204,14 @@ class Engine:
         with torch.inference_mode():
             while not self._stopping.is_set():
                 self._heartbeat.beat()
-                self._reap_cancelled()
+                if self._ranks is None:
+                    self._reap_cancelled()
+                elif not self._ranks.step(self._reap_cancelled):
+                    break
                 self._after_pass()
                 if not (self._scheduler.has_prefill_work or self._running):
-                    self._wake.wait(_IDLE_WAIT_S)
+                    if self._ranks is None or self._ranks.leads:  # a follower waits in step()
+                        self._wake.wait(_IDLE_WAIT_S)
                     self._wake.clear()
                     continue
                 self._prefill_step()
@@ -308,7 +320,7 @@ class Engine:
             return
         for seq in group.sequences:
             seq.update_suppression()
-        sampled = sample(logits.expand(group.candidates, -1), [s.sampling for s in group.sequences])
+        sampled = self._sample(logits.expand(group.candidates, -1), [s.sampling for s in group.sequences])
         ended = time.perf_counter()
         for seq, token in zip(group.sequences, sampled, strict=True):
             seq.accept(token, self._texts)
@@ -343,7 +355,7 @@ class Engine:
                     seq.update_suppression()
                 else:
                     beams.setdefault(seq.request.request_id, []).append(i)
-            sampled = sample(logits[plain], [self._running[i].sampling for i in plain]) if plain else []
+            sampled = self._sample(logits[plain], [self._running[i].sampling for i in plain]) if plain else []
         except Exception:
             logger.exception("decode step failed; stopping the %d running requests", len(self._running))
             for group in {id(s.request): self._group(s.request) for s in self._running}.values():

@@ -27,10 +27,12 @@ _PREFIX_SHARE = 8  # an automatic prefix cache gets this fraction (1/N) of the K
 
 
 def kv_bytes_per_token(loaded: LoadedModel, dtype: torch.dtype | None = None) -> int:
-    """Bytes of keys and values per token over all layers, stored in ``dtype`` (default: the KV's)."""
+    """Bytes of keys and values per token over all layers on one rank, stored in ``dtype``
+    (default: the KV's)."""
     config = loaded.model.config.get_text_config(decoder=True)
     layers = int(config.num_hidden_layers)
     heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    heads //= loaded.tensor_parallel_size  # each rank holds its own heads' keys and values
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
     element = torch.tensor([], dtype=dtype or loaded.kv_dtype or loaded.dtype).element_size()
     return 2 * layers * heads * head_dim * element

@@ -25,6 +25,7 @@ from python_backend.cpu.linear import pack_linears, prepack_supported
 from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel, build_kernel
 from python_backend.model.device import place, synchronize
 from python_backend.model.lora import attach_adapters, parse_lora_modules
+from python_backend.model.shard import ShardError, check_shardable, shard_arguments
 from python_backend.prompt.multimodal.processor import AUDIO_MODEL_TYPES, VISION_MODEL_TYPES, MediaProcessor
 from python_backend.protocol.settings import EngineSettings
 
@@ -63,6 +64,7 @@ class LoadedModel:
     media: MediaProcessor | None = None  # a multimodal model's prompt step; None: text only
     kv_dtype: torch.dtype | None = None  # the running batch's KV storage; None: ``dtype``
     fast_decoder: FastDecoder | None = None  # the lean CPU decode step (fast_decode.py), where exact
+    tensor_parallel_size: int = 1  # ranks the weights and KV heads are split over (shard.py)
 
     @property
     def uses_mrope(self) -> bool:
@@ -148,10 +150,17 @@ def load_model(settings: EngineSettings) -> LoadedModel:
     extra: dict[str, Any] = {}
     kv_dtype: torch.dtype | None = None
     kernel: DecodeAttentionKernel | None = None
+    world = settings.tensor_parallel_size
+    if world > 1:
+        try:
+            check_shardable(config, world, model_class is AutoModelForCausalLM, len(adapters))
+        except ShardError as exc:
+            raise ModelLoadError(str(exc)) from exc
+        extra.update(shard_arguments())
     cpu_text = placement.device.type == "cpu" and model_class is AutoModelForCausalLM
     if cpu_text:
         # One-query-row attention without SDPA's CPU overhead (attention.py); prefill unchanged.
-        if settings.cpu_native_attention and placement.dtype == torch.bfloat16:
+        if settings.cpu_native_attention and placement.dtype == torch.bfloat16 and world == 1:
             kernel = build_kernel()  # None (logged) without a C compiler
         extra["attn_implementation"] = use_decode_attention(kernel)
         if kernel is None and settings.kv_cache_dtype == "auto" and placement.dtype in (torch.bfloat16, torch.float16):
@@ -163,7 +172,8 @@ def load_model(settings: EngineSettings) -> LoadedModel:
     base.eval()
     model = attach_adapters(base, adapters)
     fast = None
-    if settings.cpu_prepack_weights and prepack_supported(placement.device, placement.dtype):
+    # The CPU speed paths rewrite the linear layers, which hold a rank's shard under tensor parallel.
+    if settings.cpu_prepack_weights and world == 1 and prepack_supported(placement.device, placement.dtype):
         pack_linears(model, base.get_decoder(), base.get_output_embeddings())
         if cpu_text and not adapters:
             fast = FastDecoder.build(base, kernel)  # None where it would not equal the model's forward
@@ -195,4 +205,5 @@ def load_model(settings: EngineSettings) -> LoadedModel:
         media=MediaProcessor.from_folder(folder, model_type, tokenizer),
         kv_dtype=kv_dtype,
         fast_decoder=fast,
+        tensor_parallel_size=world,
     )

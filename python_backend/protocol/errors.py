@@ -238,6 +238,11 @@ def engine_failed() -> ErrorInfo:
     return ENGINE_FAILED.info("the engine stopped after an internal error")
 
 
+def rank_failed(rank: int, exit_code: int) -> ErrorInfo:
+    """A tensor-parallel rank's process exited: the model cannot run a step without it."""
+    return ENGINE_FAILED.info(f"tensor-parallel rank {rank} exited (code {exit_code})")
+
+
 def engine_stopped() -> ErrorInfo:
     return ENGINE_STOPPED.info("the engine is not running")
 

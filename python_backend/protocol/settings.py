@@ -111,6 +111,33 @@ class EngineSettings:
             docs="`auto` (CUDA, else Ascend, else CPU), `cpu`, `cuda[:N]`, `npu[:N]`",
         ),
     )
+    # One model over several devices: rank 0 is this process, the others are worker processes
+    # it starts (python_backend.parallel); each holds a shard of the weights and of the KV cache.
+    tensor_parallel_size: int = _setting(
+        1,
+        SettingInfo(
+            "devices (ranks) one model instance is split over; 1 = no tensor parallel",
+            flag="--tensor-parallel-size",
+            mindie_key="worldSize",
+            minimum=1,
+            metavar="N",
+            docs="ranks the model's layers are split over (tensor parallel: attention heads and MLP "
+            "columns per rank, one process per rank, gloo on CPU, NCCL on CUDA, HCCL on Ascend); "
+            "see [tensor parallel](tensor-parallel.md)",
+        ),
+    )
+    device_ids: str = _setting(
+        "",
+        SettingInfo(
+            "comma-separated device index of each rank, e.g. 0,1,2,3 (default: from --device's index up)",
+            flag="--device-ids",
+            mindie_key="npuDeviceIds",
+            metavar="IDS",
+            docs="CUDA/NPU index of each rank, comma-separated (`0,1,2,3`); in `config.json` also "
+            "MindIE's list form (`[[0, 1, 2, 3]]`)",
+            docs_default="the device's index, then the next ones",
+        ),
+    )
     max_num_seqs: int = _setting(
         64,
         SettingInfo(
@@ -386,6 +413,20 @@ class EngineSettings:
         base = device.split(":", 1)[0]
         if base not in DEVICE_BASES or (":" in device and not device.split(":", 1)[1].isdigit()):
             raise SettingsError(f"device must be auto, cpu, cuda[:N] or npu[:N], got '{device}'")
+
+        if self.device_ids:
+            ids = self.device_ids.split(",")
+            if not all(i.strip().isdigit() for i in ids):
+                raise SettingsError(f"device_ids must be comma-separated device indexes, got '{self.device_ids}'")
+            if len(ids) != self.tensor_parallel_size:
+                raise SettingsError(
+                    f"device_ids names {len(ids)} devices; tensor_parallel_size is {self.tensor_parallel_size}"
+                )
+
+    @property
+    def rank_device_ids(self) -> list[int]:
+        """The device index of each rank, as ``device_ids`` names them; [] when it names none."""
+        return [int(i) for i in self.device_ids.split(",")] if self.device_ids else []
 
     @staticmethod
     def from_parameters(params: dict[str, str]) -> EngineSettings:

@@ -29,6 +29,7 @@ from python_backend.engine.liveness import health_problem
 from python_backend.engine.sequence import EngineEvent, EngineRequest
 from python_backend.model.loader import load_model
 from python_backend.model.threads import confine_serving_threads, pinned_cpus, serialize_current_thread
+from python_backend.parallel.ranks import RankGroup
 from python_backend.prompt.inputs import PreparedRequest, decode_request
 from python_backend.prompt.tokenize import answer_query
 from python_backend.protocol import contract
@@ -89,6 +90,18 @@ class TritonPythonModel:
         # This (stub) thread must not start an OpenMP team next to the engine's (model/threads.py).
         threads = serialize_current_thread()
         settings = dataclasses.replace(settings, torch_threads=settings.torch_threads or threads)
+        # Tensor parallel: the other ranks' processes start and join here, then load with rank 0.
+        self._ranks = RankGroup.start(settings) if settings.tensor_parallel_size > 1 else None
+        try:
+            self._start(
+                self._ranks.settings if self._ranks is not None else settings, args.get("model_instance_name", "")
+            )
+        except BaseException:
+            if self._ranks is not None:
+                self._ranks.close()
+            raise
+
+    def _start(self, settings: EngineSettings, instance: str) -> None:
         loaded = load_model(settings)
         self._tokenizer = loaded.tokenizer
         self._adapters = loaded.adapters
@@ -108,7 +121,8 @@ class TritonPythonModel:
             logger.info("compute threads pinned to CPUs %s; the stub's other threads share CPU %d", cpus, cpus[0])
         self._channels = ChannelRegistry()
         self._sender = ResponseSender(self._channels)
-        self._engine = Engine(loaded, settings, compute_cpus=cpus, after_pass=self._sender.pass_ended)
+        ranks = self._ranks.sync if self._ranks is not None else None
+        self._engine = Engine(loaded, settings, compute_cpus=cpus, after_pass=self._sender.pass_ended, ranks=ranks)
         self._engine.start()
         self._preparer = RequestPreparer(
             self._decode,
@@ -119,7 +133,7 @@ class TritonPythonModel:
             float(settings.grammar_compile_timeout_s),
         )
         self._preparer.start()
-        self._metrics = MetricsReporter(self._engine, loaded.name, pb_utils, args.get("model_instance_name", ""))
+        self._metrics = MetricsReporter(self._engine, loaded.name, pb_utils, instance)
         _die_fast_on_crash()  # last: after every import that may install a handler of its own
         logger.info("triton-chat model '%s' ready", loaded.name)
 
@@ -209,7 +223,8 @@ class TritonPythonModel:
     def _answer_probe(self, sender: ResponseLink, request_id: str) -> None:
         # Through the sender thread like any response, so a stuck sender fails the probe too.
         health = self._engine.health()
-        problem = health_problem(health)
+        # A dead rank first: the engine fails too at its next collective, but says less.
+        problem = (self._ranks.problem() if self._ranks is not None else None) or health_problem(health)
         if problem is not None:
             self._fail(sender, request_id, problem)
             return
@@ -251,4 +266,6 @@ class TritonPythonModel:
         self._preparer.stop()  # what it still holds is refused; what it handed on, the engine ends
         self._engine.stop()
         self._grammars.close()
+        if self._ranks is not None:
+            self._ranks.close()
         self._sender.stop()  # ends the open channels too, on its own thread

@@ -95,7 +95,7 @@ def test_the_frontend_and_launcher_use_only_the_protocol_of_the_backend(all_impo
 
 def test_the_protocol_imports_the_standard_library_and_numpy_only(all_imports: list[Import]) -> None:
     ours_elsewhere = tuple(
-        f"python_backend.{p}" for p in ("engine", "sampling", "text", "prompt", "model", "cpu", "triton")
+        f"python_backend.{p}" for p in ("engine", "sampling", "text", "prompt", "model", "cpu", "parallel", "triton")
     )
     third_party = (
         "torch",
@@ -127,6 +127,20 @@ def test_only_the_triton_adapter_imports_the_python_backend_utils(all_imports: l
 def test_the_engine_core_never_imports_the_adapter_or_the_frontend(all_imports: list[Import]) -> None:
     for core in ("engine", "sampling", "text", "prompt", "model", "cpu"):
         assert violations(all_imports, f"python_backend.{core}", ("python_backend.triton", "openai_frontend")) == []
+
+
+def test_tensor_parallel_sits_above_the_engine_and_below_the_adapter(all_imports: list[Import]) -> None:
+    # The engine is handed its group (engine/step_sync.py) and never imports it; the group never
+    # imports the adapter, which starts it.
+    for core in ("engine", "sampling", "text", "prompt", "model", "cpu"):
+        assert violations(all_imports, f"python_backend.{core}", ("python_backend.parallel",)) == []
+    banned = ("python_backend.triton", "openai_frontend", "triton_python_backend_utils")
+    assert violations(all_imports, "python_backend.parallel", banned) == []
+    assert any(
+        _within(imp.target, "python_backend.parallel")
+        for imp in all_imports
+        if imp.module.startswith("python_backend.triton")
+    )
 
 
 def test_only_the_frontend_client_imports_tritonclient_or_grpc(all_imports: list[Import]) -> None:

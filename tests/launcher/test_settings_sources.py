@@ -25,7 +25,7 @@ def test_serve_help_lists_every_setting_flag(capsys: pytest.CaptureFixture[str])
     ]
     missing = [flag for flag in flags if flag and flag not in shown]
     assert not missing
-    assert len([flag for flag in flags if flag]) == 44  # 25 engine settings, 19 frontend ones
+    assert len([flag for flag in flags if flag]) == 46  # 27 engine settings, 19 frontend ones
 
 
 def test_every_model_config_key_reaches_the_engine_settings(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -44,7 +44,7 @@ def test_every_model_config_key_reaches_the_engine_settings(tmp_path: Path, tiny
         elif info.choices:
             value = info.choices[-1]
         else:
-            value = {"served_model_name": "mine", "device": "cpu"}[spec.name]
+            value = {"served_model_name": "mine", "device": "cpu", "device_ids": "0,1,2,3"}[spec.name]
         model_config[info.mindie_key] = value
         expected[spec.name] = value
     model_config["modelWeightPath"] = str(tiny_model_dir)

@@ -1,0 +1,74 @@
+"""A worker rank's process: ``python -m python_backend.parallel.worker``, started by rank 0.
+
+Owns the worker's life: join the group, load this rank's shard, run the engine as a follower of
+rank 0 until rank 0 says stop (exit 0), and exit at once when rank 0's process is gone (its
+parent) or the engine loop fails (exit 1), so that no worker outlives its model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import threading
+import time
+
+from python_backend.engine.engine import Engine
+from python_backend.model.loader import load_model
+from python_backend.parallel.group import RankPlan, join, leave, rank_settings
+from python_backend.parallel.sync import FollowerSync
+from python_backend.protocol.settings import EngineSettings
+
+logger = logging.getLogger("triton_chat.rank")
+
+PARENT_POLL_S = 0.5
+ORPHANED_EXIT = 3
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this process when ``parent`` is gone (it is then re-parented)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        logger.error("rank 0 (pid %d) is gone; exiting", parent)
+        os._exit(ORPHANED_EXIT)  # no cleanup to wait for: the group is gone with rank 0
+
+    threading.Thread(target=watch, name="triton-chat-parent", daemon=True).start()
+
+
+def run(settings: EngineSettings, plan: RankPlan) -> int:
+    """Serve as rank ``plan.rank`` until rank 0 stops the group; the process's exit code."""
+    mine = rank_settings(settings, plan.rank)
+    channel = join(plan, mine.device)
+    try:
+        loaded = load_model(mine)
+        sync = FollowerSync(channel, loaded)
+        engine = Engine(loaded, mine, ranks=sync)
+        engine.start()
+        while not sync.stopped.wait(PARENT_POLL_S):
+            if not engine.health().running:
+                logger.error("rank %d: the engine loop ended before rank 0 stopped it", plan.rank)
+                return 1
+        engine.stop()
+        return 0
+    finally:
+        leave()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--address", required=True, help="host:port of rank 0's rendezvous")
+    parser.add_argument("--parent", type=int, required=True, help="rank 0's process id")
+    parser.add_argument("--settings", required=True, help="the model's parameters as JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s rank {args.rank} %(name)s: %(message)s")
+    _exit_with_parent(args.parent)
+    settings = EngineSettings.from_parameters(json.loads(args.settings))
+    return run(settings, RankPlan(args.rank, settings.tensor_parallel_size, args.address))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
