@@ -76,7 +76,7 @@ class ServedProcess:
 
 
 def ours(
-    model_dir: str, dtype: str, log: Path, max_num_seqs: int = 32, extra_args: tuple[str, ...] = ()
+    model_dir: str, dtype: str, log: Path, max_num_seqs: int = 64, extra_args: tuple[str, ...] = ()
 ) -> ServedProcess:
     port = free_port()
     command = [

@@ -6,6 +6,7 @@ import pytest
 
 from benchmarks.load import RequestResult
 from benchmarks.traffic import Workload, build_requests, request_body, summarize
+from benchmarks.traffic_compare import markdown
 
 
 def _workload(mix: str = "distinct") -> Workload:
@@ -63,3 +64,14 @@ def test_goodput_counts_only_requests_within_the_slo() -> None:
     assert report.output_tokens_per_s == 15.0 and report.total_tokens_per_s == 165.0
     assert report.prompt_tokens_mean == 100.0
     assert report.itl_p99_ms == 900.0
+
+
+def test_comparison_table_gives_each_run_its_ratio_to_vllm_at_the_same_concurrency() -> None:
+    ok = RequestResult(True, tokens=10, ttft_s=0.2, gaps_s=[0.05] * 9, prompt_tokens=100)
+    ours16 = summarize("triton-chat", _workload(), "closed C=16", [ok, ok], 1.0, 1.0, 0.1)
+    vllm16 = summarize("vllm-cpu", _workload(), "closed C=16", [ok], 1.0, 1.0, 0.1)
+    ours64 = summarize("triton-chat", _workload(), "closed C=64", [ok], 1.0, 1.0, 0.1)
+    rows = markdown([ours16, vllm16, ours64]).splitlines()[2:]
+    assert rows[0].startswith("| triton-chat | closed C=16 | 20.0 | 2.00 |")
+    assert rows[1].startswith("| vllm-cpu | closed C=16 | 10.0 | 1.00 |")
+    assert rows[2].startswith("| triton-chat | closed C=64 | 10.0 | — |")  # no vLLM run at C=64
