@@ -43,6 +43,16 @@ class FakeAccelerator:
         self.synced.append(device)
 
 
+class NoNpu:
+    """``torch.npu`` of a process whose device slot is named "npu" but that has no NPU."""
+
+    def is_available(self) -> bool:
+        return False
+
+    def device_count(self) -> int:
+        return 0
+
+
 @pytest.fixture
 def cuda(monkeypatch: pytest.MonkeyPatch) -> FakeAccelerator:
     fake = FakeAccelerator(current=1)
@@ -56,13 +66,20 @@ def npu(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAccelerator]:
     """``torch_npu`` importable and ``torch.npu`` present, as after installing the ascend extra."""
     fake = FakeAccelerator(free_bytes=30 * GIB)
     # What importing torch_npu does first: torch's out-of-tree device slot becomes "npu". It
-    # cannot be undone, and nothing else in the tests uses that slot.
+    # cannot be undone: torch.accelerator then takes "npu" as the accelerator for the rest of the
+    # process and asks torch.npu how many devices it has (Adam does, in any later test).
     if torch._C._get_privateuse1_backend_name() != "npu":
         torch.utils.rename_privateuse1_backend("npu")
     monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))
-    monkeypatch.setattr(torch, "npu", fake, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    yield fake
+    previous = getattr(torch, "npu", None)
+    torch.npu = fake  # type: ignore[attr-defined]
+    try:
+        yield fake
+    finally:
+        # So after the test torch.npu is one that sees no device, as with no NPU installed.
+        torch.npu = previous if previous is not None else NoNpu()  # type: ignore[attr-defined]
+        torch.get_device_module.cache_clear()
 
 
 def test_auto_takes_cudas_current_device(cuda: FakeAccelerator) -> None:
