@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
@@ -72,7 +73,7 @@ class StreamOptions:
     continuous_usage: bool = False  # OpenAI stream_options.continuous_usage_stats: usage on every chunk
 
 
-class ChoiceStreamFormatter:
+class ChoiceStreamFormatter(ABC):
     """The SSE events of one streaming response, delta by delta; subclasses shape the chunks
     (``_mindie_delta``, ``_openai_delta``, and ``_error_entry`` for a MindIE error ending)."""
 
@@ -122,15 +123,17 @@ class ChoiceStreamFormatter:
             return self._mindie_delta(delta, choice)
         return self._openai_delta(delta, choice)
 
+    @abstractmethod
     def _mindie_delta(self, delta: ChoiceDelta, choice: ChoiceAccumulator) -> list[bytes]:
-        raise NotImplementedError
+        """A MindIE-mode delta's events."""
 
+    @abstractmethod
     def _openai_delta(self, delta: ChoiceDelta, choice: ChoiceAccumulator) -> list[bytes]:
-        raise NotImplementedError
+        """An OpenAI-mode delta's events."""
 
+    @abstractmethod
     def _error_entry(self, index: int, choice: ChoiceAccumulator) -> dict[str, Any]:
         """The ``choices`` entry that ends an unfinished choice after an error (MindIE mode)."""
-        raise NotImplementedError
 
     def _final_chunk(self, entry: dict[str, Any], choice: ChoiceAccumulator) -> bytes:
         """A choice's last MindIE chunk: its usage (and ``full_text``) beside the entry."""
