@@ -52,6 +52,13 @@ class NoNpu:
     def device_count(self) -> int:
         return 0
 
+    # torch.manual_seed seeds every device module it knows of; with no NPU there is nothing to seed.
+    def _is_in_bad_fork(self) -> bool:
+        return False
+
+    def manual_seed_all(self, seed: int) -> None:
+        del seed
+
 
 @pytest.fixture
 def cuda(monkeypatch: pytest.MonkeyPatch) -> FakeAccelerator:
