@@ -28,6 +28,18 @@ class RequestId:
     value: str
     given: bool  # the client's own (which it may have sent on other requests too)
 
+    def answer_ids(self, prefix: str) -> AnswerIds:
+        """The answer's ``id`` (``<prefix>-<value>``) and the model's request id for it."""
+        response = f"{prefix}-{self.value}"
+        # A client's id may repeat; the model's request ids must not.
+        return AnswerIds(response, f"{response}-{uuid.uuid4().hex[:8]}" if self.given else "")
+
+
+@dataclass(frozen=True)
+class AnswerIds:
+    response: str  # the answer's ``id``
+    backend: str  # Triton's request id when it must differ from ``response``; "": the same
+
 
 def is_valid_request_id(text: str) -> bool:
     return _VALID.fullmatch(text) is not None

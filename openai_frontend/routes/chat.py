@@ -10,7 +10,6 @@ pseudo-stream, name the answer after the request's ``X-Request-Id``, race the wo
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -78,11 +77,8 @@ async def create_chat_completion(request: Request) -> Response:
     headers = ignored_params_headers(chat.ignored)
     try:
         media = await run_until_disconnect(request, state.media.load(chat.media)) if chat.media else []
-        rid = request_id_of(request)
-        response_id = f"chatcmpl-{rid.value}"
-        # A client's id may repeat; the model's request ids must not.
-        backend_id = f"{response_id}-{uuid.uuid4().hex[:8]}" if rid.given else ""
-        call = ChatCall(chat, state.settings, observation, media, request_id=response_id, backend_id=backend_id)
+        ids = request_id_of(request).answer_ids("chatcmpl")
+        call = ChatCall(chat, state.settings, observation, media, request_id=ids.response, backend_id=ids.backend)
         if chat.stream and not call.pseudo_stream and state.settings.sse_keepalive_s > 0:
             keepalive = state.settings.sse_keepalive_s
             return SSEResponse(keepalive_events(backend, call, keepalive, state.drain), headers=headers)

@@ -8,7 +8,6 @@ backend dialogue live in ``openai_frontend.completions``.
 from __future__ import annotations
 
 import time
-import uuid
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -53,11 +52,8 @@ async def create_completion(request: Request) -> Response:
         return ClientGoneResponse()
     backend = require_backend(request)
     headers = ignored_params_headers(completion.ignored)
-    rid = request_id_of(request)
-    response_id = f"cmpl-{rid.value}"
-    # A client's id may repeat; the model's request ids must not.
-    backend_id = f"{response_id}-{uuid.uuid4().hex[:8]}" if rid.given else ""
-    call = CompletionCall(completion, state.settings, observation, request_id=response_id, backend_id=backend_id)
+    ids = request_id_of(request).answer_ids("cmpl")
+    call = CompletionCall(completion, state.settings, observation, request_id=ids.response, backend_id=ids.backend)
     try:
         if completion.stream:
             started = await run_until_disconnect(request, start_stream(backend, call))
