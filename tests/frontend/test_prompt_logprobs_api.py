@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from frontend_fakes import MODEL, PIECES, FakeBackend, chat_body, client_for, default_script
+from test_chat_stream import parse_sse
 
 from openai_frontend.client.base import BackendRequest
 from python_backend.protocol.contract import ChoiceDelta
@@ -72,3 +73,55 @@ async def test_chat_refuses_them_when_streaming_unless_zero() -> None:
     assert backend.requests == []
     zero, _ = await post("/v1/chat/completions", chat_body(prompt_logprobs=0, stream=True))
     assert zero.status_code == 200
+
+
+async def test_echo_with_logprobs_scores_the_prompt_tokens_first() -> None:
+    response, backend = await post("/v1/completions", completion(echo=True, logprobs=1, max_tokens=1))
+    assert response.status_code == 200, response.text
+    parameters = backend.requests[0].parameters
+    assert (parameters["prompt_logprobs"], parameters["top_logprobs"], parameters["max_tokens"]) == (1, 1, 1)
+    [choice] = response.json()["choices"]
+    assert choice["text"] == PROMPT + TEXT
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == PROMPT_TOKENS + PIECES
+    assert logprobs["token_logprobs"] == [None, -1.5, -9999.0] + [-0.25] * len(PIECES)
+    assert logprobs["top_logprobs"][:3] == [None, {" wor": -1.5, " a": -0.25, "你": -1.0}, {"ld": -9999.0}]
+    tokens = PROMPT_TOKENS + PIECES
+    assert logprobs["text_offset"] == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    assert choice["prompt_logprobs"] == VLLM_FORM
+
+
+async def test_echo_with_max_tokens_zero_answers_the_prompt_alone() -> None:
+    response, backend = await post("/v1/completions", completion(echo=True, logprobs=1, max_tokens=0))
+    assert response.status_code == 200, response.text
+    assert backend.requests[0].parameters["max_tokens"] == 1
+    [choice] = response.json()["choices"]
+    assert choice["text"] == PROMPT
+    assert choice["logprobs"]["tokens"] == PROMPT_TOKENS
+    assert choice["logprobs"]["token_logprobs"] == [None, -1.5, -9999.0]
+
+
+async def test_prompt_logprobs_without_echo_leave_the_text_and_logprobs_alone() -> None:
+    response, _ = await post("/v1/completions", completion(prompt_logprobs=2))
+    [choice] = response.json()["choices"]
+    assert choice["text"] == TEXT and choice["logprobs"] is None
+    assert choice["prompt_logprobs"] == VLLM_FORM
+
+
+async def test_a_stream_echoes_the_scored_prompt_in_its_first_chunk() -> None:
+    response, backend = await post("/v1/completions", completion(echo=True, logprobs=1, stream=True))
+    assert response.status_code == 200, response.text
+    assert backend.requests[0].parameters["prompt_logprobs"] == 1
+    chunks = [c["choices"][0] for c in parse_sse(response.text) if c["choices"]]
+    assert chunks[0]["text"] == PROMPT + PIECES[0]
+    assert chunks[0]["logprobs"]["tokens"] == [*PROMPT_TOKENS, PIECES[0]]
+    assert chunks[0]["logprobs"]["token_logprobs"][:2] == [None, -1.5]
+    offsets = [offset for c in chunks for offset in c["logprobs"]["text_offset"]]
+    tokens = PROMPT_TOKENS + PIECES
+    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+
+
+async def test_a_stream_with_max_tokens_zero_sends_the_prompt_alone() -> None:
+    response, _ = await post("/v1/completions", completion(echo=True, max_tokens=0, stream=True))
+    chunks = [c["choices"][0] for c in parse_sse(response.text) if c["choices"]]
+    assert "".join(c["text"] for c in chunks) == PROMPT
