@@ -75,3 +75,19 @@ def test_chat_prompt_logprobs_in_vllms_form(triton_server: TritonHandle, fronten
         assert str(token_id) == next(iter(entry))  # the prompt's own token comes first
         assert 2 <= len(entry) <= 3 and all(v["logprob"] <= 0 and v["rank"] >= 1 for v in entry.values())
         assert {v["rank"] for v in entry.values()} >= {1, 2}
+
+
+def test_a_stream_brings_the_same_prompt_scores_in_its_first_chunk(
+    triton_server: TritonHandle, frontend_url: str
+) -> None:
+    # Streams go through a response channel: the scores ride on its first entry for the request.
+    model, client = triton_server.served_model_name, client_for(frontend_url)
+    args: dict[str, Any] = {"model": model, "prompt": PROMPT, "echo": True, "logprobs": 1, "temperature": 0}
+    whole = client.completions.create(**args, max_tokens=2)
+    chunks = [c.choices[0] for c in client.completions.create(**args, max_tokens=2, stream=True) if c.choices]
+    assert chunks[0].text.startswith(PROMPT)
+    assert "".join(c.text for c in chunks) == whole.choices[0].text
+    streamed = [v for c in chunks for v in (c.logprobs.token_logprobs or []) if c.logprobs is not None]
+    expected = whole.choices[0].logprobs.token_logprobs if whole.choices[0].logprobs is not None else None
+    assert expected is not None and streamed[0] is None and len(streamed) == len(expected)
+    assert max(abs(a - b) for a, b in zip(streamed[1:], expected[1:], strict=True)) < 1e-5
