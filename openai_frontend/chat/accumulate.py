@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, TokenLogprob
+from python_backend.protocol.prompt_logprobs import PromptLogprobs, PromptPosition
 
 # JSON has no -Infinity; vLLM reports an impossible token's logprob as this instead.
 MIN_LOGPROB = -9999.0
@@ -37,6 +38,26 @@ def logprobs_json(items: list[TokenLogprob]) -> dict[str, Any]:
         for item in items
     ]
     return {"content": content}
+
+
+def _vllm_logprob(logprob: float, rank: int | None, token: str) -> dict[str, Any]:
+    return {"logprob": finite_logprob(logprob), "rank": rank, "decoded_token": token}
+
+
+def prompt_position_json(position: PromptPosition) -> dict[str, dict[str, Any]] | None:
+    """vLLM's entry for one prompt token: ``{token id: {logprob, rank, decoded_token}}``, the
+    prompt's own token first, then the top tokens; None for the first prompt token."""
+    if position.logprob is None:
+        return None
+    entry = {str(position.token_id): _vllm_logprob(position.logprob, position.rank, position.token)}
+    for top in position.top:
+        entry.setdefault(str(top.token_id), _vllm_logprob(top.logprob, top.rank, top.token))
+    return entry
+
+
+def prompt_logprobs_json(items: PromptLogprobs) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's ``prompt_logprobs``: one entry per prompt token, null for the first."""
+    return [prompt_position_json(item) for item in items]
 
 
 def _merge_call(call: dict[str, Any], piece: dict[str, Any]) -> None:
@@ -64,6 +85,7 @@ class ChoiceAccumulator:
     usage: ChoiceUsage | None = None
     prompt_tokens_seen: int = 0  # from ``num_input_tokens``, in case no usage arrives
     output_tokens_seen: int = 0  # from ``num_output_tokens``, same reason
+    prompt_logprobs: PromptLogprobs | None = None  # the request's, on whichever choice they came with
     # Tool calls keyed by their stream ``index``; a fragment without one is a whole call.
     _calls: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -82,6 +104,8 @@ class ChoiceAccumulator:
             self.finish_reason = delta.finish_reason
         if delta.usage is not None:
             self.usage = delta.usage
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
         self.prompt_tokens_seen = max(self.prompt_tokens_seen, delta.num_input_tokens)
         self.output_tokens_seen = max(self.output_tokens_seen, delta.num_output_tokens)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from openai_frontend.chat.accumulate import ChoiceAccumulator, logprobs_json
+from openai_frontend.chat.accumulate import ChoiceAccumulator, logprobs_json, prompt_logprobs_json
 from python_backend.protocol.contract import ChoiceUsage
 
 OBJECT_COMPLETION = "chat.completion"
@@ -117,6 +117,9 @@ def completion_body(
         ],
     }
     body.update(usage_fields([c.final_usage() for c in ordered], mindie))
+    scored = next((c.prompt_logprobs for c in ordered if c.prompt_logprobs is not None), None)
+    if scored is not None:  # vLLM's place for them: the response, not a choice
+        body["prompt_logprobs"] = prompt_logprobs_json(scored)
     return body
 
 

@@ -95,6 +95,7 @@ SAMPLING_FIELDS: tuple[str, ...] = (
     "use_beam_search",
     "logit_bias",
     "min_p",
+    "prompt_logprobs",
 )
 # Chat's own: ``logprobs`` is a boolean here (completions: an integer, mapped by that endpoint).
 GENERATION_FIELDS: tuple[str, ...] = (
@@ -123,7 +124,6 @@ UNSUPPORTED_FIELDS: Mapping[str, object] = MappingProxyType(
         "web_search_options": None,
         "reasoning_effort": None,
         "verbosity": None,
-        "prompt_logprobs": None,
         "priority": 0,
         "guided_json": None,
         "guided_regex": None,
@@ -192,6 +192,9 @@ class GenerationRequest(BaseModel):
     use_beam_search: OptBoolean = Field(None, description="beam search; streaming answers one JSON body")
     logit_bias: OptLogitBias = Field(None, description="token id (as a string) -> bias in [-100, 100]")
     min_p: MinP = Field(None, description="[0, 1]; drop tokens below min_p x the top token's probability")
+    prompt_logprobs: TopLogprobs = Field(
+        None, description="[0, 20]: log-probabilities of the prompt's tokens and this many top tokens (not streamed)"
+    )
 
     user: Any = Field(None, description="accepted and ignored")
 

@@ -181,6 +181,9 @@ def check_generation(
     stream = bool(request.stream)
     usage = _stream_usage(request, settings, stream)
     params = parse_parameters(parameters, stream=stream)
+    if stream and request.prompt_logprobs:
+        # vLLM's rule: prompt log-probabilities come with a whole answer only.
+        raise invalid("'prompt_logprobs' is not available when 'stream' is true", "prompt_logprobs")
 
     if request.model not in settings.model_names:
         raise ContractError(model_not_found(request.model))
@@ -195,6 +198,8 @@ def validate_chat_request(body: bytes, settings: FrontendSettings) -> ValidatedC
     media = extract_media(validate_messages(data.get("messages")), settings.media)
     request = parse_body(ChatCompletionRequest, data)
     checked = check_generation(request, request.to_backend_parameters(), settings)
+    if media.refs and checked.params.prompt_logprobs is not None:
+        raise invalid("'prompt_logprobs' is not supported for prompts with media", "prompt_logprobs")
     return ValidatedChat(
         request,
         media.messages,

@@ -1,9 +1,10 @@
 """Whole ``text_completion`` bodies, completions' logprobs form, and usage over several prompts.
 
 Owns: ``LogprobsCursor`` (OpenAI's legacy ``{tokens, token_logprobs, top_logprobs,
-text_offset}``), ``completions_usage`` and ``text_completion_body``. Usage follows chat's rules
-(``chat.responses``) per prompt; over several prompts the prompt tokens add up, as vLLM counts
-them.
+text_offset}``, of generated tokens and, with ``echo``, of the prompt's: its first token's
+log-probability and top tokens are null, as in vLLM), ``completions_usage`` and
+``text_completion_body``. Usage follows chat's rules (``chat.responses``) per prompt; over several
+prompts the prompt tokens add up, as vLLM counts them.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from openai_frontend.chat.accumulate import ChoiceAccumulator, finite_logprob
+from openai_frontend.chat.accumulate import ChoiceAccumulator, finite_logprob, prompt_logprobs_json
 from openai_frontend.chat.responses import usage_fields
 from python_backend.protocol.contract import ChoiceUsage, TokenLogprob
+from python_backend.protocol.prompt_logprobs import PromptLogprobs, PromptPosition
 
 OBJECT_TEXT_COMPLETION = "text_completion"
 
@@ -24,18 +26,35 @@ class LogprobsCursor:
 
     offset: int = 0
 
-    def block(self, items: list[TokenLogprob]) -> dict[str, Any]:
-        """The logprobs object of ``items``, the tokens that follow the cursor."""
-        offsets = []
+    def block(self, items: list[TokenLogprob], prompt: PromptLogprobs | None = None) -> dict[str, Any]:
+        """The logprobs object of ``items``, the tokens that follow the cursor, after the
+        ``prompt`` tokens' when given (echo)."""
+        tokens: list[str] = []
+        values: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
+        for position in prompt or []:
+            tokens.append(position.token)
+            values.append(None if position.logprob is None else finite_logprob(position.logprob))
+            tops.append(_prompt_top(position))
         for item in items:
+            tokens.append(item.token)
+            values.append(finite_logprob(item.logprob))
+            tops.append({top.token: finite_logprob(top.logprob) for top in item.top_logprobs})
+        offsets = []
+        for token in tokens:
             offsets.append(self.offset)
-            self.offset += len(item.token)
-        return {
-            "tokens": [item.token for item in items],
-            "token_logprobs": [finite_logprob(item.logprob) for item in items],
-            "top_logprobs": [{top.token: finite_logprob(top.logprob) for top in item.top_logprobs} for item in items],
-            "text_offset": offsets,
-        }
+            self.offset += len(token)
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _prompt_top(position: PromptPosition) -> dict[str, float] | None:
+    """A prompt token's ``top_logprobs``: itself and the top tokens (vLLM's), null for the first."""
+    if position.logprob is None:
+        return None
+    top = {position.token: finite_logprob(position.logprob)}
+    for item in position.top:
+        top.setdefault(item.token, finite_logprob(item.logprob))
+    return top
 
 
 def completions_usage(usages: dict[int, ChoiceUsage], per_prompt: int, mindie: bool) -> dict[str, Any]:
@@ -65,21 +84,33 @@ def text_completion_body(
     echo: bool,
     logprobs: bool,
     mindie: bool,
+    echo_only: bool = False,
 ) -> dict[str, Any]:
-    """The ``text_completion`` object for finished ``choices`` (index i*n+k: prompt i)."""
+    """The ``text_completion`` object for finished ``choices`` (index i*n+k: prompt i).
+    ``echo_only``: the prompt alone (``max_tokens`` 0), the generated token left out."""
     ordered = sorted(choices, key=lambda c: c.index)
     per_prompt = max(len(ordered) // len(prompts), 1)
+    scored: dict[int, PromptLogprobs] = {}  # per prompt: its request's first choice carried them
+    for choice in ordered:
+        if choice.prompt_logprobs is not None:
+            scored.setdefault(choice.index // per_prompt, choice.prompt_logprobs)
     entries = []
     for choice in ordered:
         prompt = prompts[choice.index // per_prompt] if echo else ""
-        entries.append(
-            {
-                "index": choice.index,
-                "text": prompt + choice.text,
-                "logprobs": LogprobsCursor(len(prompt)).block(choice.logprobs) if logprobs else None,
-                "finish_reason": choice.finish_reason or "stop",
-            }
-        )
+        positions = scored.get(choice.index // per_prompt)
+        echoed = positions if echo else None
+        entry: dict[str, Any] = {
+            "index": choice.index,
+            "text": prompt + ("" if echo_only else choice.text),
+            "logprobs": None,
+            "finish_reason": choice.finish_reason or "stop",
+        }
+        if logprobs:
+            cursor = LogprobsCursor(0 if echoed is not None else len(prompt))
+            entry["logprobs"] = cursor.block([] if echo_only else choice.logprobs, echoed)
+        if positions is not None:
+            entry["prompt_logprobs"] = prompt_logprobs_json(positions)
+        entries.append(entry)
     body: dict[str, Any] = {
         "id": request_id,
         "object": OBJECT_TEXT_COMPLETION,

@@ -126,6 +126,7 @@ async def complete(backend: ChatBackend, call: CompletionCall) -> dict[str, Any]
         echo=c.echo,
         logprobs=c.params.logprobs,
         mindie=call.settings.mindie_mode,
+        echo_only=c.echo_only,
     )
 
 
@@ -144,6 +145,6 @@ async def start_stream(backend: ChatBackend, call: CompletionCall) -> StartedStr
         continuous_usage=c.continuous_usage,
         object=OBJECT_TEXT_COMPLETION,
     )
-    formatter = CompletionStreamFormatter(options, c.prompts, c.params.n, c.echo)
+    formatter = CompletionStreamFormatter(options, c.prompts, c.params.n, c.echo, c.echo_only)
     stream = paced(_backend_stream(backend, call), call.settings.token_timeout_s)
     return await start_events(stream, formatter, call.observation)

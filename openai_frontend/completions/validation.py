@@ -6,10 +6,12 @@ body -> body schema -> ``prompt`` -> ``suffix`` / ``echo`` / ``logprobs`` -> the
 ``model``). The first failure raises ``ContractError`` naming the field the client sent.
 
 Completions' own rules, mapped onto the shared parameters: ``logprobs`` k in [0, 5] (OpenAI's
-limit) asks for the top k alternatives of each token (0 or null: none); ``max_tokens`` defaults
-to 16 (OpenAI's and vLLM's default for this endpoint), or ``min_tokens`` when larger; the text is never split into reasoning;
-``n`` applies to each prompt, and the
-prompts times ``n`` are at most ``MAX_N`` choices.
+limit) asks for the top k alternatives of each token (0 or null: none); with ``echo`` it also
+scores the prompt's tokens (``prompt_logprobs`` k, as vLLM does); ``max_tokens`` defaults to 16
+(OpenAI's and vLLM's default for this endpoint), or ``min_tokens`` when larger, and may be 0 with
+``echo``: the prompt alone is answered (vLLM's rule: one token is generated and left out); the
+text is never split into reasoning; ``n`` applies to each prompt, and the prompts times ``n`` are
+at most ``MAX_N`` choices.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class ValidatedCompletion:
     ignored: tuple[str, ...]  # unknown body fields, reported in ``x-ignored-params``
     echo: bool  # each choice's text starts with its prompt
     continuous_usage: bool = False  # OpenAI mode: usage on every chunk (include_usage as well)
+    echo_only: bool = False  # ``echo`` with ``max_tokens`` 0: the prompt alone, nothing generated shown
 
     @property
     def choices(self) -> int:
@@ -93,9 +96,11 @@ def validate_completion_request(body: bytes, settings: FrontendSettings) -> Vali
         raise invalid(f"'echo' must be a boolean, got {type(request.echo).__name__}", "echo")
     parameters = {**request.to_backend_parameters(), **_logprobs(request.logprobs)}
     echo = bool(request.echo)
-    if echo and parameters.get("logprobs"):
-        # OpenAI then scores the prompt's tokens too, which the model does not report.
-        raise invalid("'echo' cannot be used with 'logprobs': prompt log-probabilities are not available", "echo")
+    if echo and parameters.get("logprobs") and request.prompt_logprobs is None:
+        parameters["prompt_logprobs"] = parameters["top_logprobs"]  # the echoed tokens are scored too
+    echo_only = echo and _is_token(request.max_tokens) and request.max_tokens == 0
+    if echo_only:
+        parameters["max_tokens"] = 1  # the engine generates at least one token; it is not shown
     if parameters.get("max_tokens") is None and parameters.get("max_completion_tokens") is None:
         # Never below min_tokens: a client that sent no max_tokens must not read an error about it.
         floor = parameters.get("min_tokens")
@@ -118,4 +123,5 @@ def validate_completion_request(body: bytes, settings: FrontendSettings) -> Vali
         checked.ignored,
         echo,
         checked.continuous_usage,
+        echo_only,
     )

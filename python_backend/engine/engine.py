@@ -141,6 +141,7 @@ class Engine:
         if params.use_beam_search and params.logprobs:
             raise invalid("'logprobs' cannot be used with 'use_beam_search'", "logprobs")
         check_vocabulary(params, self._loaded.vocab_size)
+        self._prefiller.check_request(request)
         rows = rows_needed(request)
         max_new = self.limits.max_new_tokens(len(request.prompt_ids), params)
         reservation = self.limits.reservation(len(request.prompt_ids), max_new, rows)
@@ -392,6 +393,7 @@ class Engine:
             if not (done or seq.delta_due(group.request.stream, self._settings.stream_interval)):
                 continue
             delta = seq.take_delta(len(group.request.prompt_ids))
+            group.attach_prompt_logprobs(delta)
             if delta is not None or done:
                 self._deliver(group.request, EngineEvent(group.request.request_id, delta=delta, final=done))
             if done:
@@ -411,6 +413,7 @@ class Engine:
             delta = seq.take_delta(len(group.request.prompt_ids))
             if delta is not None and not group.request.params.logprobs:
                 delta.logprobs = None
+            group.attach_prompt_logprobs(delta)
             final = index == len(chosen) - 1
             self._deliver(group.request, EngineEvent(group.request.request_id, delta=delta, final=final))
         self._scheduler.finish(group)

@@ -5,8 +5,11 @@ them: a chunk of a long prompt (its cache carried across steps), short prompts t
 left-padded pass, a media prompt alone with its model inputs; and the prefix cache's traffic. A
 text prompt that starts like a cached one (prefix_cache.py) starts from the cached keys/values and
 computes only the rest; every prefilled prompt, and every finished one-choice answer, is offered
-to the cache. ``Prefiller`` returns what it computed (``PrefillResult``); the engine adds the rows
-to the running batch and samples. The engine thread alone runs it.
+to the cache. A request with ``prompt_logprobs`` never starts from the cache (its cached positions
+were never scored) but still offers its prompt to it; its passes score its prompt tokens as they
+go (``prompt_scores.py``), chunk by chunk for a long prompt. ``Prefiller`` returns what it computed
+(``PrefillResult``); the engine adds the rows to the running batch and samples. The engine thread
+alone runs it.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ import torch
 
 from python_backend.engine.kv_cache import BatchCache, KVBatch, left_pad
 from python_backend.engine.prefix_cache import LayerStates, PrefixCache, PrefixHit
+from python_backend.engine.prompt_scores import HeadInput, PromptScorer
 from python_backend.engine.request import EngineRequest, RequestGroup, rows_needed
 from python_backend.engine.scheduler import PrefillChunk
 from python_backend.engine.sequence import Sequence
 from python_backend.model.loader import LoadedModel
 from python_backend.prompt.multimodal.positions import media_prefill_inputs
 from python_backend.protocol.errors import internal
+from python_backend.text.token_text import TokenTexts
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +63,16 @@ class Prefiller:
     def __init__(self, loaded: LoadedModel, prefix: PrefixCache) -> None:
         self._loaded = loaded
         self._prefix = prefix
+        self._scorer = PromptScorer(loaded.transformers_model, TokenTexts(loaded.tokenizer))
+
+    def check_request(self, request: EngineRequest) -> None:
+        """Refuse (400) a ``prompt_logprobs`` request this model cannot score."""
+        if request.params.prompt_logprobs is not None:
+            self._scorer.check_request(request.media is not None)
 
     def lookup(self, group: RequestGroup) -> PrefixHit | None:
+        if _scores(group):
+            return None  # cached positions have no logits to score
         return self._prefix.lookup(group.request.prompt_ids, _namespace(group.request))
 
     def offer_finished(self, running: list[Sequence], kv: KVBatch, rows: list[int]) -> None:
@@ -95,14 +108,18 @@ class Prefiller:
                 group.cached_tokens = chunk.cached
         tokens = group.request.prompt_ids[chunk.start : chunk.end]
         device = self._loaded.device
+        wanted = _scores(group)
         try:
-            out = forward(
-                [group.request.params.lora],
-                group.prefill_cache,
-                input_ids=torch.tensor([tokens], dtype=torch.long, device=device),
-                position_ids=torch.arange(chunk.start, chunk.end, device=device).unsqueeze(0),
-                logits_to_keep=1,
-            )
+            with self._scorer.capture(wanted) as kept:
+                out = forward(
+                    [group.request.params.lora],
+                    group.prefill_cache,
+                    input_ids=torch.tensor([tokens], dtype=torch.long, device=device),
+                    position_ids=torch.arange(chunk.start, chunk.end, device=device).unsqueeze(0),
+                    logits_to_keep=0 if wanted else 1,
+                )
+            if wanted:
+                self._score(group, kept, 0, chunk.start, chunk.end, out.logits[0, -1] if chunk.last else None)
         except Exception:
             logger.exception("prefill failed for %s", group.request.request_id)
             return PrefillResult(failed=[group])
@@ -146,17 +163,23 @@ class Prefiller:
         mask = torch.tensor([[0] * pad + [1] * len(p) for pad, p in zip(pads, prompts, strict=True)], dtype=torch.long)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, past:]
         cache = BatchCache()
+        wanted = any(_scores(g) for g in groups)
         try:
             if past:
                 cache.set_layer_states(self._cached_rows(groups, reuse, past))
-            out = forward(
-                [g.request.params.lora for g in groups],
-                cache,
-                input_ids=input_ids.to(device),
-                attention_mask=mask.to(device),
-                position_ids=positions.to(device),
-                logits_to_keep=1,
-            )
+            with self._scorer.capture(wanted) as kept:
+                out = forward(
+                    [g.request.params.lora for g in groups],
+                    cache,
+                    input_ids=input_ids.to(device),
+                    attention_mask=mask.to(device),
+                    position_ids=positions.to(device),
+                    logits_to_keep=0 if wanted else 1,
+                )
+            for row, group in enumerate(groups):
+                if _scores(group):  # never a cache hit: its whole prompt ends at the last column
+                    first = width - len(prompts[row])
+                    self._score(group, kept, row, 0, len(prompts[row]), out.logits[row, -1], first)
         except Exception:
             logger.exception("batched prefill of %d requests failed", len(groups))
             return PrefillResult(failed=list(groups))
@@ -169,6 +192,33 @@ class Prefiller:
             self._offer_prefix(group, cache, row=row, pad=pads[row])
             result.ready.append(Prefilled(group, out.logits[row, -1:, :], cache, row=row, pad=pads[row]))
         return result
+
+    def _score(
+        self,
+        group: RequestGroup,
+        kept: HeadInput,
+        row: int,
+        start: int,
+        end: int,
+        last_logits: torch.Tensor | None,
+        column: int = 0,
+    ) -> None:
+        """Score the prompt tokens after positions ``start..end-1``, whose head input is row
+        ``row`` of ``kept`` from ``column`` on; ``last_logits``: the model's own logits of the
+        prompt's last position, when this pass holds it (a check that the scorer matches)."""
+        request = group.request
+        if kept.hidden is None:
+            raise RuntimeError("the output head's input was not captured")
+        hidden = kept.hidden[row, column : column + end - start]
+        if last_logits is not None:
+            self._scorer.check_last(hidden, last_logits)
+        targets = request.prompt_ids[start + 1 : end + 1]  # each position predicts the next token
+        scored = self._scorer.score(hidden[: len(targets)], targets, request.params.prompt_logprobs or 0)
+        if start == 0:
+            group.prompt_logprobs = [self._scorer.first(request.prompt_ids[0])]
+        if group.prompt_logprobs is None:
+            raise RuntimeError("a later prompt chunk was scored before the first")
+        group.prompt_logprobs.extend(scored)
 
     @staticmethod
     def _cached_rows(
@@ -213,6 +263,10 @@ class Prefiller:
         group.prefill_done = len(request.prompt_ids)
         group.prefill_cache = None
         return PrefillResult(ready=[Prefilled(group, out.logits[0, -1:, :], cache, rope_delta=prefill.rope_delta)])
+
+
+def _scores(group: RequestGroup) -> bool:
+    return group.request.params.prompt_logprobs is not None
 
 
 def _namespace(request: EngineRequest) -> str:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from python_backend.protocol.contract import ChoiceDelta
 from python_backend.protocol.errors import ErrorInfo
 from python_backend.protocol.params import GenerationParams
+from python_backend.protocol.prompt_logprobs import PromptLogprobs
 from python_backend.text.output_plan import OutputPlan
 
 if TYPE_CHECKING:  # execution-side types: they import torch, which the scheduler must not
@@ -74,10 +75,16 @@ class RequestGroup:
     prefill_ms: float = 0.0
     prefix_hit: PrefixHit | None = None  # cached keys/values its chunked prefill starts from
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache (usage.cached_tokens)
+    prompt_logprobs: PromptLogprobs | None = None  # scored in prefill, until the first delta takes them
 
     @property
     def candidates(self) -> int:
         return rows_needed(self.request)
+
+    def attach_prompt_logprobs(self, delta: ChoiceDelta | None) -> None:
+        """The request's first delta carries its prompt log-probabilities, and only that one."""
+        if delta is not None and self.prompt_logprobs is not None:
+            delta.prompt_logprobs, self.prompt_logprobs = self.prompt_logprobs, None
 
     @property
     def buffered(self) -> bool:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, logprob_wire, token_logprob
+from python_backend.protocol.prompt_logprobs import prompt_logprobs_wire, read_prompt_logprobs
 
 
 @dataclass(frozen=True)
@@ -42,12 +43,15 @@ def _delta_fields(delta: ChoiceDelta) -> dict[str, Any]:
         fields["num_input_tokens"] = delta.num_input_tokens
     if delta.num_output_tokens:
         fields["num_output_tokens"] = delta.num_output_tokens
+    if delta.prompt_logprobs is not None:
+        fields["prompt_logprobs"] = prompt_logprobs_wire(delta.prompt_logprobs)
     return fields
 
 
 def _delta(fields: dict[str, Any]) -> ChoiceDelta:
     logprobs = fields.get("logprobs")
     usage = fields.get("usage")
+    prompt = fields.get("prompt_logprobs")
     return ChoiceDelta(
         index=int(fields.get("index", 0)),
         text=str(fields.get("text", "")),
@@ -58,6 +62,7 @@ def _delta(fields: dict[str, Any]) -> ChoiceDelta:
         usage=ChoiceUsage(**usage) if usage is not None else None,
         num_input_tokens=int(fields.get("num_input_tokens", 0)),
         num_output_tokens=int(fields.get("num_output_tokens", 0)),
+        prompt_logprobs=read_prompt_logprobs(prompt) if prompt is not None else None,
     )
 
 

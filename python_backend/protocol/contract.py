@@ -81,6 +81,8 @@ name                   dtype   shape  meaning
 ``num_input_tokens``   UINT32  [1]    prompt tokens (vLLM-backend compatible)
 ``num_output_tokens``  UINT32  [1]    tokens generated for this choice so far (vLLM contract: in
                                       this response)
+``prompt_logprobs``    BYTES   [1]    JSON list, an object per prompt token (``prompt_logprobs.py``),
+                                      on the request's first response, when ``prompt_logprobs`` asks
 ``cumulative_logprob`` FP32    [1]    vLLM contract only: the choice's summed token logprobs so far
 ``channel_deltas``     BYTES   [1]    a channel's response only: JSON list of entries (``channel_wire``)
 =====================  ======  =====  ===============================================================
@@ -103,6 +105,7 @@ from typing import Any
 import numpy as np
 
 from python_backend.protocol.errors import invalid
+from python_backend.protocol.prompt_logprobs import PromptLogprobs, prompt_logprobs_wire, read_prompt_logprobs
 
 # --- input tensor names -------------------------------------------------------------------------
 MESSAGES = "messages"
@@ -143,6 +146,7 @@ NUM_INPUT_TOKENS = "num_input_tokens"
 NUM_OUTPUT_TOKENS = "num_output_tokens"
 CUMULATIVE_LOGPROB = "cumulative_logprob"
 CHANNEL_DELTAS = "channel_deltas"
+PROMPT_LOGPROBS = "prompt_logprobs"
 
 DELTA_OUTPUT_NAMES = (  # what a request's own response may carry in our contract
     TEXT_OUTPUT,
@@ -154,6 +158,7 @@ DELTA_OUTPUT_NAMES = (  # what a request's own response may carry in our contrac
     USAGE,
     NUM_INPUT_TOKENS,
     NUM_OUTPUT_TOKENS,
+    PROMPT_LOGPROBS,
 )
 # The config's order: then the vLLM contract's own output and the channels' one.
 OUTPUT_NAMES = (*DELTA_OUTPUT_NAMES, CUMULATIVE_LOGPROB, CHANNEL_DELTAS)
@@ -200,6 +205,7 @@ OUTPUT_SPECS: tuple[TensorSpec, ...] = (
     TensorSpec(USAGE, "BYTES", (1,), optional=False),
     TensorSpec(NUM_INPUT_TOKENS, "UINT32", (1,), optional=False),
     TensorSpec(NUM_OUTPUT_TOKENS, "UINT32", (1,), optional=False),
+    TensorSpec(PROMPT_LOGPROBS, "BYTES", (1,), optional=False),
     TensorSpec(CUMULATIVE_LOGPROB, "FP32", (1,), optional=False),
     TensorSpec(CHANNEL_DELTAS, "BYTES", (1,), optional=False),
 )
@@ -276,6 +282,7 @@ class ChoiceDelta:
     num_input_tokens: int = 0
     num_output_tokens: int = 0
     cumulative_logprob: float = 0.0  # of the choice so far (the vLLM contract's output)
+    prompt_logprobs: PromptLogprobs | None = None  # the request's, on its first response only
 
 
 # --- encode / decode helpers --------------------------------------------------------------------
@@ -357,6 +364,8 @@ def encode_delta(delta: ChoiceDelta, counts: CountOutputs = CountOutputs()) -> d
         tensors[LOGPROBS] = bytes_tensor(json.dumps([logprob_wire(lp) for lp in delta.logprobs]))
     if delta.usage is not None:
         tensors[USAGE] = bytes_tensor(delta.usage.to_json())
+    if delta.prompt_logprobs is not None:
+        tensors[PROMPT_LOGPROBS] = json_tensor(prompt_logprobs_wire(delta.prompt_logprobs))
     return tensors
 
 
@@ -378,6 +387,7 @@ def decode_delta(outputs: Mapping[str, np.ndarray | None]) -> ChoiceDelta:
     tool_text = read_string(outputs.get(TOOL_CALLS)) or ""
     n_in = outputs.get(NUM_INPUT_TOKENS)
     n_out = outputs.get(NUM_OUTPUT_TOKENS)
+    prompt_raw = read_json(outputs.get(PROMPT_LOGPROBS), PROMPT_LOGPROBS)
     return ChoiceDelta(
         index=int(index.reshape(-1)[0]) if index is not None else 0,
         text=read_string(outputs.get(TEXT_OUTPUT)) or "",
@@ -388,4 +398,5 @@ def decode_delta(outputs: Mapping[str, np.ndarray | None]) -> ChoiceDelta:
         usage=ChoiceUsage.from_json(usage_text) if usage_text else None,
         num_input_tokens=int(n_in.reshape(-1)[0]) if n_in is not None else 0,
         num_output_tokens=int(n_out.reshape(-1)[0]) if n_out is not None else 0,
+        prompt_logprobs=read_prompt_logprobs(prompt_raw) if prompt_raw is not None else None,
     )

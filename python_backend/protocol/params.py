@@ -60,6 +60,7 @@ class GenerationParams:
     min_p: float = 0.0  # [0, 1]; tokens below min_p x the top token's probability are dropped
     add_generation_prompt: bool = True  # the chat template opens the assistant's turn
     continue_final_message: bool = False  # the final (assistant) message is continued, not closed
+    prompt_logprobs: int | None = None  # [0, 20] top tokens per prompt position (vLLM); None = off
 
     @property
     def candidates(self) -> int:
@@ -347,6 +348,7 @@ def parse_parameters(raw: dict[str, Any] | None, *, stream: bool = False) -> Gen
         min_p=_number(raw, "min_p", 0.0, 1.0) or 0.0,
         add_generation_prompt=_boolean(raw, "add_generation_prompt", True),
         continue_final_message=_boolean(raw, "continue_final_message", False),
+        prompt_logprobs=_integer(raw, "prompt_logprobs", 0, MAX_TOP_LOGPROBS),
     )
     _check_cross_field(raw, params, stream)
     return params
@@ -388,6 +390,9 @@ def _check_cross_field(raw: dict[str, Any], p: GenerationParams, stream: bool) -
         for name, active in (("logit_bias", bool(p.logit_bias)), ("min_p", p.min_p > 0.0)):
             if active:
                 raise invalid(f"'{name}' cannot be used with 'use_beam_search'", name)
+        if p.prompt_logprobs is not None:
+            # Beam answers are sent whole by their own path, which carries no prompt scores.
+            raise invalid("'prompt_logprobs' cannot be used with 'use_beam_search'", "prompt_logprobs")
     if p.min_tokens and p.max_tokens is not None and p.min_tokens > p.max_tokens:
         alias = "max_completion_tokens" if raw.get("max_completion_tokens") is not None else "max_tokens"
         raise invalid(f"'min_tokens' must be <= '{alias}'", "min_tokens")

@@ -147,7 +147,7 @@ def test_continuous_usage_stats_reports_usage_on_every_chunk(
 
 def test_known_fields_that_are_not_implemented_are_400s(triton_server: TritonHandle, frontend_url: str) -> None:
     client, model = client_for(frontend_url), triton_server.served_model_name
-    for field, value in (("prompt_logprobs", 1), ("priority", 3), ("guided_regex", "a+")):
+    for field, value in (("bad_words", ["x"]), ("priority", 3), ("guided_regex", "a+")):
         with pytest.raises(openai.BadRequestError) as caught:
             ask(client, model, QUESTION, extra={field: value})
         assert error_body(caught.value)["param"] == field

@@ -59,7 +59,7 @@ async def test_extras_reach_the_backend_in_canonical_form(mode: str) -> None:
         ({"min_p": 2}, "min_p"),
         ({"continue_final_message": True}, "continue_final_message"),  # add_generation_prompt defaults to true
         ({"echo": "yes"}, "echo"),
-        ({"prompt_logprobs": 1}, "prompt_logprobs"),
+        ({"prompt_logprobs": 21}, "prompt_logprobs"),
         ({"priority": 5}, "priority"),
         ({"guided_json": {"type": "object"}}, "guided_json"),
         ({"functions": [{"name": "f"}]}, "functions"),

@@ -118,7 +118,7 @@ async def test_default_max_tokens_never_falls_below_min_tokens() -> None:
         ({"n": 2, "best_of": 1, "temperature": 1}, "best_of"),
         ({"suffix": " and that is all."}, "suffix"),
         ({"echo": "yes"}, "echo"),
-        ({"echo": True, "logprobs": 2}, "echo"),
+        ({"max_tokens": 0}, "max_tokens"),  # 0 only with echo
         ({"prompt": ""}, "prompt"),
         ({"prompt": []}, "prompt"),
         ({"prompt": ["fine", ""]}, "prompt.1"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from python_backend.protocol import contract
 from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, TokenLogprob, TopLogprob
+from python_backend.protocol.prompt_logprobs import PromptPosition
 
 
 def test_delta_round_trip() -> None:
@@ -17,6 +18,7 @@ def test_delta_round_trip() -> None:
         usage=ChoiceUsage(3, 2, batch_size=[1, 2], queue_wait_time=[10, 20], prefill_time=1.5, decode_time_arr=[2.0]),
         num_input_tokens=3,
         num_output_tokens=2,
+        prompt_logprobs=[PromptPosition(1, "a"), PromptPosition(2, "b", -0.5, 1)],
     )
     tensors = contract.encode_delta(delta)
     assert set(tensors) == set(contract.DELTA_OUTPUT_NAMES)
