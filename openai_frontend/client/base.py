@@ -38,13 +38,14 @@ class BackendRequest:
     """One chat request as the backend receives it (the tensor contract's inputs)."""
 
     request_id: str  # also the Triton request id, so logs on both sides correlate
-    messages: list[dict[str, Any]]  # validated OpenAI chat messages (ignored when ``prompt`` is set)
+    messages: list[dict[str, Any]]  # validated OpenAI chat messages (ignored when a prompt is set)
     parameters: dict[str, Any]  # the ``generation_parameters`` tensor: ``GenerationParams.to_wire()``
     # The client's own ``stream``: deltas as they come for streams, one whole answer per choice
     # otherwise (fewer responses; a disconnect still cancels, since the gRPC call stays open).
     stream: bool = True
     media: list[tuple[bytes, str]] = field(default_factory=list)  # (raw bytes, MIME type) per item
     prompt: str | None = None  # a raw prompt (``text_input``, no chat template) instead of messages
+    prompt_token_ids: tuple[int, ...] | None = None  # or a prompt as token ids (``prompt_token_ids``)
     counts_every_response: bool = False  # token counts in every response, not only a choice's last
 
 

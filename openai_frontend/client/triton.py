@@ -50,12 +50,14 @@ READY_REUSE_S = 0.5
 
 def build_infer_inputs(req: BackendRequest) -> list[InferInput]:
     """The contract's input tensors for one request (names and datatypes from ``contract``)."""
-    if req.prompt is not None:
+    if req.prompt is not None or req.prompt_token_ids is not None:
+        prompt = (
+            contract_input(contract.TEXT_INPUT, contract.bytes_tensor(req.prompt))
+            if req.prompt is not None
+            else contract_input(contract.PROMPT_TOKEN_IDS, np.array(req.prompt_token_ids or (), dtype=np.int32))
+        )
         # The prompt's echo is the frontend's to add (completions' ``echo``), never the model's.
-        inputs = [
-            contract_input(contract.TEXT_INPUT, contract.bytes_tensor(req.prompt)),
-            contract_input(contract.EXCLUDE_INPUT_IN_OUTPUT, contract.bool_tensor(True)),
-        ]
+        inputs = [prompt, contract_input(contract.EXCLUDE_INPUT_IN_OUTPUT, contract.bool_tensor(True))]
     else:
         inputs = [contract_input(contract.MESSAGES, contract.json_tensor(req.messages))]
     inputs += [

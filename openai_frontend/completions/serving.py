@@ -1,7 +1,10 @@
 """Runs one validated completions request against the backend and shapes the answer.
 
-Owns: ``CompletionCall`` (one backend request per prompt, all ``text_input``), ``fan_in`` (the
-prompts' streams as one, choice i*n+k being prompt i's k-th), ``complete`` and ``start_stream``.
+Owns: ``CompletionCall`` (one backend request per prompt: ``text_input``, or
+``prompt_token_ids`` for token ids), ``fan_in`` (the prompts' streams as one, choice i*n+k being
+prompt i's k-th), ``echo_texts`` (token ids are echoed as the model detokenizes them),
+``complete`` and ``start_stream``. A token-id prompt's errors name its place in the body
+(``prompt.1.4``), not the tensor (``prompt_token_ids.4``).
 The backend dialogue itself (collecting, pacing, the stream's start and its error ending) is
 chat's (``chat.serving``); every backend stream is closed on every path, which cancels what is
 still running in Triton.
@@ -12,20 +15,22 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
 
 from openai_frontend.chat.serving import StartedStream, collect_choices, new_request_id, paced, start_events
 from openai_frontend.chat.sse import StreamOptions
-from openai_frontend.client.base import BackendRequest, ChatBackend, close_stream
+from openai_frontend.client.base import BackendError, BackendRequest, ChatBackend, close_stream
 from openai_frontend.completions.responses import OBJECT_TEXT_COMPLETION, text_completion_body
 from openai_frontend.completions.sse import CompletionStreamFormatter
 from openai_frontend.completions.validation import ValidatedCompletion
 from openai_frontend.http.metrics import ChatObservation
 from openai_frontend.settings import FrontendSettings
-from python_backend.protocol.contract import ChoiceDelta
+from python_backend.protocol.contract import PROMPT_TOKEN_IDS, ChoiceDelta
+from python_backend.protocol.errors import ErrorInfo
+from python_backend.protocol.tokenize import DetokenizeQuery
 
 
 @dataclass(frozen=True)
@@ -52,11 +57,51 @@ class CompletionCall:
                 [],
                 wire,
                 stream=self.completion.stream,
-                prompt=prompt,
+                prompt=prompt if isinstance(prompt, str) else None,
+                prompt_token_ids=None if isinstance(prompt, str) else prompt,
                 counts_every_response=self.completion.continuous_usage,
             )
             for i, prompt in enumerate(prompts)
         ]
+
+
+def repoint(info: ErrorInfo, name: str, place: str) -> ErrorInfo:
+    """``info`` naming ``place`` (the prompt's field in the body) where it names ``name`` (what
+    the model calls the prompt's ids), in ``param`` and in the message alike."""
+    param = info.param
+    if param is None or not (param == name or param.startswith(f"{name}.")):
+        return info
+    moved = place + param[len(name) :]
+    return replace(info, param=moved, message=info.message.replace(f"'{param}'", f"'{moved}'"))
+
+
+async def _pointed(stream: AsyncGenerator[ChoiceDelta, None], place: str) -> AsyncGenerator[ChoiceDelta, None]:
+    """A token-id prompt's stream, whose errors name the prompt's place in the body."""
+    try:
+        async for delta in stream:
+            yield delta
+    except BackendError as exc:
+        raise BackendError(repoint(exc.info, PROMPT_TOKEN_IDS, place)) from exc
+    finally:
+        await close_stream(stream)
+
+
+async def echo_texts(backend: ChatBackend, completion: ValidatedCompletion) -> tuple[str, ...]:
+    """Each prompt's text as ``echo`` shows it ("" without echo): token ids as the model
+    detokenizes them (special tokens kept, as vLLM echoes them)."""
+    if not completion.echo:
+        return tuple("" for _ in completion.prompts)
+    texts: list[str] = []
+    for prompt, place in zip(completion.prompts, completion.prompt_params, strict=True):
+        if isinstance(prompt, str):
+            texts.append(prompt)
+            continue
+        try:
+            answer = await backend.detokenize(DetokenizeQuery(list(prompt)))
+        except BackendError as exc:
+            raise BackendError(repoint(exc.info, "tokens", place)) from exc
+        texts.append(answer.prompt)
+    return tuple(texts)
 
 
 _END = object()
@@ -109,20 +154,25 @@ async def fan_in(
 
 
 def _backend_stream(backend: ChatBackend, call: CompletionCall) -> AsyncGenerator[ChoiceDelta, None]:
-    streams = [backend.generate(request) for request in call.backend_requests()]
-    return fan_in(streams, call.completion.params.n)
+    c = call.completion
+    streams = [
+        backend.generate(request) if isinstance(prompt, str) else _pointed(backend.generate(request), place)
+        for request, prompt, place in zip(call.backend_requests(), c.prompts, c.prompt_params, strict=True)
+    ]
+    return fan_in(streams, c.params.n)
 
 
 async def complete(backend: ChatBackend, call: CompletionCall) -> dict[str, Any]:
     """The whole ``text_completion`` body, aggregated from the backend's deltas."""
     c = call.completion
+    echoed = await echo_texts(backend, c)
     choices = await collect_choices(_backend_stream(backend, call), call.observation, c.choices)
     return text_completion_body(
         request_id=call.request_id,
         created=call.created,
         model=c.request.model,
         choices=choices,
-        prompts=c.prompts,
+        prompts=echoed,
         echo=c.echo,
         logprobs=c.params.logprobs,
         mindie=call.settings.mindie_mode,
@@ -145,6 +195,6 @@ async def start_stream(backend: ChatBackend, call: CompletionCall) -> StartedStr
         continuous_usage=c.continuous_usage,
         object=OBJECT_TEXT_COMPLETION,
     )
-    formatter = CompletionStreamFormatter(options, c.prompts, c.params.n, c.echo, c.echo_only)
+    formatter = CompletionStreamFormatter(options, await echo_texts(backend, c), c.params.n, c.echo, c.echo_only)
     stream = paced(_backend_stream(backend, call), call.settings.token_timeout_s)
     return await start_events(stream, formatter, call.observation)

@@ -5,6 +5,11 @@ body -> body schema -> ``prompt`` -> ``suffix`` / ``echo`` / ``logprobs`` -> the
 (``chat.validation.check_generation``: unknown fields, stream options, generation parameters,
 ``model``). The first failure raises ``ContractError`` naming the field the client sent.
 
+A prompt is a string, a list of strings, a list of token ids or a list of such lists (OpenAI's
+and vLLM's forms); each becomes one backend request, text as ``text_input``, ids as
+``prompt_token_ids`` (checked here to be non-empty integers in [0, 2^31); the model checks them
+against its vocabulary).
+
 Completions' own rules, mapped onto the shared parameters: ``logprobs`` k in [0, 5] (OpenAI's
 limit) asks for the top k alternatives of each token (0 or null: none); with ``echo`` it also
 scores the prompt's tokens (``prompt_logprobs`` k, as vLLM does); ``max_tokens`` defaults to 16
@@ -27,6 +32,10 @@ from python_backend.protocol.params import MAX_N, GenerationParams
 
 MAX_LOGPROBS = 5
 DEFAULT_MAX_TOKENS = 16
+TOKEN_ID_LIMIT = 1 << 31  # the contract's ``prompt_token_ids`` are INT32; no vocabulary is larger
+
+# One backend request's prompt: raw text, or token ids used as they are.
+PromptInput = str | tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -34,7 +43,8 @@ class ValidatedCompletion:
     """A request that passed every check, with what the route and the formatters need."""
 
     request: CompletionRequest
-    prompts: tuple[str, ...]  # one backend request each; choice i*n+k is prompt i's k-th
+    prompts: tuple[PromptInput, ...]  # one backend request each; choice i*n+k is prompt i's k-th
+    prompt_params: tuple[str, ...]  # each prompt's field in the body: "prompt" or "prompt.<i>"
     params: GenerationParams  # validated; ``lora`` names the adapter when ``model`` is one
     stream: bool
     include_usage: bool  # OpenAI mode: stream_options.include_usage
@@ -52,7 +62,19 @@ def _is_token(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _prompts(value: Any) -> tuple[str, ...]:
+def _token_ids(value: list[Any], param: str) -> tuple[int, ...]:
+    if not value:
+        raise invalid(f"'{param}' must not be empty", param)
+    for i, token in enumerate(value):
+        if not _is_token(token) or token < 0:
+            raise invalid(f"'{param}.{i}' must be a token id (an integer >= 0), got {token!r}", f"{param}.{i}")
+        if token >= TOKEN_ID_LIMIT:
+            raise invalid(f"'{param}.{i}' is {token}, outside the vocabulary", f"{param}.{i}")
+    return tuple(value)
+
+
+def _prompts(value: Any) -> tuple[tuple[PromptInput, ...], tuple[str, ...]]:
+    """The prompts, and the field that names each in the body (``prompt`` or ``prompt.<i>``)."""
     if isinstance(value, str):
         items: list[Any] = [value]
     elif isinstance(value, list) and value:
@@ -61,18 +83,23 @@ def _prompts(value: Any) -> tuple[str, ...]:
         raise invalid("'prompt' must not be empty", "prompt")
     else:
         raise invalid("'prompt' must be a string, a list of strings or token ids", "prompt")
-    if all(_is_token(item) for item in items) or all(isinstance(item, list) for item in items):
-        # The model's tokenizer is on the backend side; a raw prompt reaches it as text only.
-        raise invalid("'prompt' as token ids is not supported by this server; send the text", "prompt")
-    prompts = []
-    for i, item in enumerate(items):
-        param = "prompt" if isinstance(value, str) else f"prompt.{i}"
+    # The first item says which form the list is; an item of another form is named below.
+    if _is_token(items[0]):
+        return (_token_ids(items, "prompt"),), ("prompt",)
+    params = tuple("prompt" if isinstance(value, str) else f"prompt.{i}" for i in range(len(items)))
+    prompts: list[PromptInput] = []
+    for item, param in zip(items, params, strict=True):
+        if isinstance(items[0], list):
+            if not isinstance(item, list):
+                raise invalid(f"'{param}' must be a list of token ids", param)
+            prompts.append(_token_ids(item, param))
+            continue
         if not isinstance(item, str):
             raise invalid(f"'{param}' must be a string", param)
         if not item:
             raise invalid(f"'{param}' must not be empty", param)
         prompts.append(item)
-    return tuple(prompts)
+    return tuple(prompts), params
 
 
 def _logprobs(value: Any) -> dict[str, Any]:
@@ -89,7 +116,7 @@ def _logprobs(value: Any) -> dict[str, Any]:
 def validate_completion_request(body: bytes, settings: FrontendSettings) -> ValidatedCompletion:
     """Check a raw request body; raise ``ContractError`` (400 or 404) naming the first bad field."""
     request = parse_body(CompletionRequest, load_json_object(body))
-    prompts = _prompts(request.prompt)
+    prompts, prompt_params = _prompts(request.prompt)
     if request.suffix is not None:
         raise invalid("'suffix' is not supported: this server does not insert text after a completion", "suffix")
     if request.echo is not None and not isinstance(request.echo, bool):
@@ -117,6 +144,7 @@ def validate_completion_request(body: bytes, settings: FrontendSettings) -> Vali
     return ValidatedCompletion(
         request,
         prompts,
+        prompt_params,
         checked.params,
         checked.stream,
         checked.include_usage,

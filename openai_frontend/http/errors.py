@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from openai_frontend.client.base import BackendError
+from openai_frontend.http.request_id import LOG_FIELD, REQUEST_ID_HEADER, request_id_of
 from python_backend.protocol.errors import (
     INVALID,
     ContractError,
@@ -105,8 +106,12 @@ async def _body_timed_out(_: Request, exc: BodyTimedOut) -> JSONResponse:
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    logger.exception("unhandled error on %s %s", request.method, request.scope.get("path"), exc_info=exc)
-    return error_response(internal())
+    # Starlette runs this handler outside every middleware, so the request id's context and
+    # header are added here.
+    request_id = request_id_of(request).value
+    path = request.scope.get("path")
+    logger.exception("unhandled error on %s %s", request.method, path, exc_info=exc, extra={LOG_FIELD: request_id})
+    return error_response(internal(), headers={REQUEST_ID_HEADER: request_id})
 
 
 def install_error_handlers(app: FastAPI) -> None:

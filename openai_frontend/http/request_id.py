@@ -5,13 +5,18 @@ included), the validity rule and ``request_id_of``, through which routes read th
 incoming id (1-128 characters of letters, digits and ``._:-``) is used as is, so a client or a
 proxy can find its request in responses and logs; anything else (absent, too long, other
 characters, which could forge log lines) is replaced by a generated one. Chat answers use it in
-their ``id`` (``chatcmpl-<id>``, as vLLM does).
+their ``id`` (``chatcmpl-<id>``, as vLLM does). While the app handles a request the id is also
+in a context variable, from which ``RequestIdLogFilter`` puts it on every log record emitted
+meanwhile, uvicorn's access line included, so the JSON log lines of one request can be found by
+the id the client saw.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from starlette.datastructures import MutableHeaders
@@ -21,6 +26,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 REQUEST_ID_HEADER = "x-request-id"
 _VALID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _STATE_KEY = "request_id"
+LOG_FIELD = "request_id"  # the log record's attribute (and the JSON log line's key)
+# Per asyncio task (and copied into worker threads): a request's id never shows in another's logs.
+_CURRENT: ContextVar[str | None] = ContextVar("triton_chat_request_id", default=None)
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,18 @@ def request_id_of(request: Request) -> RequestId:
     return found if isinstance(found, RequestId) else RequestId(uuid.uuid4().hex, given=False)
 
 
+class RequestIdLogFilter(logging.Filter):
+    """Adds ``request_id`` to each record logged while a request is handled; a record that
+    already names one (logged with ``extra``) keeps it. Never drops a record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, LOG_FIELD, None) is None:
+            value = _CURRENT.get()
+            if value is not None:
+                setattr(record, LOG_FIELD, value)
+        return True
+
+
 class RequestIdMiddleware:
     """Gives each HTTP request its id and sets ``X-Request-Id`` on the answer."""
 
@@ -79,4 +99,8 @@ class RequestIdMiddleware:
                 MutableHeaders(scope=message)[REQUEST_ID_HEADER] = request_id.value
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        token = _CURRENT.set(request_id.value)
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            _CURRENT.reset(token)

@@ -1,7 +1,8 @@
 """Log line formats of the launcher and the frontend: plain text, or one JSON object per line.
 
-Owns: ``JsonFormatter`` (``{"time", "level", "logger", "message"}``, plus ``exception`` with
-the traceback when there is one, so a log collector needs no parsing rules),
+Owns: ``JsonFormatter`` (``{"time", "level", "logger", "message"}``, plus ``request_id`` on the
+lines logged while a request is handled and ``exception`` with the traceback when there is one,
+so a log collector needs no parsing rules),
 ``configure_launcher_logging`` (the launcher's own user-facing messages) and
 ``uvicorn_log_config`` (uvicorn's server and access logs and the frontend's loggers, for
 ``uvicorn.Config``). Nothing is configured at import: the commands call these at start-up.
@@ -14,6 +15,8 @@ import logging
 import sys
 import time
 from typing import Any
+
+from openai_frontend.http.request_id import LOG_FIELD, RequestIdLogFilter
 
 JSON_FORMAT = "json"
 LAUNCHER_TEXT_FORMAT = "triton-chat: %(message)s"
@@ -29,6 +32,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        request_id = getattr(record, LOG_FIELD, None)  # set by ``RequestIdLogFilter``
+        if request_id is not None:
+            line[LOG_FIELD] = request_id
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line, ensure_ascii=False)
@@ -52,11 +58,17 @@ def uvicorn_log_config(log_format: str) -> dict[str, Any] | None:
     frontend's at WARNING, what text mode shows of them too (Python's last-resort handler)."""
     if log_format != JSON_FORMAT:
         return None
-    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+    handler = {
+        "class": "logging.StreamHandler",
+        "formatter": "json",
+        "filters": ["request_id"],
+        "stream": "ext://sys.stderr",
+    }
     return {
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"json": {"()": f"{__name__}.JsonFormatter"}},
+        "filters": {"request_id": {"()": f"{RequestIdLogFilter.__module__}.{RequestIdLogFilter.__qualname__}"}},
         "handlers": {"json": handler},
         "loggers": {
             "uvicorn": {"handlers": ["json"], "level": "INFO", "propagate": False},

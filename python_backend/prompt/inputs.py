@@ -1,7 +1,7 @@
 """Turning one Triton request's input tensors into a tokenized ``EngineRequest``'s ingredients.
 
-Owns: ``decode_request`` (contract checks, parameter and message validation, the chat template or
-raw prompt) and ``PreparedRequest``. It sees tensors as numpy arrays by name, so it is tested
+Owns: ``decode_request`` (contract checks, parameter and message validation, the chat template,
+raw prompt or prompt token ids) and ``PreparedRequest``. It sees tensors as numpy arrays by name, so it is tested
 without Triton; the adapter only fetches the arrays. A request in the vLLM backend's contract
 (``protocol/vllm_compat.py``) gets its parameters from there and its raw text untouched.
 """
@@ -52,6 +52,21 @@ def _check_token_ids(token_ids: tuple[int, ...], tokenizer: PreTrainedTokenizerB
             )
 
 
+def _prompt_token_ids(array: np.ndarray, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The ids of a ``prompt_token_ids`` tensor; each must name a token of this model."""
+    name = contract.PROMPT_TOKEN_IDS
+    if array.dtype.kind not in "iu":
+        raise invalid(f"tensor '{name}' must hold integers, got {array.dtype}", name)
+    ids = [int(i) for i in array.reshape(-1)]
+    if not ids:
+        raise invalid(f"'{name}' must not be empty", name)
+    size = len(tokenizer)
+    for i, token_id in enumerate(ids):
+        if not 0 <= token_id < size:
+            raise invalid(f"'{name}.{i}' is {token_id}, outside the vocabulary (ids 0 to {size - 1})", f"{name}.{i}")
+    return ids
+
+
 def decode_request(
     get: TensorGetter,
     tokenizer: PreTrainedTokenizerBase,
@@ -80,8 +95,11 @@ def decode_request(
         raise ContractError(model_not_found(params.lora))
     messages = contract.read_json(get(contract.MESSAGES), contract.MESSAGES)
     text = contract.read_string(get(contract.TEXT_INPUT))
-    if (messages is None) == (text is None):
-        raise invalid("give exactly one of the inputs 'messages' and 'text_input'", contract.MESSAGES)
+    token_ids = get(contract.PROMPT_TOKEN_IDS)
+    if sum(given is not None for given in (messages, text, token_ids)) != 1:
+        raise invalid(
+            "give exactly one of the inputs 'messages', 'text_input' and 'prompt_token_ids'", contract.MESSAGES
+        )
     echo = ""
     media = None
     formats = formats or ModelFormats()
@@ -95,6 +113,15 @@ def decode_request(
             prompt_ids, media = encoded.prompt_ids, encoded.media
         else:
             prompt_ids = encode_chat_prompt(tokenizer, prompt + suffix)
+    elif token_ids is not None:
+        prompt_ids = _prompt_token_ids(token_ids, tokenizer)
+        # The text is what the ids say: the output plan reads its end, and it is the echo.
+        text = str(tokenizer.decode(prompt_ids, skip_special_tokens=False))
+        plan, suffix = plan_output(formats, params, text)
+        if suffix:
+            prompt_ids += [int(i) for i in tokenizer.encode(suffix, add_special_tokens=False)]
+        if not stream and not contract.read_bool(get(contract.EXCLUDE_INPUT_IN_OUTPUT), default=False):
+            echo = text
     else:
         if not text:
             raise invalid("'text_input' must not be empty", contract.TEXT_INPUT)

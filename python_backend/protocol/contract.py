@@ -5,7 +5,8 @@ JSON-carrying tensors, and the encode/decode helpers both sides use (errors: ``e
 It imports neither torch nor tritonclient (numpy only), so the frontend can use it without
 loading a model, and the backend without loading a client.
 
-Inputs (all optional except that exactly one of ``messages`` / ``text_input`` must be given):
+Inputs (all optional except that exactly one of ``messages`` / ``text_input`` /
+``prompt_token_ids`` must be given):
 
 =========================  ======  =====  ===========================================================
 name                       dtype   shape  meaning
@@ -18,6 +19,8 @@ name                       dtype   shape  meaning
                                           request with it and none of ``messages``,
                                           ``generation_parameters``, ``media``, ``stream_channel``
                                           speaks the vLLM backend's contract (``vllm_compat``).
+``prompt_token_ids``       INT32   [-1]   a raw prompt as token ids, used as they are (no template,
+                                          no tokenizing); each must be in the vocabulary.
 ``generation_parameters``  BYTES   [1]    JSON object of generation parameters; keys and rules in
                                           ``python_backend.protocol.params`` (unknown keys are an error).
 ``sampling_parameters``    BYTES   [1]    the vLLM backend's parameters (its keys and casts,
@@ -110,6 +113,7 @@ from python_backend.protocol.prompt_logprobs import PromptLogprobs, prompt_logpr
 # --- input tensor names -------------------------------------------------------------------------
 MESSAGES = "messages"
 TEXT_INPUT = "text_input"
+PROMPT_TOKEN_IDS = "prompt_token_ids"
 PARAMETERS = "generation_parameters"
 SAMPLING_PARAMETERS = "sampling_parameters"
 STREAM = "stream"
@@ -181,6 +185,7 @@ class TensorSpec:
 INPUT_SPECS: tuple[TensorSpec, ...] = (
     TensorSpec(MESSAGES, "BYTES", (1,)),
     TensorSpec(TEXT_INPUT, "BYTES", (1,)),
+    TensorSpec(PROMPT_TOKEN_IDS, "INT32", (-1,)),
     TensorSpec(PARAMETERS, "BYTES", (1,)),
     TensorSpec(SAMPLING_PARAMETERS, "BYTES", (1,)),
     TensorSpec(STREAM, "BOOL", (1,)),

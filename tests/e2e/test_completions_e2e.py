@@ -136,3 +136,50 @@ def test_bad_requests_name_the_field(triton_server: TritonHandle, frontend_url: 
     with pytest.raises(openai.BadRequestError) as empty:
         client.completions.create(model=model, prompt="")
     assert [error_body(e.value)["param"] for e in (suffix, max_tokens, empty)] == ["suffix", "max_tokens", "prompt"]
+
+
+def tokens_of(url: str, model: str, text: str) -> list[int]:
+    response = httpx.post(f"{url}/tokenize", json={"model": model, "prompt": text}, timeout=60)
+    assert response.status_code == 200, response.text
+    tokens: list[int] = response.json()["tokens"]
+    return tokens
+
+
+def test_a_prompt_of_token_ids_answers_as_its_text_does(triton_server: TritonHandle, frontend_url: str) -> None:
+    client, model = client_for(frontend_url), triton_server.served_model_name
+    ids = tokens_of(frontend_url, model, PROMPT)  # what the text prompt is tokenized into
+    args: dict[str, Any] = {"model": model, "max_tokens": 12, "temperature": 0}
+    as_text = client.completions.create(prompt=PROMPT, **args)
+    as_ids = client.completions.create(prompt=ids, **args)
+    streamed = list(client.completions.create(prompt=ids, stream=True, stream_options={"include_usage": True}, **args))
+    assert as_ids.choices[0].text == as_text.choices[0].text
+    assert as_ids.usage is not None and as_ids.usage.prompt_tokens == len(ids)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == as_ids.choices[0].text
+    assert streamed[-1].usage is not None and streamed[-1].usage.prompt_tokens == len(ids)
+
+
+def test_lists_of_token_ids_and_their_echo(triton_server: TritonHandle, frontend_url: str) -> None:
+    client, model = client_for(frontend_url), triton_server.served_model_name
+    first, second = tokens_of(frontend_url, model, PROMPT), tokens_of(frontend_url, model, "Once upon a time")
+    shown = httpx.post(f"{frontend_url}/detokenize", json={"model": model, "tokens": first}, timeout=60).json()
+    args: dict[str, Any] = {"model": model, "max_tokens": 6, "temperature": 0}
+    both = client.completions.create(prompt=[first, second], **args)
+    echoed = client.completions.create(prompt=first, echo=True, **args)
+    assert [c.index for c in both.choices] == [0, 1]
+    assert both.usage is not None and both.usage.prompt_tokens == len(first) + len(second)
+    assert echoed.choices[0].text == shown["prompt"] + both.choices[0].text
+
+
+@pytest.mark.parametrize("echo", [False, True])
+def test_token_ids_outside_the_vocabulary_are_a_400_naming_the_element(
+    triton_server: TritonHandle, frontend_url: str, echo: bool
+) -> None:
+    client, model = client_for(frontend_url), triton_server.served_model_name
+    with pytest.raises(openai.BadRequestError) as flat:
+        client.completions.create(model=model, prompt=[1, 10**9], echo=echo, max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as nested:
+        client.completions.create(model=model, prompt=[[1], [1, 2, 10**9]], echo=echo, max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as empty:
+        client.completions.create(model=model, prompt=[[1], []], echo=echo, max_tokens=2)
+    assert [error_body(e.value)["param"] for e in (flat, nested, empty)] == ["prompt.1", "prompt.1.2", "prompt.1"]
+    assert "'prompt.1' is 1000000000, outside the vocabulary" in error_body(flat.value)["message"]

@@ -171,7 +171,8 @@ def test_json_log_lines_from_the_launcher_and_the_frontend(triton_server: Triton
         process = subprocess.Popen(cmd, stdout=sink, stderr=sink, start_new_session=True)
         try:
             wait_for(process, f"http://127.0.0.1:{port}/health")
-            assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).status_code == 200
+            headers = {"X-Request-Id": "e2e-logged.1"}
+            assert httpx.get(f"http://127.0.0.1:{port}/v1/models", headers=headers, timeout=30).status_code == 200
             deadline = time.monotonic() + 30
             while "/v1/models" not in log.read_text() and time.monotonic() < deadline:
                 time.sleep(0.1)  # the access line is written after the answer
@@ -182,3 +183,6 @@ def test_json_log_lines_from_the_launcher_and_the_frontend(triton_server: Triton
     assert {"openai_frontend.launcher", "uvicorn.access"} <= loggers
     assert any("GET /v1/models" in entry["message"] for entry in entries)
     assert all({"time", "level", "logger", "message"} <= set(entry) for entry in entries)
+    # The request's lines carry its id; the launcher's, logged outside any request, none.
+    assert [e.get("request_id") for e in entries if "GET /v1/models" in e["message"]] == ["e2e-logged.1"]
+    assert all("request_id" not in e for e in entries if e["logger"] == "openai_frontend.launcher")

@@ -124,7 +124,7 @@ async def test_default_max_tokens_never_falls_below_min_tokens() -> None:
         ({"prompt": ["fine", ""]}, "prompt.1"),
         ({"prompt": ["fine", 3]}, "prompt.1"),
         ({"prompt": {"text": "x"}}, "prompt"),
-        ({"prompt": [1, 2, 3]}, "prompt"),
+        ({"prompt": [1, -2, 3]}, "prompt.1"),  # token ids are taken (test_completions_token_ids)
         ({"prompt": ["a"] * 65, "n": 2, "temperature": 1}, "n"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"model": "nope"}, "model"),

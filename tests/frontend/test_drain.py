@@ -43,6 +43,24 @@ async def test_drain_refuses_new_work_and_lets_the_stream_in_flight_finish() -> 
     assert drain.in_flight == 0 and drain.done()
 
 
+async def test_tokenize_and_detokenize_are_refused_while_draining_as_chat_is() -> None:
+    backend = FakeBackend()
+    app = create_app(settings(), backend)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        served = await client.post("/tokenize", json={"prompt": "Hi"})
+        app.state.frontend.drain.begin(30)
+        chat = await client.post("/v1/chat/completions", json=chat_body())
+        tokenize = await client.post("/tokenize", json={"prompt": "Hi"})
+        detokenize = await client.post("/detokenize", json={"tokens": [72, 105]})
+    assert served.status_code == 200
+    assert chat.status_code == 503
+    for refused in (tokenize, detokenize):
+        assert (refused.status_code, refused.headers["retry-after"]) == (503, chat.headers["retry-after"])
+        assert refused.json() == chat.json()
+    assert len(backend.queries) == 1  # only the one before the drain reached the model
+
+
 def test_drain_is_done_at_its_deadline_even_with_requests_in_flight() -> None:
     drain = DrainState()
     assert not drain.done()  # not draining at all

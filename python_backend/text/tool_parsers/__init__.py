@@ -1,7 +1,7 @@
 """Tool-call parsers: turning a model's generated text into OpenAI ``tool_calls``.
 
 Owns: the registry of formats (whose names, ``TOOL_PARSERS``, the settings in protocol hold) and ``make_tool_parser``. Each format lives in
-its own module (``hermes``, ``chatglm3``, ``llama3_json``, ``mistral``); ``base`` holds the shared interface. Which format a
+its own module (``hermes``, ``chatglm3``, ``llama3_json``, ``mistral``); ``base`` holds the shared interface and the state-machine driver. Which format a
 model uses is decided in ``python_backend.text.output_formats``.
 """
 

@@ -2,15 +2,17 @@
 
 Owns: ``ToolCall`` (one complete call, with its ``call_<24 hex>`` id and its OpenAI forms),
 ``ParserOutput``, the ``ToolParser`` protocol (fed text deltas after detokenization, returns the
-content that is safe to show and the calls completed so far), ``held_prefix``, the rule that
-holds text back only while it could still be the start of a tag, and ``JsonEnd``, which finds
-where a streamed JSON object or array closes.
+content that is safe to show and the calls completed so far), ``SteppedToolParser``, the feed
+and finish driver of the parsers written as a state machine over a text buffer, ``held_prefix``,
+the rule that holds text back only while it could still be the start of a tag, and ``JsonEnd``,
+which finds where a streamed JSON object or array closes.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -80,6 +82,44 @@ class ToolParser(Protocol):
     def finish(self) -> ParserOutput:
         """The sequence ended: release everything still held (an unfinished call as content)."""
         ...
+
+
+class SteppedToolParser(ABC):
+    """A parser written as a state machine over ``_buffer``, the text not yet released.
+
+    ``feed`` appends a delta and calls ``_step`` until it must wait for more text; ``finish``
+    hands what is still buffered to ``_finish``. A subclass sets its own state first and then
+    calls ``super().__init__(prefill)``: the prefill (call text the prompt already ends with) is
+    parsed at once, as if the model had written it, and what it releases comes out with the
+    first ``feed``.
+    """
+
+    def __init__(self, prefill: str = "") -> None:
+        self._buffer = ""
+        self._carry = ParserOutput()
+        if prefill:
+            self._carry = self.feed(prefill)
+
+    def feed(self, text: str) -> ParserOutput:
+        out, self._carry = self._carry, ParserOutput()
+        self._buffer += text
+        while self._step(out):
+            pass
+        return out
+
+    def finish(self) -> ParserOutput:
+        out, self._carry = self._carry, ParserOutput()
+        rest, self._buffer = self._buffer, ""
+        self._finish(rest, out)
+        return out
+
+    @abstractmethod
+    def _step(self, out: ParserOutput) -> bool:
+        """Consume what the buffer allows, adding to ``out``; False when it must wait for more text."""
+
+    @abstractmethod
+    def _finish(self, rest: str, out: ParserOutput) -> None:
+        """The sequence ended with ``rest`` still buffered (the buffer is already empty)."""
 
 
 def held_prefix(text: str, tags: tuple[str, ...]) -> int:

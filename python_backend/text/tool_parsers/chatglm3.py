@@ -37,7 +37,13 @@ import ast
 import json
 from typing import Any
 
-from python_backend.text.tool_parsers.base import ParserOutput, ToolCall, call_from_object, held_prefix
+from python_backend.text.tool_parsers.base import (
+    ParserOutput,
+    SteppedToolParser,
+    ToolCall,
+    call_from_object,
+    held_prefix,
+)
 
 TURN_TAGS = ("<|assistant|>", "<|observation|>")
 _HEAD, _PLAIN, _CALL = "head", "plain", "call"
@@ -85,31 +91,21 @@ def _parse_call(name: str, body: str) -> ToolCall | None:
     return None if arguments is None else call_from_object(name, arguments)
 
 
-class ChatGLM3ToolParser:
+class ChatGLM3ToolParser(SteppedToolParser):
     """Incremental parser of ChatGLM3 turns for one sequence."""
 
     def __init__(self, tool_names: frozenset[str], prefill: str = "") -> None:
         self._names = tool_names
         self._state = _HEAD
-        self._buffer = ""
         self._metadata = ""
         self._scan_from = 0  # a call's body before this offset holds no turn tag
         self._strip_leading = False  # a content turn drops its leading whitespace
         # A named tool_choice prefills "name\n" after the prompt's <|assistant|>.
-        self._carry = ParserOutput()
-        if prefill:
-            self._carry = self.feed(prefill)
+        super().__init__(prefill)
 
     def _could_be_name(self, text: str) -> bool:
         head = text.strip()
         return not head or any(name.startswith(head) for name in self._names)
-
-    def feed(self, text: str) -> ParserOutput:
-        out, self._carry = self._carry, ParserOutput()
-        self._buffer += text
-        while self._step(out):
-            pass
-        return out
 
     def _find_tag(self, start: int = 0) -> tuple[int, str]:
         found = [(at, t) for t in TURN_TAGS if (at := self._buffer.find(t, start)) >= 0]
@@ -173,11 +169,8 @@ class ChatGLM3ToolParser:
             out.calls.append(call)
         self._state, self._metadata = _HEAD, ""
 
-    def finish(self) -> ParserOutput:
-        out, self._carry = self._carry, ParserOutput()
-        rest, self._buffer = self._buffer, ""
+    def _finish(self, rest: str, out: ParserOutput) -> None:
         if self._state == _CALL:
             self._end_call(rest, out)
         elif not (self._state == _PLAIN and self._strip_leading):
             out.content += rest
-        return out

@@ -21,7 +21,14 @@ from __future__ import annotations
 
 import json
 
-from python_backend.text.tool_parsers.base import JsonEnd, ParserOutput, ToolCall, call_from_object, held_prefix
+from python_backend.text.tool_parsers.base import (
+    JsonEnd,
+    ParserOutput,
+    SteppedToolParser,
+    ToolCall,
+    call_from_object,
+    held_prefix,
+)
 
 PYTHON_TAG = "<|python_tag|>"
 _SEPARATORS = " \t\r\n;"
@@ -37,24 +44,14 @@ def _parse_call(body: str) -> ToolCall | None:
     return call_from_object(data.get("name"), data.get("parameters", data.get("arguments")))
 
 
-class Llama3JsonToolParser:
+class Llama3JsonToolParser(SteppedToolParser):
     """Incremental parser of ``{"name": ..., "parameters": ...}`` calls for one sequence."""
 
     def __init__(self, prefill: str = "") -> None:
-        self._buffer = ""  # text not yet released
         self._started = False  # the answer's first visible character has been seen
         self._calls = False  # inside a run of calls: the buffer starts at a call or separator
         self._value: JsonEnd | None = None  # an open call object at the buffer's start
-        self._carry = ParserOutput()
-        if prefill:
-            self._carry = self.feed(prefill)
-
-    def feed(self, text: str) -> ParserOutput:
-        out, self._carry = self._carry, ParserOutput()
-        self._buffer += text
-        while self._step(out):
-            pass
-        return out
+        super().__init__(prefill)
 
     def _step(self, out: ParserOutput) -> bool:
         """One move of the state machine; False when it must wait for more text."""
@@ -111,10 +108,7 @@ class Llama3JsonToolParser:
             out.calls.append(call)
         return True
 
-    def finish(self) -> ParserOutput:
-        out, self._carry = self._carry, ParserOutput()
-        rest, self._buffer = self._buffer, ""
+    def _finish(self, rest: str, out: ParserOutput) -> None:
         if self._value is not None or not self._calls or rest.strip(_SEPARATORS):
             out.content += rest
         self._value = None
-        return out

@@ -26,7 +26,14 @@ import string
 from dataclasses import replace
 from typing import Any
 
-from python_backend.text.tool_parsers.base import JsonEnd, ParserOutput, ToolCall, call_from_object, held_prefix
+from python_backend.text.tool_parsers.base import (
+    JsonEnd,
+    ParserOutput,
+    SteppedToolParser,
+    ToolCall,
+    call_from_object,
+    held_prefix,
+)
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
@@ -56,25 +63,16 @@ def _calls_in(value: Any) -> list[ToolCall] | None:
     return calls or None
 
 
-class MistralToolParser:
-    """Incremental ``[TOOL_CALLS]`` parser for one sequence."""
+class MistralToolParser(SteppedToolParser):
+    """Incremental ``[TOOL_CALLS]`` parser for one sequence (in a call, ``_buffer`` starts with
+    the marker)."""
 
     def __init__(self, prefill: str = "") -> None:
-        self._buffer = ""  # text not yet released; in a call it starts with the marker
         self._in_call = False
         self._name: str | None = None  # the ``<name>[ARGS]`` shape's name, once read
         self._value: JsonEnd | None = None  # the call's JSON, once it started
         self._after_call = False  # swallowing whitespace that follows a call
-        self._carry = ParserOutput()
-        if prefill:
-            self._carry = self.feed(prefill)
-
-    def feed(self, text: str) -> ParserOutput:
-        out, self._carry = self._carry, ParserOutput()
-        self._buffer += text
-        while self._step(out):
-            pass
-        return out
+        super().__init__(prefill)
 
     def _step(self, out: ParserOutput) -> bool:
         """One move of the state machine; False when it must wait for more text."""
@@ -153,10 +151,7 @@ class MistralToolParser:
     def _reset(self, after_call: bool) -> None:
         self._in_call, self._name, self._value, self._after_call = False, None, None, after_call
 
-    def finish(self) -> ParserOutput:
-        out, self._carry = self._carry, ParserOutput()
-        rest, self._buffer = self._buffer, ""
+    def _finish(self, rest: str, out: ParserOutput) -> None:
         if not self._after_call:
             out.content += rest
         self._reset(after_call=False)
-        return out
