@@ -17,7 +17,9 @@ Prefill always goes through the model's own forward.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -28,6 +30,9 @@ from python_backend.cpu.fused_projections import FusedProjections, ProjectionSli
 from python_backend.cpu.linear import PackedLinear
 from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel
 from python_backend.engine.kv_cache import BatchCache
+
+# (query [B, H, 1, D], keys, values [B, KV, L, D], keep [B, L] or None, scale) -> [B, 1, H, D]
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -65,15 +70,19 @@ def _merged(projections: tuple[Any, ...]) -> FusedProjections | None:
 class FastDecoder:
     """``logits(input_ids, position_ids, cache, keep)`` for one new token per running sequence."""
 
-    def __init__(self, decoder: Any, head: torch.nn.Module, layers: list[_Layer], kernel: DecodeAttentionKernel | None):
+    def __init__(self, decoder: Any, head: torch.nn.Module, layers: list[_Layer], attend: Attend):
         self._decoder = decoder
         self._head = head
         self._layers = layers
-        self._kernel = kernel
+        self._attend = attend
 
     @staticmethod
-    def build(model: Any, kernel: DecodeAttentionKernel | None) -> FastDecoder | None:
-        """The lean step for ``model`` (a transformers causal LM), or None where it would not be exact."""
+    def build(model: Any, kernel: DecodeAttentionKernel | None, attend: Attend | None = None) -> FastDecoder | None:
+        """The lean step for ``model`` (a transformers causal LM), or None where it would not be exact.
+
+        ``attend``: the attention the model's forward uses for one query row, when it is not the
+        decode attention of ``attention.py`` with ``kernel`` (the batch-invariant mode's).
+        """
         decoder = model.get_decoder()
         head = model.get_output_embeddings()
         config = decoder.config
@@ -110,7 +119,7 @@ class FastDecoder:
                     scaling=float(attention.scaling),
                 )  # fmt: skip
             )
-        return FastDecoder(decoder, head, layers, kernel)
+        return FastDecoder(decoder, head, layers, attend or partial(one_row_attention, kernel=kernel))
 
     def logits(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: BatchCache, keep: torch.Tensor | None
@@ -131,7 +140,7 @@ class FastDecoder:
             query_key = (query_key * cos) + (rotate_half(query_key) * sin)
             query, key = query_key[:, : layer.query_heads], query_key[:, layer.query_heads :]
             keys, values = cache.update(key, value, index)
-            attended = one_row_attention(query, keys, values, keep, layer.scaling, self._kernel)
+            attended = self._attend(query, keys, values, keep, layer.scaling)
             hidden = residual + layer.o.apply_unchecked(attended.reshape(batch, 1, -1).contiguous())
             residual = hidden
             x = layer.post_norm(hidden)

@@ -22,6 +22,8 @@ import logging
 
 import torch
 
+from python_backend.cpu.row_tiles import row_tiled
+
 logger = logging.getLogger(__name__)
 
 
@@ -55,9 +57,15 @@ class FusedProjections(torch.nn.Module):
         self.register_buffer("bias", bias, persistent=False)
         self._memo: tuple[torch.Tensor, torch.Tensor] | None = None  # (input, merged output)
         self._taken = 0
+        self.row_tile = 0  # > 0: products of exactly this many rows (row_tiles.py)
 
     def apply_unchecked(self, x: torch.Tensor) -> torch.Tensor:
         """The merged product [..., sum(widths)]."""
+        if self.row_tile:
+            return row_tiled(self._product, x, self.row_tile)
+        return self._product(x)
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
     def split(self, merged: torch.Tensor) -> list[torch.Tensor]:

@@ -7,7 +7,9 @@ Reordering each weight once at load time (what vLLM's CPU backend and Inductor's
 do) made the linear layers of SmolLM2-135M about 2x faster at batch 1 to 512 on the AVX-512 test
 machine (docs/performance.md). Results are bit-identical to the plain call in bfloat16; in
 float32 they differ from MKL's in the last bits and, unlike MKL's, do not depend on the row count,
-so a sequence's output does not change with the batch it runs in.
+so a sequence's output does not change with the batch it runs in. In bfloat16 it does change
+(the kernel depends on the row count) unless ``row_tile`` is set: then every product runs that
+many rows at a time (``row_tiles.py``, the batch-invariant mode).
 
 Only the text decoder and the output projection are packed: vision and audio towers, and layers
 that LoRA adapters wrap, keep their ``nn.Linear`` (their code reads ``.weight`` directly).
@@ -20,6 +22,7 @@ import logging
 import torch
 
 from python_backend.cpu.fused_projections import fuse_projections
+from python_backend.cpu.row_tiles import row_tiled
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +66,7 @@ class PackedLinear(torch.nn.Module):
         self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight), persistent=False)
         bias = linear.bias.detach() if linear.bias is not None else None
         self.register_buffer("bias", bias, persistent=False)
+        self.row_tile = 0  # > 0: products of exactly this many rows (row_tiles.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.dtype:
@@ -72,6 +76,11 @@ class PackedLinear(torch.nn.Module):
 
     def apply_unchecked(self, x: torch.Tensor) -> torch.Tensor:
         """The product without module dispatch or the dtype check (for callers that know the dtype)."""
+        if self.row_tile:
+            return row_tiled(self._product, x, self.row_tile)
+        return self._product(x)
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:

@@ -20,9 +20,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from python_backend.cpu.attention import use_decode_attention
+from python_backend.cpu.batch_invariant import InvariantAttend, install_batch_invariant, use_invariant_attention
 from python_backend.cpu.fast_decode import FastDecoder
 from python_backend.cpu.linear import pack_linears, prepack_supported
 from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel, build_kernel
+from python_backend.cpu.native.invariant_attention import InvariantAttentionKernel, build_invariant_kernel
 from python_backend.model.device import place, synchronize
 from python_backend.model.lora import attach_adapters, parse_lora_modules
 from python_backend.model.shard import ShardError, check_shardable, shard_arguments
@@ -122,6 +124,18 @@ def _model_class(model_type: str) -> Any:
     return AutoModelForCausalLM
 
 
+def _invariant_kernel(settings: EngineSettings, cpu_text: bool, dtype: torch.dtype) -> InvariantAttentionKernel:
+    """The batch-invariant attention kernel, or why the mode cannot run this model."""
+    if not cpu_text or settings.tensor_parallel_size > 1:
+        raise ModelLoadError("batch_invariant runs text models on the CPU only, without tensor parallel")
+    if dtype not in InvariantAttentionKernel.dtypes():
+        raise ModelLoadError(f"batch_invariant runs float32 and bfloat16 models, not {dtype}")
+    kernel = build_invariant_kernel()
+    if kernel is None:
+        raise ModelLoadError("batch_invariant needs a C compiler to build its attention kernel (see the log)")
+    return kernel
+
+
 def load_model(settings: EngineSettings) -> LoadedModel:
     """Load the folder named by ``settings.model_path`` onto the chosen device and dtype."""
     folder = Path(settings.model_path).expanduser()
@@ -158,7 +172,11 @@ def load_model(settings: EngineSettings) -> LoadedModel:
             raise ModelLoadError(str(exc)) from exc
         extra.update(shard_arguments())
     cpu_text = placement.device.type == "cpu" and model_class is AutoModelForCausalLM
-    if cpu_text:
+    invariant = _invariant_kernel(settings, cpu_text, placement.dtype) if settings.batch_invariant else None
+    if invariant is not None:
+        # One attention for prefill and decode (batch_invariant.py), over a cache in the model's dtype.
+        extra["attn_implementation"] = use_invariant_attention(invariant)
+    elif cpu_text:
         # One-query-row attention without SDPA's CPU overhead (attention.py); prefill unchanged.
         if settings.cpu_native_attention and placement.dtype == torch.bfloat16 and world == 1:
             kernel = build_kernel()  # None (logged) without a C compiler
@@ -176,7 +194,10 @@ def load_model(settings: EngineSettings) -> LoadedModel:
     if settings.cpu_prepack_weights and world == 1 and prepack_supported(placement.device, placement.dtype):
         pack_linears(model, base.get_decoder(), base.get_output_embeddings())
         if cpu_text and not adapters:
-            fast = FastDecoder.build(base, kernel)  # None where it would not equal the model's forward
+            attend = InvariantAttend(invariant) if invariant is not None else None
+            fast = FastDecoder.build(base, kernel, attend)  # None where it would not equal the model's forward
+    if invariant is not None:
+        install_batch_invariant(model, base.get_decoder(), base.get_output_embeddings())
     text_config = base.config.get_text_config(decoder=True)
     vocab_size = int(getattr(text_config, "vocab_size", 0) or len(tokenizer))
     eos = _as_ids(gen.get("eos_token_id")) | _as_ids(config.get("eos_token_id"))

@@ -401,6 +401,19 @@ class EngineSettings:
             "the model's dtype",
         ),
     )
+    # Off by default: it costs throughput (docs/performance.md) that most deployments would rather have.
+    batch_invariant: bool = _setting(
+        False,
+        SettingInfo(
+            "CPU: greedy output that does not depend on the batch, the prefix cache or chunking (slower)",
+            flag="--batch-invariant",
+            docs="CPU, float32/bfloat16 text models: every matrix product runs a fixed number of rows at a "
+            "time and one attention kernel serves prefill and decode with a fixed order of additions, so a "
+            "request's logits are bit-identical alone, in any batch, cold or from the prefix cache, chunked "
+            "or not (greedy output repeats exactly); costs throughput, see [performance](performance.md). "
+            "Needs a C compiler",
+        ),
+    )
 
     def __post_init__(self) -> None:
         for spec in fields(self):

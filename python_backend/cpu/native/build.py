@@ -46,8 +46,12 @@ def default_cache_dir() -> Path:
     return Path(base) / "triton-chat" / "native"
 
 
-def build_library(source: Path, cache_dir: Path | None = None) -> ctypes.CDLL | None:
-    """Compile (or reuse) and load ``source``; None, with the reason logged, when it cannot be built."""
+def build_library(source: Path, cache_dir: Path | None = None, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """Compile (or reuse) and load ``source``; None, with the reason logged, when it cannot be built.
+
+    ``extra_flags`` follow ``FLAGS`` on the command line, so they can undo one (``-fno-fast-math``).
+    """
+    flags = (*FLAGS, *extra_flags)
     what = source.stem
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
@@ -58,7 +62,7 @@ def build_library(source: Path, cache_dir: Path | None = None) -> ctypes.CDLL | 
     except OSError as exc:  # an install without its package data
         logger.warning("%s is not built: its source is missing (%s)", what, exc)
         return None
-    key = hashlib.sha256(text + " ".join((compiler, *FLAGS)).encode() + _cpu_identity().encode()).hexdigest()[:16]
+    key = hashlib.sha256(text + " ".join((compiler, *flags)).encode() + _cpu_identity().encode()).hexdigest()[:16]
     folder = cache_dir or default_cache_dir()
     library = folder / f"{what}-{key}.so"
     if not library.is_file():
@@ -66,7 +70,7 @@ def build_library(source: Path, cache_dir: Path | None = None) -> ctypes.CDLL | 
             folder.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=folder) as scratch:
                 built = Path(scratch) / library.name
-                command = [compiler, *FLAGS, "-o", str(built), str(source), "-lm"]
+                command = [compiler, *flags, "-o", str(built), str(source), "-lm"]
                 result = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S, check=False)
                 if result.returncode != 0:
                     logger.warning("building %s failed:\n%s", what, result.stderr)

@@ -1,0 +1,60 @@
+"""Matrix products computed a fixed number of rows at a time (the batch-invariant mode's linear layers).
+
+Owns ``row_tiled`` and ``TiledLinear``. oneDNN and MKL choose a kernel, and with it the order in
+which a row's sum over the input features is added up, from the shape of the product: the row
+count M above all. Prefill (M = prompt tokens) and decode (M = running sequences) then round the
+same row differently, and a sequence's output changes with the batch it runs in or with whether
+its prompt came from the prefix cache. Here every product has the same shape, ``rows`` by the
+layer's width: shorter inputs are padded with zero rows, longer ones cut into such tiles, so a
+row always goes through the one kernel chosen for that shape. That kernel computes each row of
+its tile from that row alone (nothing in a GEMM mixes rows), which the tests check by moving a
+row around inside the tile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+# Where the slices of a tile buffer start: a kernel may take another path for a misaligned row.
+_ALIGN_BYTES = 64
+
+
+def row_tiled(product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``product(x)`` for ``x`` [..., K], computed ``rows`` rows at a time."""
+    width = x.shape[-1]
+    flat = x.reshape(-1, width)
+    count = flat.shape[0]
+    padded = -(-count // rows) * rows
+    if padded != count or not flat.is_contiguous() or flat.data_ptr() % _ALIGN_BYTES:
+        buffer = flat.new_zeros((padded, width))
+        buffer[:count] = flat
+        flat = buffer
+    parts = [product(flat[start : start + rows]) for start in range(0, padded, rows)]
+    out = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return out[:count].reshape(*x.shape[:-1], out.shape[-1])
+
+
+class TiledLinear(torch.nn.Linear):
+    """An ``nn.Linear`` (the same parameters) whose product runs ``rows`` rows at a time.
+
+    It stays an ``nn.Linear``, so code that reads ``.weight`` (LoRA, tied embeddings) is unchanged.
+    """
+
+    def __init__(self, linear: torch.nn.Linear, rows: int) -> None:
+        torch.nn.Module.__init__(self)
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.weight = linear.weight
+        self.register_parameter("bias", linear.bias)
+        self.rows = rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return row_tiled(self._product, x, self.rows)
+
+    def _product(self, tile: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(tile, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, rows={self.rows}"
