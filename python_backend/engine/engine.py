@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -36,6 +37,7 @@ from python_backend.engine.request import EngineEvent, EngineRequest, RequestGro
 from python_backend.engine.rows import new_sequences
 from python_backend.engine.scheduler import Scheduler
 from python_backend.engine.sequence import Sequence
+from python_backend.engine.speculative import DraftPlan, Speculator, StepCalls
 from python_backend.engine.step_sync import StepSync
 from python_backend.model.loader import LoadedModel
 from python_backend.model.lora import adapter_names
@@ -98,6 +100,8 @@ class Engine:
         bind = settings.cpu_bind_threads
         self._cpus = compute_cpus if compute_cpus is not None else pinned_cpus(self._threads, on_cpu, bind)
         self._watcher = CancelWatcher(self.cancel)
+        # Every rank would have to agree on each row's drafts and accepted count: one device only.
+        self._speculator = Speculator.from_settings(settings) if ranks is None else None
 
     # --- public interface (any thread) ----------------------------------------------------------
     def start(self) -> None:
@@ -167,6 +171,7 @@ class Engine:
             self.limits.kv_budget_tokens,
             self._prefix.tokens_held,
             self._prefix.bytes_held,
+            **(self._speculator.counters.as_stats() if self._speculator is not None else {}),
         )
 
     def health(self) -> EngineHealth:
@@ -332,6 +337,12 @@ class Engine:
     def _decode_step(self) -> None:
         if not self._running:
             return
+        if self._speculator is not None:
+            with_beams = any(self._group(s.request).beam is not None for s in self._running)
+            plan = self._speculator.plan(self._running, with_beams)
+            if plan is not None:
+                self._verify_step(plan)
+                return
         device = self._loaded.device
         started = time.perf_counter()
         try:
@@ -358,9 +369,7 @@ class Engine:
                     beams.setdefault(seq.request.request_id, []).append(i)
             sampled = self._sample(logits[plain], [self._running[i].sampling for i in plain]) if plain else []
         except Exception:
-            logger.exception("decode step failed; stopping the %d running requests", len(self._running))
-            for group in {id(s.request): self._group(s.request) for s in self._running}.values():
-                self._remove(group, EngineEvent(group.request.request_id, error=INTERNAL_ERROR, final=True))
+            self._fail_running()
             return
         ended = time.perf_counter()
         batch = len(self._running)
@@ -371,8 +380,31 @@ class Engine:
             beam_advance(self._group_by_id(request_id), self._kv, logits[rows], rows, started, ended, batch)
         self._after_tokens(list(self._running))
 
-    def _after_tokens(self, sequences: list[Sequence]) -> None:
-        """Send what is ready, then drop finished sequences from the batch at once."""
+    def _fail_running(self) -> None:
+        logger.exception("decode step failed; stopping the %d running requests", len(self._running))
+        for group in {id(s.request): self._group(s.request) for s in self._running}.values():
+            self._remove(group, EngineEvent(group.request.request_id, error=INTERNAL_ERROR, final=True))
+
+    def _verify_step(self, plan: DraftPlan) -> None:
+        """A decode step that also feeds each row its drafts (``speculative.py``); each token is
+        sent as it is accepted, so streams see the same deltas as without speculation."""
+        assert self._speculator is not None  # planned only with one (an invariant, not input)
+        try:
+            calls = StepCalls(self._verify_forward, self._sample, self._texts, partial(self._after_tokens, drop=False))
+            self._speculator.step(plan, self._running, self._kv, self._loaded.device, calls)
+        except Exception:
+            self._fail_running()
+            return
+        self._after_tokens([])
+
+    def _verify_forward(self, input_ids: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor) -> Any:
+        """[rows, width, vocab] logits; the fast decoder takes one token per row, so the model's forward."""
+        adapters = [s.request.params.lora for s in self._running]
+        out = self._forward(adapters, self._kv.cache, input_ids=input_ids, attention_mask=mask, position_ids=positions)
+        return out.logits
+
+    def _after_tokens(self, sequences: list[Sequence], drop: bool = True) -> None:
+        """Send what is ready, then (``drop``) drop finished sequences from the batch at once."""
         for seq in sequences:
             group = self._scheduler.group(seq.request.request_id)
             if group is None:
@@ -398,8 +430,9 @@ class Engine:
                 self._deliver(group.request, EngineEvent(group.request.request_id, delta=delta, final=done))
             if done:
                 self._scheduler.finish(group)
-        if any(s.finish_reason is not None for s in self._running):
+        if drop and any(s.finish_reason is not None for s in self._running):
             finished = [i for i, s in enumerate(self._running) if s.finish_reason is not None]
+            self._kv.compact()  # a finished row's keys/values are read out in one piece
             self._prefiller.offer_finished(self._running, self._kv, finished)
             keep = [i for i, s in enumerate(self._running) if s.finish_reason is None]
             self._running = [self._running[i] for i in keep]

@@ -6,6 +6,10 @@ continuous batching needs: add a freshly prefilled request, drop finished rows, 
 
 Rows are left-padded to a common length; ``pad[i]`` says how many leading positions of row ``i``
 are padding, and ``attention_mask()`` masks them, so every row attends to its own tokens only.
+A speculative step appends the same number of positions to every row and then keeps only what
+each row accepted (``drop_rejected``): the rejection common to all rows is cut off the end, the
+rest become holes, masked like padding, until ``compact`` moves every row's real positions
+together again (when holes grow, and before a finished row's keys/values are read out).
 
 The running batch may store keys and values in a wider dtype than the model's (``storage_dtype``):
 on CPU, a bfloat16 model's decode attention is 2-5x faster over a float32 cache (attention.py).
@@ -73,6 +77,14 @@ class GrowableLayer(DynamicLayer):
         assert self.keys is not None and self.values is not None
         return self.keys, self.values
 
+    def drop_last(self, count: int) -> None:
+        """Forget the last ``count`` positions (rejected speculative drafts); the buffer stays."""
+        if count <= 0 or self._buf_k is None or self._buf_v is None:
+            return
+        self._len -= count
+        self.keys = self._buf_k[:, :, : self._len]
+        self.values = self._buf_v[:, :, : self._len]
+
     def get_seq_length(self) -> int:
         return self._len
 
@@ -123,6 +135,7 @@ class KVBatch:
         self.storage_dtype = storage_dtype
         self.cache = BatchCache(storage_dtype)
         self.pad: list[int] = []
+        self._holes: torch.Tensor | None = None  # [rows, length] bool, True = rejected position
 
     @property
     def rows(self) -> int:
@@ -158,6 +171,7 @@ class KVBatch:
             self.cache = BatchCache(self.storage_dtype)
             self.cache.set_layer_states(states)
             self.pad = [0] * copies
+            self._holes = None
             return
         old_len = self.length
         total = max(old_len, new_len)
@@ -171,6 +185,10 @@ class KVBatch:
                     torch.cat([left_pad(old_v, total - old_len), v], dim=0),
                 )
             )
+        if self._holes is not None:
+            before = torch.zeros((self.rows, total - old_len), dtype=torch.bool)
+            after = torch.zeros((copies, total - old_len + self._holes.shape[1]), dtype=torch.bool)
+            self._holes = torch.cat([torch.cat([before, self._holes], dim=1), after], dim=0)
         self.pad = [p + total - old_len for p in self.pad] + [total - new_len] * copies
         self.cache.set_layer_states(merged)
 
@@ -181,6 +199,7 @@ class KVBatch:
         if not rows:
             self.cache = BatchCache(self.storage_dtype)
             self.pad = []
+            self._holes = None
             return
         pad = [self.pad[i] for i in rows]
         trim = min(pad)
@@ -189,7 +208,63 @@ class KVBatch:
         for k, v in self.cache.layer_states():
             index = index.to(k.device)
             states.append((k.index_select(0, index)[:, :, trim:], v.index_select(0, index)[:, :, trim:]))
+        if self._holes is not None:
+            holes = self._holes.index_select(0, torch.tensor(rows, dtype=torch.long))[:, trim:]
+            self._holes = holes if bool(holes.any()) else None
         self.pad = [p - trim for p in pad]
+        self.cache.set_layer_states(states)
+
+    def drop_rejected(self, rejected: list[int]) -> None:
+        """After a step that appended the same number of positions to every row, forget the
+        last ``rejected[i]`` of row ``i``: what all rows rejected is cut off, the rest masked."""
+        common = min(rejected)
+        if common:
+            for layer in self.cache.layers:
+                if isinstance(layer, GrowableLayer):
+                    layer.drop_last(common)
+        extra = [r - common for r in rejected]
+        if not any(extra):
+            return
+        length = self.length
+        self._holes = self._holes_up_to(length)
+        for i, count in enumerate(extra):
+            if count:
+                self._holes[i, length - count :] = True
+
+    def _holes_up_to(self, length: int) -> torch.Tensor:
+        """The holes as a [rows, length] mask (positions appended since the last hole are none)."""
+        holes = self._holes if self._holes is not None else torch.zeros((self.rows, 0), dtype=torch.bool)
+        if holes.shape[1] == length:
+            return holes
+        return torch.cat([holes, torch.zeros((self.rows, length - holes.shape[1]), dtype=torch.bool)], dim=1)
+
+    @property
+    def hole_count(self) -> int:
+        """Masked positions of the row that has the most (0 without holes)."""
+        return int(self._holes.sum(dim=1).max()) if self._holes is not None else 0
+
+    def compact(self) -> None:
+        """Move every row's real positions together (left-padded again, no holes)."""
+        if self._holes is None:
+            return
+        length = self.length
+        real = ~self._holes_up_to(length)
+        for i, p in enumerate(self.pad):
+            real[i, :p] = False
+        counts = real.sum(dim=1)
+        new_length = int(counts.max())
+        # Row i reads its real positions in order, after new_length - counts[i] padding slots;
+        # those read position 0 of the row: finite values that the mask hides.
+        index = torch.zeros((self.rows, new_length), dtype=torch.long)
+        for i in range(self.rows):
+            positions = torch.arange(length)[real[i]]
+            index[i, new_length - positions.numel() :] = positions
+        states = []
+        for k, v in self.cache.layer_states():
+            gather = index.to(k.device)[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+            states.append((torch.gather(k, 2, gather), torch.gather(v, 2, gather)))
+        self.pad = [new_length - int(c) for c in counts]
+        self._holes = None
         self.cache.set_layer_states(states)
 
     def copy_rows(self, dst: list[int], src: list[int]) -> None:
@@ -203,16 +278,21 @@ class KVBatch:
             # and index_select copies the sources first, so overlapping moves are safe.
             k[target.to(k.device)] = k.index_select(0, index.to(k.device))
             v[target.to(v.device)] = v.index_select(0, index.to(v.device))
+        if self._holes is not None:
+            self._holes[target] = self._holes.index_select(0, index)
 
     @property
     def padded(self) -> bool:
-        return any(self.pad)
+        """Whether some position must be masked (padding or holes)."""
+        return any(self.pad) or self._holes is not None
 
     def attention_mask(self, extra: int, device: torch.device) -> torch.Tensor:
-        """[rows, length + extra] mask: 0 on each row's padding, 1 elsewhere."""
+        """[rows, length + extra] mask: 0 on each row's padding and holes, 1 elsewhere."""
         length = self.length + extra
         mask = torch.ones((self.rows, length), dtype=torch.long)
         for i, p in enumerate(self.pad):
             if p:
                 mask[i, :p] = 0
+        if self._holes is not None:
+            mask[:, : self._holes.shape[1]].masked_fill_(self._holes, 0)
         return mask.to(device)

@@ -35,6 +35,10 @@ class EngineStats:
     kv_budget_tokens: int
     prefix_cache_tokens: int = 0  # token positions held by the prefix cache
     prefix_cache_bytes: int = 0
+    # Speculative decoding since the engine started, as vLLM names its counters.
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_steps: int = 0
 
 
 @dataclass(frozen=True)

@@ -307,6 +307,45 @@ class EngineSettings:
             "answer, its logprobs and its per-token telemetry are the same",
         ),
     )
+    # Prompt-lookup speculation: a row whose recent tokens occurred earlier in its own prompt or
+    # output proposes what followed them; one forward pass verifies the proposals, so an answer
+    # that copies its prompt takes several tokens per step. Off by default: on prompts that do
+    # not repeat, the wider verify steps cost time and buy nothing.
+    speculative_ngram_tokens: int = _setting(
+        0,
+        SettingInfo(
+            "n-gram speculative decoding: draft tokens proposed per step from the row's own prompt and output; 0 = off",
+            flag="--speculative-ngram-tokens",
+            minimum=0,
+            metavar="K",
+            group=LIMITS_GROUP,
+            docs="prompt-lookup speculative decoding (vLLM's `ngram` method): each step, a sequence whose "
+            "last tokens occurred before in its prompt or output proposes up to K tokens that followed "
+            "them, and the step verifies them; greedy answers are identical and sampled ones have the "
+            "same distribution. See [design](design.md#speculative-decoding)",
+            docs_default="`0` (off)",
+        ),
+    )
+    speculative_ngram_min: int = _setting(
+        2,
+        SettingInfo(
+            "shortest n-gram matched for a proposal (vLLM's prompt_lookup_min)",
+            flag="--speculative-ngram-min",
+            minimum=1,
+            metavar="N",
+            group=LIMITS_GROUP,
+        ),
+    )
+    speculative_ngram_max: int = _setting(
+        5,
+        SettingInfo(
+            "longest n-gram matched for a proposal (vLLM's prompt_lookup_max)",
+            flag="--speculative-ngram-max",
+            minimum=1,
+            metavar="N",
+            group=LIMITS_GROUP,
+        ),
+    )
     # auto: from the chat template (<tool_call>: hermes, [TOOL_CALLS]: mistral, Llama 3's JSON
     # call instructions or <|python_tag|>: llama3_json), chatglm3 for model_type chatglm, else
     # none (requests with tools are then refused).
@@ -427,6 +466,11 @@ class EngineSettings:
         if base not in DEVICE_BASES or (":" in device and not device.split(":", 1)[1].isdigit()):
             raise SettingsError(f"device must be auto, cpu, cuda[:N] or npu[:N], got '{device}'")
 
+        if self.speculative_ngram_min > self.speculative_ngram_max:
+            raise SettingsError(
+                f"speculative_ngram_min ({self.speculative_ngram_min}) must be <= speculative_ngram_max "
+                f"({self.speculative_ngram_max})"
+            )
         if self.device_ids:
             ids = self.device_ids.split(",")
             if not all(i.strip().isdigit() for i in ids):

@@ -26,6 +26,17 @@ _GAUGES = (
     ),
     ("triton_chat_kv_cache_budget_tokens", "KV-cache token slots the engine may reserve", "kv_budget_tokens"),
     ("triton_chat_prefix_cache_bytes", "Bytes held by cached prompt prefixes", "prefix_cache_bytes"),
+    # Totals since the engine started (vLLM's counter names); accepted / draft is the acceptance rate.
+    (
+        "triton_chat_spec_decode_num_draft_tokens",
+        "Draft tokens speculative decoding proposed and verified",
+        "spec_decode_num_draft_tokens",
+    ),
+    (
+        "triton_chat_spec_decode_num_accepted_tokens",
+        "Draft tokens speculative decoding accepted",
+        "spec_decode_num_accepted_tokens",
+    ),
 )
 # Each gauge update is a round trip to tritonserver, on the cores the engine computes on: a value
 # is sent only when it changed, and at most this often (Prometheus scrapes every 15 s or so).

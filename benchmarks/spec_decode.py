@@ -1,0 +1,197 @@
+"""Speculative decoding's speed-up at concurrency 1: the engine with n-gram drafts against without.
+
+Runs the same requests one at a time through the engine in-process, without drafts and with
+``--tokens`` drafts a step, on two workloads:
+
+- ``repetitive``: answers that copy their prompt (quote a passage, edit code and return it whole,
+  change one value of a config file): where prompt-lookup drafts are accepted;
+- ``distinct``: the traffic benchmark's distinct prompts (random words; outputs forced to their
+  length with ``ignore_eos`` + ``min_tokens``), where they mostly are not.
+
+Prints one JSON line per workload and mode (output tokens/s, and with drafts the acceptance rate
+and tokens per verify step), then one per workload with the speed-up and whether every greedy
+answer was identical with and without drafts.
+
+    python -m benchmarks.spec_decode --model ~/.cache/triton-chat/models/SmolLM2-135M-Instruct --dtype float32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from benchmarks.traffic import Workload, build_requests
+from python_backend.engine.engine import Engine
+from python_backend.engine.sequence import EngineEvent, EngineRequest
+from python_backend.model.loader import LoadedModel, load_model
+from python_backend.model.threads import serialize_current_thread
+from python_backend.prompt.chat_template import render_prompt
+from python_backend.protocol.params import parse_parameters
+from python_backend.protocol.settings import EngineSettings
+
+_CODE = """def summarize(orders):
+    total = 0
+    count = 0
+    for order in orders:
+        if order.status == "paid":
+            total += order.amount
+            count += 1
+    average = total / count if count else 0
+    return {"total": total, "count": count, "average": average}
+"""
+_LICENCE = (
+    "Permission is hereby granted, free of charge, to any person obtaining a copy of this software "
+    "and associated documentation files, to deal in the Software without restriction, including "
+    "without limitation the rights to use, copy, modify, merge, publish, distribute, sublicense, "
+    "and/or sell copies of the Software, subject to the following conditions: the above copyright "
+    "notice and this permission notice shall be included in all copies or substantial portions of "
+    "the Software."
+)
+_CONFIG = """server:
+  host: 0.0.0.0
+  port: 8080
+  workers: 4
+logging:
+  level: info
+  file: /var/log/app.log
+database:
+  url: postgres://db.internal:5432/app
+  pool_size: 10
+"""
+REPETITIVE = [
+    f"Rename the variable `total` to `paid_total` in this function and return the whole function:\n\n{_CODE}",
+    f"Quote the following paragraph exactly, word for word:\n\n{_LICENCE}",
+    f"Change the port to 9090 in this configuration file and return the whole file:\n\n{_CONFIG}",
+    f"Add a docstring to this function and return the whole function:\n\n{_CODE}",
+]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    max_tokens: int
+    forced: bool  # output length forced with ignore_eos + min_tokens
+
+
+@dataclass
+class RunResult:
+    workload: str
+    mode: str  # "off" or "ngram-K"
+    requests: int
+    tokens: int
+    wall_s: float
+    tokens_per_s: float
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_steps: int = 0
+    acceptance_rate: float = 0.0
+
+
+def prompts_for(workload: str, count: int, max_tokens: int) -> list[Prompt]:
+    if workload == "repetitive":
+        return [Prompt(REPETITIVE[i % len(REPETITIVE)], max_tokens, False) for i in range(count)]
+    traffic = Workload("distinct", 256, 128, max_tokens, max_tokens // 2, 0, seed=17)
+    return [Prompt(r.prompt, r.max_tokens, True) for r in build_requests(traffic, count)]
+
+
+@dataclass
+class Answer:
+    text: str = ""
+    tokens: int = 0  # completion tokens, from the usage
+
+
+def _request(loaded: LoadedModel, name: str, prompt: Prompt, done: threading.Event, out: Answer) -> EngineRequest:
+    raw: dict[str, object] = {"temperature": 0, "max_tokens": prompt.max_tokens}
+    if prompt.forced:
+        raw.update(ignore_eos=True, min_tokens=prompt.max_tokens)
+    params = parse_parameters(raw, stream=True)
+    ids = render_prompt(loaded.tokenizer, [{"role": "user", "content": prompt.text}], params)
+
+    def sink(event: EngineEvent) -> None:
+        if event.delta is not None:
+            out.text += event.delta.text
+            if event.delta.usage is not None:
+                out.tokens = event.delta.usage.completion_tokens
+        if event.final:
+            done.set()
+
+    return EngineRequest(name, ids, params, sink)
+
+
+def run(
+    loaded: LoadedModel, settings: EngineSettings, workload: str, prompts: list[Prompt]
+) -> tuple[RunResult, list[str]]:
+    """The prompts one at a time (C=1) after one warm-up request; the answers' texts."""
+    engine = Engine(loaded, settings)
+    engine.start()
+    texts: list[str] = []
+    tokens = 0
+    try:
+        warm = threading.Event()
+        engine.submit(_request(loaded, "warm-up", prompts[0], warm, Answer()))
+        warm.wait()
+        before = engine.stats()
+        started = time.perf_counter()
+        for i, prompt in enumerate(prompts):
+            done, answer = threading.Event(), Answer()
+            engine.submit(_request(loaded, f"bench-{i}", prompt, done, answer))
+            if not done.wait(600):
+                raise TimeoutError(f"request {i} did not finish in 600 s")
+            texts.append(answer.text)
+            tokens += answer.tokens
+        wall = time.perf_counter() - started
+        after = engine.stats()
+    finally:
+        engine.stop()
+    drafted = after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens
+    accepted = after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
+    mode = f"ngram-{settings.speculative_ngram_tokens}" if settings.speculative_ngram_tokens else "off"
+    result = RunResult(
+        workload, mode, len(prompts), tokens, round(wall, 3), round(tokens / wall, 2), drafted, accepted,
+        after.spec_decode_num_steps - before.spec_decode_num_steps, round(accepted / drafted, 3) if drafted else 0.0,
+    )  # fmt: skip
+    return result, texts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, type=Path)
+    parser.add_argument("--dtype", default="float32", choices=("bfloat16", "float32"))
+    parser.add_argument("--tokens", type=int, default=4, help="draft tokens per step (default 4)")
+    parser.add_argument("--requests", type=int, default=8, help="requests per workload and mode")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--workloads", default="repetitive,distinct")
+    args = parser.parse_args()
+    # As in the Triton model: only the engine thread runs torch in parallel (model/threads.py).
+    threads = serialize_current_thread()
+    base = EngineSettings(model_path=str(args.model.expanduser()), dtype=args.dtype, torch_threads=threads)
+    loaded = load_model(base)
+    modes = [EngineSettings(**{**asdict(base), "speculative_ngram_tokens": k}) for k in (0, args.tokens)]
+    try:
+        for workload in args.workloads.split(","):
+            prompts = prompts_for(workload, args.requests, args.max_tokens)
+            (off, off_texts), (on, on_texts) = (run(loaded, settings, workload, prompts) for settings in modes)
+            for result in (off, on):
+                sys.stdout.write(json.dumps(asdict(result)) + "\n")
+            summary = {
+                "workload": workload,
+                "speedup": round(on.tokens_per_s / off.tokens_per_s, 3),
+                "acceptance_rate": on.acceptance_rate,
+                "tokens_per_verify_step": round(1 + on.accepted_tokens / on.verify_steps, 2) if on.verify_steps else 0,
+                "identical_answers": on_texts == off_texts,
+            }
+            sys.stdout.write(json.dumps(summary) + "\n")
+            sys.stdout.flush()
+    finally:
+        torch.set_num_threads(threads)
+
+
+if __name__ == "__main__":
+    main()
