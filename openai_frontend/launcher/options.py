@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from openai_frontend.launcher.supervisor import MAX_RESTARTS
-from openai_frontend.launcher.tritonserver import TritonListen
+from openai_frontend.launcher.triton_endpoints import TritonListen
 from openai_frontend.settings import HttpLimits
 from python_backend.protocol.settings import EngineSettings
 

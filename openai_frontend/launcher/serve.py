@@ -36,14 +36,10 @@ from openai_frontend.launcher.model_repo import (
 from openai_frontend.launcher.network import bind_listening_socket, is_loopback
 from openai_frontend.launcher.options import ServeOptions, engine_settings, http_settings
 from openai_frontend.launcher.supervisor import Supervisor
+from openai_frontend.launcher.triton_access import RestrictedAccess, version_problem
+from openai_frontend.launcher.triton_endpoints import TritonEndpoints
 from openai_frontend.launcher.triton_install import TritonInstallError, locate_tritonserver
-from openai_frontend.launcher.tritonserver import (
-    RestrictedAccess,
-    TritonEndpoints,
-    TritonServerError,
-    TritonServerProcess,
-    version_problem,
-)
+from openai_frontend.launcher.tritonserver import TritonServerError, TritonServerProcess
 from python_backend.protocol.settings import SettingsError
 
 logger = logging.getLogger(__name__)
