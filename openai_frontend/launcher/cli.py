@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from openai_frontend.launcher.demo_model import DemoModelError
+from openai_frontend.launcher.dtype_check import check_dtype_name
 from openai_frontend.launcher.engine_flags import add_engine_flags, engine_values, positive_int
 from openai_frontend.launcher.http_flags import (
     add_http_flags,
@@ -255,16 +256,19 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         if not (Path(folder).expanduser() / "adapter_config.json").is_file():
             parser.error(f"{lora_origin} {name}: '{folder}' is not a PEFT adapter folder (no adapter_config.json)")
         lora_modules[name] = str(Path(folder).expanduser().resolve())
+    dtype_origin = _origin(argv, "--dtype", config, "dtype")
     try:
         # The same checks the model runs, here so that a typo fails now and not after the load.
+        check_dtype_name(str(engine.flags["dtype"]), dtype_origin)
         values: dict[str, Any] = {**engine.flags, **engine.overrides}
         EngineSettings(**values)
-    except SettingsError as exc:
+    except (SettingsError, ModelFolderError) as exc:
         parser.error(str(exc))
     return ServeOptions(
         model=args.model_path,
         model_origin=_origin(argv, "--model", config, "modelWeightPath"),
         device_origin=_origin(argv, "--device", config, "device"),
+        dtype_origin=dtype_origin,
         served_model_name=args.served_model_name,
         host=args.host,
         port=args.port,

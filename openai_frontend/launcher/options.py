@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from openai_frontend.launcher.supervisor import MAX_RESTARTS
-from openai_frontend.launcher.tritonserver import TritonListen
+from openai_frontend.launcher.triton_endpoints import TritonListen
 from openai_frontend.settings import HttpLimits
 from python_backend.protocol.settings import EngineSettings
 
@@ -68,6 +68,7 @@ class ServeOptions:
     operations: OperationsOptions = field(default_factory=OperationsOptions)
     model_origin: str = "--model"  # where the model folder was named, for error messages
     device_origin: str = "--device"
+    dtype_origin: str = "--dtype"
     metrics_vllm_names: bool = False  # FrontendSettings.metrics_vllm_names
     triton_listen: TritonListen = field(default_factory=TritonListen)  # tritonserver's listeners
     instances: int | None = None  # instance_group count; None: config.pbtxt's

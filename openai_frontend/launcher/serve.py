@@ -24,7 +24,8 @@ from types import FrameType
 from typing import Any
 
 from openai_frontend.launcher.cache import cache_root
-from openai_frontend.launcher.demo_model import DEMO_SERVED_NAME, DemoModelError, ensure_demo_model
+from openai_frontend.launcher.demo_model import DEMO_DTYPE, DEMO_SERVED_NAME, DemoModelError, ensure_demo_model
+from openai_frontend.launcher.dtype_check import check_dtype, checkpoint_torch_dtype
 from openai_frontend.launcher.model_check import ModelFolder, ModelFolderError, check_device, check_model_folder
 from openai_frontend.launcher.model_repo import (
     MODEL_NAME,
@@ -36,14 +37,10 @@ from openai_frontend.launcher.model_repo import (
 from openai_frontend.launcher.network import bind_listening_socket, is_loopback
 from openai_frontend.launcher.options import ServeOptions, engine_settings, http_settings
 from openai_frontend.launcher.supervisor import Supervisor
+from openai_frontend.launcher.triton_access import RestrictedAccess, version_problem
+from openai_frontend.launcher.triton_endpoints import TritonEndpoints
 from openai_frontend.launcher.triton_install import TritonInstallError, locate_tritonserver
-from openai_frontend.launcher.tritonserver import (
-    RestrictedAccess,
-    TritonEndpoints,
-    TritonServerError,
-    TritonServerProcess,
-    version_problem,
-)
+from openai_frontend.launcher.tritonserver import TritonServerError, TritonServerProcess
 from python_backend.protocol.settings import SettingsError
 
 logger = logging.getLogger(__name__)
@@ -133,6 +130,8 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
     # tritonserver's own report of a bad folder comes after the stub has imported torch.
     given = check_model_folder(ModelFolder(options.model, options.model_origin)) if options.model else None
     check_device(options.device, options.device_origin)
+    checkpoint = checkpoint_torch_dtype(given) if given is not None else DEMO_DTYPE
+    dtype = check_dtype(options.dtype, options.device, checkpoint, options.dtype_origin)
     install = locate_tritonserver(cache)
     if given is not None:
         model_dir = given
@@ -160,7 +159,13 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
     env["HF_HUB_OFFLINE"] = "1"  # models are local folders; never download at run time
     endpoints = triton.start(repo, env, options.triton_listen)
     logger.info(
-        "started tritonserver (pid %s), loading '%s' from %s; log: %s", triton.pid, served_name, model_dir, log_path
+        "started tritonserver (pid %s), loading '%s' from %s in %s (%s); log: %s",
+        triton.pid,
+        served_name,
+        model_dir,
+        dtype.dtype,
+        dtype.reason,
+        log_path,
     )
     logger.info(
         "tritonserver listens on gRPC %s, HTTP %s, metrics %s",

@@ -13,7 +13,7 @@ from typing import Any
 
 from openai_frontend.launcher.http_flags import non_negative_int
 from openai_frontend.launcher.network import is_loopback
-from openai_frontend.launcher.tritonserver import LOOPBACK, TritonListen
+from openai_frontend.launcher.triton_endpoints import LOOPBACK, TritonListen
 
 LISTENERS = ("grpc", "http", "metrics")
 SHOWN = {"grpc": "gRPC", "http": "HTTP", "metrics": "metrics"}

@@ -14,14 +14,9 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from openai_frontend.launcher.cache import cache_root
+from openai_frontend.launcher.triton_access import SECRET_HEADER, RestrictedAccess, version_problem
 from openai_frontend.launcher.triton_install import locate_tritonserver
-from openai_frontend.launcher.tritonserver import (
-    SECRET_HEADER,
-    SHM_PREFIX,
-    RestrictedAccess,
-    TritonServerProcess,
-    version_problem,
-)
+from openai_frontend.launcher.tritonserver import SHM_PREFIX, TritonServerProcess
 from tests.e2e.test_tritonserver_process import ECHO_MODEL, _repo
 
 pytestmark = pytest.mark.e2e

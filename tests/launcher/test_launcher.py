@@ -31,13 +31,10 @@ from openai_frontend.launcher.model_repo import (
 from openai_frontend.launcher.network import is_loopback
 from openai_frontend.launcher.options import FrontendOptions, ServeOptions, engine_settings
 from openai_frontend.launcher.serve import run_serve
+from openai_frontend.launcher.triton_access import SECRET_HEADER, RestrictedAccess
+from openai_frontend.launcher.triton_endpoints import TritonEndpoints
 from openai_frontend.launcher.triton_install import TritonInstall
-from openai_frontend.launcher.tritonserver import (
-    SECRET_HEADER,
-    RestrictedAccess,
-    TritonEndpoints,
-    TritonServerProcess,
-)
+from openai_frontend.launcher.tritonserver import TritonServerProcess
 from python_backend.protocol.settings import EngineSettings, SettingsError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

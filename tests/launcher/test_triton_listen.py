@@ -9,8 +9,9 @@ import pytest
 
 from openai_frontend.launcher.cli import parse_args, parse_serve_args
 from openai_frontend.launcher.options import FrontendOptions
+from openai_frontend.launcher.triton_endpoints import TritonListen
 from openai_frontend.launcher.triton_install import TritonInstall
-from openai_frontend.launcher.tritonserver import TritonListen, TritonServerProcess
+from openai_frontend.launcher.tritonserver import TritonServerProcess
 
 
 def _flag_values(cmd: list[str]) -> dict[str, str]:
