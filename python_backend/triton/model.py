@@ -3,10 +3,11 @@
 Owns: ``TritonPythonModel`` (decoupled): ``initialize`` loads the model and starts the engine;
 ``execute`` tells probes, tokenize queries, cancellations and channel openings from generation
 requests, reads each generation request's inputs, holds its place in the engine's queue and hands
-it to the preparer's thread (``preparer.py``: chat template, tokenizing, grammar), and returns at
-once; ``finalize`` stops the preparer and the engine, then the sender thread (``sender.py``, which
-turns engine events into responses and sends every response, the channels' last ones included).
-Every request ends with exactly one ``COMPLETE_FINAL``: on success, on error and on cancel.
+it to the preparer (``preparer.py``: chat template, tokenizing and media on a few threads of its
+own, then the grammar), and returns at once; ``finalize`` stops the preparer and the engine, then
+the sender thread (``sender.py``, which turns engine events into responses and sends every
+response, the channels' last ones included). Every request ends with exactly one
+``COMPLETE_FINAL``: on success, on error and on cancel.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from python_backend.sampling.structured import GrammarCompiler
 from python_backend.text.output_formats import resolve_formats
 from python_backend.triton.channels import ChannelRegistry, Outgoing
 from python_backend.triton.metrics import MetricsReporter
-from python_backend.triton.preparer import Arrival, RequestPreparer
+from python_backend.triton.preparer import Arrival, RequestPreparer, usable_cpus
 from python_backend.triton.sender import ResponseLink, ResponseSender
 
 logger = logging.getLogger("triton_chat")
@@ -102,6 +103,7 @@ class TritonPythonModel:
             raise
 
     def _start(self, settings: EngineSettings, instance: str) -> None:
+        cpus_here = usable_cpus()  # before the serving threads are pinned to one of them
         loaded = load_model(settings)
         self._tokenizer = loaded.tokenizer
         self._adapters = loaded.adapters
@@ -131,9 +133,12 @@ class TritonPythonModel:
             self._make_request,
             lambda arrival, info: self._fail(arrival.sender, arrival.request_id, info),
             float(settings.grammar_compile_timeout_s),
+            prepare_timeout_s=float(settings.prepare_timeout_s),
+            workers=min(settings.prepare_workers, cpus_here),
         )
         self._preparer.start()
-        self._metrics = MetricsReporter(self._engine, loaded.name, pb_utils, instance)
+        logger.info("%d preparer threads", self._preparer.workers)
+        self._metrics = MetricsReporter(self._engine, loaded.name, pb_utils, instance, self._preparer.stats)
         _die_fast_on_crash()  # last: after every import that may install a handler of its own
         logger.info("triton-chat model '%s' ready", loaded.name)
 
@@ -250,6 +255,7 @@ class TritonPythonModel:
             self._sender.close_later(channel)
         else:
             self._engine.cancel(target, before_arrival=True)
+            self._preparer.cancel(target)  # still being prepared: renewed when it joins the engine
 
     def _open_channel(self, sender: ResponseLink, request_id: str, name: str) -> None:
         self._channels.open(name, sender)
