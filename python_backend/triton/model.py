@@ -237,7 +237,21 @@ class TritonPythonModel:
         self._sender.put(Outgoing(sender, EngineEvent(request_id, delta=delta, final=True)))
 
     def _answer_tokenize(self, sender: ResponseLink, request_id: str, query: str) -> None:
-        # No generation: the tokenizer's answer, at once and outside the batch.
+        """No generation: the tokenizer's answer, outside the batch, on a preparer thread (a
+        multi-megabyte text takes seconds, which the stub's thread must never spend)."""
+
+        def answer() -> None:
+            try:
+                self._tokenize(sender, request_id, query)
+            except ContractError as exc:
+                self._fail(sender, request_id, exc.info)
+            except Exception:
+                logger.exception("tokenize query %s failed", request_id)
+                self._fail(sender, request_id, _INTERNAL)
+
+        self._preparer.run(answer)
+
+    def _tokenize(self, sender: ResponseLink, request_id: str, query: str) -> None:
         text = answer_query(
             read_query(query),
             self._tokenizer,

@@ -155,7 +155,7 @@ class RequestPreparer:
     _deadlines: list[tuple[float, int, str, _Waiting]] = field(default_factory=list)
     _held: dict[str, _Waiting] = field(default_factory=dict)
     _order: itertools.count[int] = field(default_factory=itertools.count)
-    _work: queue.SimpleQueue[_Waiting | None] = field(default_factory=queue.SimpleQueue)
+    _work: queue.SimpleQueue[_Waiting | Callable[[], None] | None] = field(default_factory=queue.SimpleQueue)
     _thread: threading.Thread | None = None
     _timeouts: int = 0
     _late: int = 0
@@ -172,6 +172,11 @@ class RequestPreparer:
 
     def put(self, arrival: Arrival) -> None:
         self._queue.put(arrival)
+
+    def run(self, task: Callable[[], None]) -> None:
+        """Run other per-request work that may take long (a tokenize query) on a preparer thread;
+        ``task`` answers its request itself, errors included."""
+        self._work.put(task)
 
     def cancel(self, request_id: str) -> None:
         """A ``cancel_request`` for a request that may still be here: the engine's record of an
@@ -357,6 +362,12 @@ class RequestPreparer:
             waiting = self._work.get()
             if waiting is None:
                 return
+            if not isinstance(waiting, _Waiting):
+                try:
+                    waiting()
+                except Exception:  # the task answers its own errors; this is a bug in it
+                    logger.exception("a task on a preparer thread failed")
+                continue
             if waiting.settled:
                 continue  # refused while it waited for a thread: nothing to compute
             waiting.started = True

@@ -16,6 +16,7 @@ import pytest
 
 from python_backend.engine import admission
 from python_backend.protocol import contract
+from python_backend.protocol.tokenize import TokenizeQuery
 from python_backend.triton.preparer import PreparerStats, usable_cpus
 from tests.adapter.model_driver import (
     Served,
@@ -185,3 +186,32 @@ def test_finalize_waits_for_a_request_being_prepared_only_until_its_deadline(
     error = error_of(ended_once(slow.get_response_sender()))
     assert error is not None and error.code == "prepare_timeout"
     assert took < 10.0
+
+
+def test_a_slow_tokenize_query_does_not_hold_up_the_stubs_thread(
+    serve: Callable[..., Served], adapter: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+    real = adapter.answer_query
+
+    def answer_query(*args: Any, **kwargs: Any) -> str:
+        release.wait(60)  # a multi-megabyte text
+        return str(real(*args, **kwargs))
+
+    monkeypatch.setattr(adapter, "answer_query", answer_query)
+    served = serve()
+    query = control_request(contract.TOKENIZE, TokenizeQuery(prompt="Hello there").to_wire(), "tokenize")
+    probe = control_request(contract.HEALTH_PROBE, True, "probe")
+    plain = chat_request("plain", parameters=SHORT)
+    try:
+        served.execute(query, probe, plain)  # returns at once: the query waits on a preparer thread
+        probe.get_response_sender().wait_final()
+        plain.get_response_sender().wait_final()
+        assert query.get_response_sender().sent == []
+    finally:
+        release.set()
+    query.get_response_sender().wait_final()
+    served.finalize()
+    assert error_of(ended_once(query.get_response_sender())) is None
+    assert error_of(ended_once(probe.get_response_sender())) is None
+    assert error_of(ended_once(plain.get_response_sender())) is None
