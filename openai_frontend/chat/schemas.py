@@ -18,6 +18,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, WithJsonSchema
 
+from python_backend.protocol.messages import MEDIA_PART_TYPES
 from python_backend.protocol.params import INT32_MAX, MAX_N, MAX_TOP_LOGPROBS, UINT64_MAX
 
 
@@ -70,7 +71,34 @@ MaxTokens = Annotated[Any, _integer(1, INT32_MAX)]
 MinTokens = Annotated[Any, _integer(0, INT32_MAX)]
 Choices = Annotated[Any, _integer(1, MAX_N)]
 TopLogprobs = Annotated[Any, _integer(0, MAX_TOP_LOGPROBS)]
-Messages = Annotated[Any, WithJsonSchema({"type": "array", "items": _OBJECT, "minItems": 1})]
+_TEXT: dict[str, Any] = {"type": "string", "minLength": 1}
+_PARTS: dict[str, Any] = {
+    "type": "array",
+    "minItems": 1,
+    "items": {
+        "anyOf": [
+            {"type": "object", "properties": {"type": {"const": "text"}, "text": _TEXT}, "required": ["type", "text"]},
+            *(
+                {"type": "object", "properties": {"type": {"const": kind}, kind: {}}, "required": ["type", kind]}
+                for kind in MEDIA_PART_TYPES
+            ),
+        ]
+    },
+}
+# What python_backend.protocol.messages checks, as far as a schema says it: a role, and content as
+# text or parts (an assistant's message with tool_calls may also leave content out).
+_MESSAGE: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "role": _TEXT,
+        "content": {"anyOf": [_TEXT, _PARTS]},
+        "name": {"type": "string"},
+        "tool_calls": _OBJECTS,
+        "tool_call_id": _TEXT,
+    },
+    "required": ["role", "content"],
+}
+Messages = Annotated[Any, WithJsonSchema({"type": "array", "items": _MESSAGE, "minItems": 1})]
 
 # The request fields that ``parse_parameters`` reads, on every generation endpoint. ``lora`` is
 # not among them: it comes from ``model``, never from the body.

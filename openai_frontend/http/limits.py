@@ -11,7 +11,8 @@ Owns: ``LimitedHttpToolsProtocol``, uvicorn's httptools protocol with the ``Http
 * a connection cap: once ``max_connections`` are open, a new request gets a 503 with
   ``Retry-After`` and its connection is closed, before it reaches the app;
 * the error envelope for every answer of the protocol itself, the parser's own 400 included
-  (uvicorn's is plain text).
+  (uvicorn's is plain text), and one log line of ours for each (uvicorn would also log "Invalid
+  HTTP request received." at warning for every refusal raised from a parser callback).
 
 Each of these answers is written on the transport directly (no ASGI app runs), then the server
 half-closes and reads and discards what the client still sends for up to ``LINGER_S``: closing at
@@ -25,6 +26,7 @@ import json
 import logging
 from typing import Any, ClassVar
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from openai_frontend.http.errors import RETRY_AFTER_S
@@ -121,7 +123,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             return  # answered: what still comes is dropped
         if self._in_headers:
             self._raw_header_bytes += len(data)
-        super().data_received(data)
+        self._feed(data)
         # Still in the headers after this chunk: every byte counted so far is header bytes.
         if self._in_headers and self._raw_header_bytes > self.limits.max_header_bytes:
             self._answer(headers_too_large(f"more than {self.limits.max_header_bytes} bytes"))
@@ -159,6 +161,20 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._in_headers = True
         self._raw_header_bytes = 0
 
+    def _feed(self, data: bytes) -> None:
+        """uvicorn's ``data_received`` without its warning on a parser error: a refusal raised from
+        a callback is a parser error too, and ``_answer`` logs what it was."""
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self._answer(self._refused or invalid_http_request())
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+
     # --- answers of the protocol itself -------------------------------------------------------
     def _refuse(self, info: ErrorInfo) -> None:
         """Stop the parser from a callback; ``send_400_response`` then answers ``info``."""
@@ -166,7 +182,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         raise _Refused(info.message)
 
     def send_400_response(self, msg: str) -> None:
-        # uvicorn calls this for any parser error, the ones _refuse raised included.
+        # Kept for any other path of uvicorn's that answers a parser error itself.
         self._answer(self._refused or invalid_http_request())
 
     def eof_received(self) -> None:
@@ -177,13 +193,20 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._stop_header_timer()
         if self.transport.is_closing() or self._linger is not None:
             return
-        logger.info("HTTP %d to %s: %s", info.status, self.client, info.message)
+        # The server's own limit (the connection cap) is the operator's concern; the rest are the
+        # client's mistakes, and a client can send them at any rate.
+        level = logging.WARNING if info.status >= 500 else logging.INFO
+        logger.log(level, "HTTP %d to %s: %s", info.status, _peer(self.client), info.message)
         self.transport.write(raw_error_response(info))
         self._linger = self.loop.call_later(LINGER_S, self.transport.close)
         if self.transport.can_write_eof():
             self.transport.write_eof()
         else:  # TLS cannot half-close
             self.transport.close()
+
+
+def _peer(client: tuple[str, int] | None) -> str:
+    return "an unknown client" if client is None else f"{client[0]}:{client[1]}"
 
 
 def limited_protocol(limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:

@@ -95,7 +95,9 @@ METHOD_NOT_ALLOWED = ErrorKind(405, INVALID_REQUEST, "method_not_allowed")
 REQUEST_TIMEOUT = ErrorKind(408, INVALID_REQUEST, "request_timeout")
 BODY_TOO_LARGE = ErrorKind(413, INVALID_REQUEST, "request_too_large")
 HEADERS_TOO_LARGE = ErrorKind(431, INVALID_REQUEST, "headers_too_large")
+PREPARE_TIMEOUT = ErrorKind(400, INVALID_REQUEST, "prepare_timeout")
 OVERLOADED = ErrorKind(429, RATE_LIMIT, "overloaded")
+PREPARERS_BUSY = ErrorKind(429, RATE_LIMIT, "preparers_busy")
 INTERNAL = ErrorKind(500, SERVER_ERROR, "internal_error")
 BACKEND_INCOMPLETE = ErrorKind(500, SERVER_ERROR, "backend_incomplete")
 SHUTTING_DOWN = ErrorKind(503, SERVICE_UNAVAILABLE, "shutting_down")
@@ -125,7 +127,9 @@ CATALOGUE: tuple[ErrorKind, ...] = (
     REQUEST_TIMEOUT,
     BODY_TOO_LARGE,
     HEADERS_TOO_LARGE,
+    PREPARE_TIMEOUT,
     OVERLOADED,
+    PREPARERS_BUSY,
     INTERNAL,
     BACKEND_INCOMPLETE,
     SHUTTING_DOWN,
@@ -169,6 +173,15 @@ def kv_cache_exceeded(needed: int, budget: int) -> ErrorInfo:
         f"the request may need {needed} tokens of KV cache (prompt + max_tokens, times n/best_of); "
         f"the server's budget is {budget}",
         "max_tokens",
+    )
+
+
+def prepare_timed_out(seconds: float, param: str) -> ErrorInfo:
+    """The request's own preparation (chat template, tokenizing, media) outlasted its deadline."""
+    return PREPARE_TIMEOUT.info(
+        f"preparing the prompt (chat template, tokenizing, media decoding) took longer than {seconds:g} s "
+        "(prepare_timeout_s); send a shorter prompt or fewer media",
+        param,
     )
 
 
@@ -222,6 +235,14 @@ def http_error(status: int, message: str) -> ErrorInfo:
 # --- 429 / 503: retry later ---------------------------------------------------------------------
 def overloaded(waiting: int) -> ErrorInfo:
     return OVERLOADED.info(f"the server is overloaded ({waiting} requests waiting); retry later")
+
+
+def preparers_busy(seconds: float, workers: int) -> ErrorInfo:
+    """The request waited its whole preparation deadline for a free preparer thread."""
+    return PREPARERS_BUSY.info(
+        f"no preparer thread was free within {seconds:g} s (all {workers} prepare_workers busy with "
+        "other prompts); retry later"
+    )
 
 
 def shutting_down() -> ErrorInfo:

@@ -201,6 +201,34 @@ class EngineSettings:
             "run meanwhile",
         ),
     )
+    # Chat templates, tokenizing and media decoding take time that grows with the prompt: several
+    # threads do it, so one multi-megabyte prompt does not hold up the short ones behind it.
+    prepare_workers: int = _setting(
+        2,
+        SettingInfo(
+            "threads that prepare requests (chat template, tokenizing, media); at most the CPUs available",
+            flag="--prepare-workers",
+            minimum=1,
+            metavar="N",
+            group=LIMITS_GROUP,
+            docs="threads that prepare requests (chat template, tokenizing, media decoding) beside the "
+            "engine, at most the CPUs the model may use; one slow prompt holds up only its own thread",
+        ),
+    )
+    prepare_timeout_s: int = _setting(
+        30,
+        SettingInfo(
+            "seconds a request may take to be prepared (chat template, tokenizing, media) before it gets an error",
+            flag="--prepare-timeout-s",
+            minimum=1,
+            metavar="S",
+            group=LIMITS_GROUP,
+            docs="seconds from a request's arrival in the model to its prompt being ready (chat template, "
+            "tokenizing, media decoding); later, it gets a 400 naming its prompt (or a 429 when it "
+            "waited for a free preparer thread all that time), and what was still being prepared is "
+            "dropped when it finishes",
+        ),
+    )
     kv_cache_memory_mb: int = _setting(
         0,
         SettingInfo(

@@ -1,6 +1,8 @@
-"""The engine's gauges on Triton's own ``/metrics``: running sequences, waiting requests, KV cache.
+"""The engine's gauges on Triton's own ``/metrics``: running sequences, waiting requests, KV cache,
+and the preparer's counters (requests refused at their preparation deadline, late results dropped).
 
-Owns ``MetricsReporter``, a thread that copies ``Engine.stats()`` into Triton custom metrics. It
+Owns ``MetricsReporter``, a thread that copies ``Engine.stats()`` (and the preparer's
+``PreparerStats``) into Triton custom metrics. It
 runs beside the engine in the stub process (docs/design.md, "Departures": engine metrics live in
 Triton's process, next to Triton's ``nv_inference_*``).
 """
@@ -9,9 +11,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from python_backend.engine.engine import Engine
+from python_backend.triton.preparer import PreparerStats
 
 logger = logging.getLogger("triton_chat")
 
@@ -38,6 +42,18 @@ _GAUGES = (
         "spec_decode_num_accepted_tokens",
     ),
 )
+_COUNTERS = (
+    (
+        "triton_chat_prepare_timeouts_total",
+        "Requests refused because their prompt was not prepared within prepare_timeout_s",
+        "prepare_timeouts",
+    ),
+    (
+        "triton_chat_late_preparations_total",
+        "Preparations that finished after their request was refused, their result dropped",
+        "late_preparations",
+    ),
+)
 # Each gauge update is a round trip to tritonserver, on the cores the engine computes on: a value
 # is sent only when it changed, and at most this often (Prometheus scrapes every 15 s or so).
 _METRICS_PERIOD_S = 0.5
@@ -50,24 +66,39 @@ class MetricsReporter:
     rather than in the step loop.
     """
 
-    def __init__(self, engine: Engine, model: str, pb_utils: Any, instance: str = "") -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        model: str,
+        pb_utils: Any,
+        instance: str = "",
+        preparer: Callable[[], PreparerStats] | None = None,
+    ) -> None:
         """``pb_utils``: Triton's ``triton_python_backend_utils``, which only ``python_backend.triton``
         imports (it exists only inside Triton's stub); ``instance``: Triton's model instance name, a
-        label of its own so that each instance's engine (``instance_group`` count > 1) is a series."""
+        label of its own so that each instance's engine (``instance_group`` count > 1) is a series;
+        ``preparer``: the preparer's counts, exposed as counters."""
         self._engine = engine
+        self._preparer = preparer
         self._families: list[Any] = []
         self._gauges: list[tuple[Any, str]] = []
+        self._counters: list[tuple[Any, str]] = []
+        labels = {"model": model, "instance": instance} if instance else {"model": model}
         for name, description, field in _GAUGES:
             family = pb_utils.MetricFamily(name=name, description=description, kind=pb_utils.MetricFamily.GAUGE)
             self._families.append(family)
-            labels = {"model": model, "instance": instance} if instance else {"model": model}
             self._gauges.append((family.Metric(labels=labels), field))
+        for name, description, field in _COUNTERS if preparer is not None else ():
+            family = pb_utils.MetricFamily(name=name, description=description, kind=pb_utils.MetricFamily.COUNTER)
+            self._families.append(family)
+            self._counters.append((family.Metric(labels=labels), field))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="triton-chat-metrics", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         sent: dict[str, float] = {}
+        counted: dict[str, int] = {}
         while not self._stop.wait(_METRICS_PERIOD_S):
             stats = self._engine.stats()
             try:
@@ -76,6 +107,13 @@ class MetricsReporter:
                     if sent.get(field) != value:
                         gauge.set(value)
                         sent[field] = value
+                if self._preparer is not None:
+                    counts = self._preparer()
+                    for counter, field in self._counters:
+                        total = int(getattr(counts, field))
+                        if total != counted.get(field, 0):
+                            counter.increment(total - counted.get(field, 0))
+                            counted[field] = total
             except Exception:  # metrics are best effort; serving goes on
                 logger.exception("updating metrics failed")
 
@@ -84,4 +122,5 @@ class MetricsReporter:
         self._thread.join(5)
         # Triton requires metrics to go before their families.
         self._gauges.clear()
+        self._counters.clear()
         self._families.clear()

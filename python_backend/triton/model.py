@@ -3,10 +3,11 @@
 Owns: ``TritonPythonModel`` (decoupled): ``initialize`` loads the model and starts the engine;
 ``execute`` tells probes, tokenize queries, cancellations and channel openings from generation
 requests, reads each generation request's inputs, holds its place in the engine's queue and hands
-it to the preparer's thread (``preparer.py``: chat template, tokenizing, grammar), and returns at
-once; ``finalize`` stops the preparer and the engine, then the sender thread (``sender.py``, which
-turns engine events into responses and sends every response, the channels' last ones included).
-Every request ends with exactly one ``COMPLETE_FINAL``: on success, on error and on cancel.
+it to the preparer (``preparer.py``: chat template, tokenizing and media on a few threads of its
+own, then the grammar), and returns at once; ``finalize`` stops the preparer and the engine, then
+the sender thread (``sender.py``, which turns engine events into responses and sends every
+response, the channels' last ones included). Every request ends with exactly one
+``COMPLETE_FINAL``: on success, on error and on cancel.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from python_backend.sampling.structured import GrammarCompiler
 from python_backend.text.output_formats import resolve_formats
 from python_backend.triton.channels import ChannelRegistry, Outgoing
 from python_backend.triton.metrics import MetricsReporter
-from python_backend.triton.preparer import Arrival, RequestPreparer
+from python_backend.triton.preparer import Arrival, RequestPreparer, usable_cpus
 from python_backend.triton.sender import ResponseLink, ResponseSender
 
 logger = logging.getLogger("triton_chat")
@@ -102,6 +103,7 @@ class TritonPythonModel:
             raise
 
     def _start(self, settings: EngineSettings, instance: str) -> None:
+        cpus_here = usable_cpus()  # before the serving threads are pinned to one of them
         loaded = load_model(settings)
         self._tokenizer = loaded.tokenizer
         self._adapters = loaded.adapters
@@ -131,9 +133,12 @@ class TritonPythonModel:
             self._make_request,
             lambda arrival, info: self._fail(arrival.sender, arrival.request_id, info),
             float(settings.grammar_compile_timeout_s),
+            prepare_timeout_s=float(settings.prepare_timeout_s),
+            workers=min(settings.prepare_workers, cpus_here),
         )
         self._preparer.start()
-        self._metrics = MetricsReporter(self._engine, loaded.name, pb_utils, instance)
+        logger.info("%d preparer threads", self._preparer.workers)
+        self._metrics = MetricsReporter(self._engine, loaded.name, pb_utils, instance, self._preparer.stats)
         _die_fast_on_crash()  # last: after every import that may install a handler of its own
         logger.info("triton-chat model '%s' ready", loaded.name)
 
@@ -232,7 +237,21 @@ class TritonPythonModel:
         self._sender.put(Outgoing(sender, EngineEvent(request_id, delta=delta, final=True)))
 
     def _answer_tokenize(self, sender: ResponseLink, request_id: str, query: str) -> None:
-        # No generation: the tokenizer's answer, at once and outside the batch.
+        """No generation: the tokenizer's answer, outside the batch, on a preparer thread (a
+        multi-megabyte text takes seconds, which the stub's thread must never spend)."""
+
+        def answer() -> None:
+            try:
+                self._tokenize(sender, request_id, query)
+            except ContractError as exc:
+                self._fail(sender, request_id, exc.info)
+            except Exception:
+                logger.exception("tokenize query %s failed", request_id)
+                self._fail(sender, request_id, _INTERNAL)
+
+        self._preparer.run(answer)
+
+    def _tokenize(self, sender: ResponseLink, request_id: str, query: str) -> None:
         text = answer_query(
             read_query(query),
             self._tokenizer,
@@ -250,6 +269,7 @@ class TritonPythonModel:
             self._sender.close_later(channel)
         else:
             self._engine.cancel(target, before_arrival=True)
+            self._preparer.cancel(target)  # still being prepared: renewed when it joins the engine
 
     def _open_channel(self, sender: ResponseLink, request_id: str, name: str) -> None:
         self._channels.open(name, sender)

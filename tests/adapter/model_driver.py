@@ -43,10 +43,11 @@ def chat_request(
     parameters: dict[str, Any] | None = None,
     raw_parameters: str | None = None,
     channel: str | None = None,
+    messages: list[dict[str, Any]] | None = None,
 ) -> InferenceRequest:
     """The tensors the frontend sends for one chat request (``raw_parameters``: as given)."""
     inputs = [
-        Tensor(contract.MESSAGES, contract.json_tensor(MESSAGES)),
+        Tensor(contract.MESSAGES, contract.json_tensor(MESSAGES if messages is None else messages)),
         Tensor(contract.STREAM, contract.bool_tensor(stream)),
     ]
     if raw_parameters is not None:

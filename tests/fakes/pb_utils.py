@@ -205,6 +205,10 @@ class Metric:
         with self._lock:
             self._value = value
 
+    def increment(self, value: float) -> None:
+        with self._lock:
+            self._value += value
+
     def value(self) -> float:
         with self._lock:
             return self._value

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,3 +206,53 @@ async def test_the_header_deadline_restarts_for_the_next_request_on_a_connection
         writer.close()
     assert head.startswith(b"HTTP/1.1 200")
     assert answer.status == 408 and answer.closed
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextmanager
+def captured(*names: str) -> Iterator[list[logging.LogRecord]]:
+    """Every record of these loggers at INFO and above (uvicorn's do not reach the root logger)."""
+    handler = _Records()
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [one.level for one in loggers]
+    for one in loggers:
+        one.addHandler(handler)
+        one.setLevel(logging.INFO)
+    try:
+        yield handler.records
+    finally:
+        for one, level in zip(loggers, levels, strict=True):
+            one.removeHandler(handler)
+            one.setLevel(level)
+
+
+async def test_refusals_log_one_line_of_ours_and_no_uvicorn_warning() -> None:
+    with captured("uvicorn.error", "openai_frontend.http.limits") as records:
+        async with serving(max_header_bytes=8192, max_connections=1) as running:
+            reader, writer = await running.connect()
+            writer.write(chat_request(json.dumps(chat_body()).encode(), extra=f"X-Big: {'a' * 9000}\r\n"))
+            too_large = await read_answer(reader)
+            writer.close()
+            await writer.wait_closed()
+            _, idle = await running.connect()
+            over_reader, over = await running.connect()
+            over.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            capped = await read_answer(over_reader)
+            for connection in (idle, over):
+                connection.close()
+    assert (too_large.status, capped.status) == (431, 503)
+    messages = [(record.name, record.levelno, record.getMessage()) for record in records]
+    assert not [m for m in messages if "Invalid HTTP request" in m[2]], messages
+    ours = [(level, message) for name, level, message in messages if name == "openai_frontend.http.limits"]
+    assert [(level, message.split(" ")[1]) for level, message in ours] == [
+        (logging.INFO, "431"),
+        (logging.WARNING, "503"),
+    ], ours

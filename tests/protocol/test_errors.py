@@ -53,6 +53,8 @@ CONSTRUCTED: list[ErrorInfo] = [
     errors.request_timeout(10, "headers"),
     errors.headers_too_large("64 fields"),
     errors.too_many_connections(8),
+    errors.prepare_timed_out(30, "messages"),
+    errors.preparers_busy(30, 2),
 ]
 
 
@@ -71,6 +73,7 @@ def test_retryable_errors_are_429_or_503() -> None:
     retried = {kind.code for kind in CATALOGUE if kind.status in (429, 503)}
     assert retried == {
         "overloaded",
+        "preparers_busy",
         "shutting_down",
         "server_draining",
         "engine_failed",
