@@ -35,6 +35,7 @@ class EngineStats:
     kv_budget_tokens: int
     prefix_cache_tokens: int = 0  # token positions held by the prefix cache
     prefix_cache_bytes: int = 0
+    compute_threads: int = 0  # the engine thread's OpenMP team size now (thread_tuner.py)
 
 
 @dataclass(frozen=True)

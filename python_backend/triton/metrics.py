@@ -26,6 +26,7 @@ _GAUGES = (
     ),
     ("triton_chat_kv_cache_budget_tokens", "KV-cache token slots the engine may reserve", "kv_budget_tokens"),
     ("triton_chat_prefix_cache_bytes", "Bytes held by cached prompt prefixes", "prefix_cache_bytes"),
+    ("triton_chat_compute_threads", "Compute threads the engine's steps now run with", "compute_threads"),
 )
 # Each gauge update is a round trip to tritonserver, on the cores the engine computes on: a value
 # is sent only when it changed, and at most this often (Prometheus scrapes every 15 s or so).
