@@ -12,9 +12,10 @@ with a core to itself. So every few seconds under load the tuner runs a probe: d
 alternate between the current count and one thread fewer (or one more, once it has gone down),
 and the faster by a clear margin is kept. A probe ends at the first step that is much slower than
 the current count's, so probing beside a busy neighbour costs one slow step; probes that change
-nothing come less and less often (up to ``max_interval_s``), and a run of steps far slower than
-at the last probe (a neighbour arrived) starts one at once. Idle, nothing runs: the tuner only
-acts when a step is timed.
+nothing come less and less often (up to ``max_interval_s``, or longer after a costly one, so that
+probing takes a bounded share of the time), and a run of steps far slower than at the last probe
+(a neighbour arrived) starts one at once. Idle, nothing runs: the tuner only acts when a step is
+timed.
 """
 
 from __future__ import annotations
@@ -40,14 +41,18 @@ class TunerPolicy:
     surge_steps: int = 3  # ... this many in a row, at about the same batch size, start a probe now
     first_interval_s: float = 2.0  # from the start, and after a switch: the next probe
     max_interval_s: float = 8.0  # probes that change nothing double the wait, up to this
+    loss_share: float = 0.05  # ... or wait long enough that a costly losing probe took this share
+    longest_wait_s: float = 60.0  # ... but never longer than this
 
     def __post_init__(self) -> None:
         if self.probe_steps < 1 or self.surge_steps < 1:
             raise ValueError("probe_steps and surge_steps must be >= 1")
         if not -1.0 <= self.margin < 1.0 or self.abort_ratio <= 1.0 or self.surge_ratio <= 1.0:
             raise ValueError("margin must be in [-1, 1), abort_ratio and surge_ratio > 1")
-        if not 0.0 <= self.first_interval_s <= self.max_interval_s:
-            raise ValueError("intervals must satisfy 0 <= first_interval_s <= max_interval_s")
+        if not 0.0 <= self.first_interval_s <= self.max_interval_s <= self.longest_wait_s:
+            raise ValueError("intervals must satisfy 0 <= first_interval_s <= max_interval_s <= longest_wait_s")
+        if not 0.0 < self.loss_share <= 1.0:
+            raise ValueError("loss_share must be in (0, 1]")
 
 
 @dataclass
@@ -154,7 +159,15 @@ class ThreadTuner:
             self._downward = downward  # keep going the way that helped
             self._reference = (probe.rows, tried)
         else:
-            self._interval = min(2 * self._interval, self._policy.max_interval_s)
+            # On a crowded machine a step with one more thread can take ten times as long: the
+            # wait then grows so that probing costs at most loss_share of the time.
+            policy = self._policy
+            cost = sum(max(seconds - current, 0.0) for seconds in probe.tried)
+            waits = (
+                min(2 * self._interval, policy.max_interval_s),
+                min(cost / policy.loss_share, policy.longest_wait_s),
+            )
+            self._interval = max(waits)
             self._downward = not downward
             self._reference = (probe.rows, current)
         self._probe = None

@@ -90,9 +90,24 @@ def test_probes_that_change_nothing_come_less_often_up_to_the_longest_interval()
     assert tuner.switches == 0
 
 
+def test_on_a_crowded_machine_a_costly_losing_probe_waits_longer() -> None:
+    clock = FakeClock()
+    tuner = ThreadTuner(2, clock=clock)
+    crowded = {1: 0.2, 2: 2.0}.__getitem__  # one thread fewer is ten times faster
+    _run(tuner, clock, crowded, 20)
+    assert tuner.threads == 1
+    started = clock.now
+    used = _run(tuner, clock, crowded, 600)  # 2 minutes
+    # Each losing probe costs 1.8 s, so the next waits 36 s (5 % of the time), not 8 s.
+    assert tuner.threads == 1 and 2 <= used.count(2) <= 4
+    assert sum(1.8 for threads in used if threads == 2) / (clock.now - started) < 0.07
+
+
 def test_a_single_slow_step_does_not_start_a_probe_but_a_run_of_them_does() -> None:
     clock = FakeClock()
-    tuner = ThreadTuner(2, policy=TunerPolicy(first_interval_s=1.0, max_interval_s=64.0), clock=clock)
+    tuner = ThreadTuner(
+        2, policy=TunerPolicy(first_interval_s=1.0, max_interval_s=64.0, longest_wait_s=64.0), clock=clock
+    )
     _run(tuner, clock, alone, 2000)  # 80 s alone: the next probe is most of a minute away
     assert tuner.threads == 2
     for _ in range(20):  # one slow step now and then (a page fault, a collector pass)
@@ -105,7 +120,9 @@ def test_a_single_slow_step_does_not_start_a_probe_but_a_run_of_them_does() -> N
 
 def test_slow_steps_at_another_batch_size_start_no_probe() -> None:
     clock = FakeClock()
-    tuner = ThreadTuner(2, policy=TunerPolicy(first_interval_s=1.0, max_interval_s=64.0), clock=clock)
+    tuner = ThreadTuner(
+        2, policy=TunerPolicy(first_interval_s=1.0, max_interval_s=64.0, longest_wait_s=64.0), clock=clock
+    )
     _run(tuner, clock, alone, 2000, rows=2)
     used = _run(tuner, clock, lambda threads: 4 * alone(threads), 50, rows=32)  # a larger batch
     assert 1 not in used
@@ -128,7 +145,14 @@ def test_one_thread_never_probes() -> None:
 
 @pytest.mark.parametrize(
     "policy",
-    [{"probe_steps": 0}, {"margin": 1.0}, {"abort_ratio": 1.0}, {"first_interval_s": 5.0, "max_interval_s": 1.0}],
+    [
+        {"probe_steps": 0},
+        {"margin": 1.0},
+        {"abort_ratio": 1.0},
+        {"first_interval_s": 5.0, "max_interval_s": 1.0},
+        {"max_interval_s": 100.0},
+        {"loss_share": 0.0},
+    ],
 )
 def test_a_policy_that_cannot_work_is_refused(policy: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
