@@ -11,12 +11,16 @@ generates the same number of tokens. Mixes:
   question (where a prefix cache should win).
 
 Arrivals are closed-loop (at most C in flight, ``-c``) or open-loop Poisson (``--rate`` requests/s).
+With ``--hog N`` the load runs twice, alone and then beside N busy single-threaded processes
+(``cpu_hog.py``; the second run's prompts have other first lines, so no prefix cache serves them
+from the first run), and a last JSON line gives the beside/alone ratios.
 Prints one JSON line per run: output and total tokens/s, TTFT and ITL p50/p99 (ITL over every gap
 between content chunks of every request), goodput (requests/s that met the SLO), the prompt
 tokens the server counted (its ``usage``), and errors. Every request is bounded by a timeout and
 the run by a deadline.
 
     python -m benchmarks.traffic --base-url http://127.0.0.1:8000/v1 --model NAME --mix distinct -c 16 -n 32
+    python -m benchmarks.traffic --base-url http://127.0.0.1:8000/v1 --model NAME -c 16 -n 32 --hog 1
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ import json
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 
+from benchmarks.cpu_hog import CpuHog
 from benchmarks.http_stream import StreamingConnection
 from benchmarks.load import RequestResult, one_request, percentile
 
@@ -65,6 +71,7 @@ class Workload:
     output_range: int
     shared_len: int
     seed: int
+    variant: int = 0  # another set of first lines for the same lengths (a second run's prompts)
 
 
 @dataclass(frozen=True)
@@ -94,7 +101,8 @@ def build_requests(workload: Workload, count: int) -> list[TrafficRequest]:
         low_out = max(1, workload.output_len - workload.output_range)
         max_tokens = rng.randint(low_out, workload.output_len + workload.output_range)
         # The unique first line keeps a prefix cache from matching more than the chat template.
-        first = f"Request {index} of run {workload.seed}: continue the list."
+        run = f"{workload.seed}.{workload.variant}" if workload.variant else str(workload.seed)
+        first = f"Request {index} of run {run}: continue the list."
         requests.append(TrafficRequest(system, f"{first}\n{_words(rng, words)}", max_tokens))
     return requests
 
@@ -133,6 +141,38 @@ class TrafficReport:
     goodput_rps: float
     slo: str
     error_samples: list[str] = field(default_factory=list)
+    hog: int = 0  # busy single-threaded processes beside the server during the run
+
+
+@dataclass(frozen=True)
+class HogRatios:
+    """One load alone and beside busy processes: each figure beside ÷ alone."""
+
+    label: str
+    arrivals: str
+    hog: int
+    output_tokens_per_s_alone: float
+    output_tokens_per_s_beside: float
+    throughput_ratio: float
+    itl_p99_ratio: float
+    ttft_p99_ratio: float
+
+
+def _ratio(beside: float, alone: float) -> float:
+    return round(beside / alone, 3) if alone > 0 else 0.0
+
+
+def hog_ratios(alone: TrafficReport, beside: TrafficReport) -> HogRatios:
+    return HogRatios(
+        label=alone.label,
+        arrivals=alone.arrivals,
+        hog=beside.hog,
+        output_tokens_per_s_alone=alone.output_tokens_per_s,
+        output_tokens_per_s_beside=beside.output_tokens_per_s,
+        throughput_ratio=_ratio(beside.output_tokens_per_s, alone.output_tokens_per_s),
+        itl_p99_ratio=_ratio(beside.itl_p99_ms, alone.itl_p99_ms),
+        ttft_p99_ratio=_ratio(beside.ttft_p99_ms, alone.ttft_p99_ms),
+    )
 
 
 def summarize(
@@ -230,6 +270,17 @@ async def run_traffic(
     return summarize(label, workload, shape, results, wall, slo_ttft_s, slo_itl_s)
 
 
+def alone_and_beside(
+    run: Callable[[Workload], TrafficReport], workload: Workload, hog: int, limit_s: float
+) -> tuple[TrafficReport, TrafficReport]:
+    """``run`` alone, then with other prompts of the same lengths beside ``hog`` busy processes
+    (which end with the run, or after ``limit_s`` at the latest)."""
+    alone = run(workload)
+    with CpuHog(hog, limit_s):
+        beside = run(replace(workload, variant=workload.variant + 1))
+    return alone, replace(beside, hog=hog)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url", required=True)
@@ -250,29 +301,39 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--deadline", type=float, default=1800.0)
     parser.add_argument("--api-key", default=None, help="sent as a Bearer token")
+    parser.add_argument("--hog", type=int, default=0, help="also run beside N busy single-threaded processes")
     args = parser.parse_args()
-    if args.concurrency < 1 or args.requests < 0 or (args.rate is not None and args.rate <= 0):
-        parser.error("-c must be >= 1, -n >= 0 and --rate > 0")
+    if args.concurrency < 1 or args.requests < 0 or (args.rate is not None and args.rate <= 0) or args.hog < 0:
+        parser.error("-c must be >= 1, -n >= 0, --rate > 0 and --hog >= 0")
     workload = Workload(
         args.mix, args.input_len, args.input_range, args.output_len, args.output_range, args.shared_len, args.seed
     )
-    report = asyncio.run(
-        run_traffic(
-            args.base_url,
-            args.model,
-            workload,
-            args.requests or 2 * args.concurrency,
-            args.concurrency,
-            args.rate,
-            args.label,
-            args.timeout,
-            args.deadline,
-            args.slo_ttft_ms / 1e3,
-            args.slo_itl_ms / 1e3,
-            args.api_key,
+
+    def run(load: Workload) -> TrafficReport:
+        return asyncio.run(
+            run_traffic(
+                args.base_url,
+                args.model,
+                load,
+                args.requests or 2 * args.concurrency,
+                args.concurrency,
+                args.rate,
+                args.label,
+                args.timeout,
+                args.deadline,
+                args.slo_ttft_ms / 1e3,
+                args.slo_itl_ms / 1e3,
+                args.api_key,
+            )
         )
-    )
-    sys.stdout.write(json.dumps(asdict(report)) + "\n")
+
+    if not args.hog:
+        sys.stdout.write(json.dumps(asdict(run(workload))) + "\n")
+        return
+    # A run ends by its deadline; the busy processes a minute after it at the latest.
+    alone, beside = alone_and_beside(run, workload, args.hog, args.deadline + 60.0)
+    for line in (asdict(alone), asdict(beside), asdict(hog_ratios(alone, beside))):
+        sys.stdout.write(json.dumps(line) + "\n")
 
 
 if __name__ == "__main__":

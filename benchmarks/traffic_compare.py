@@ -3,10 +3,12 @@
 Starts each server on the same model folder, runs ``benchmarks.traffic`` at each concurrency
 (closed loop, 2×C requests), stops it, and prints one JSON line per run, then a Markdown table
 with each figure's ratio to vLLM measured in the same sitting. Without ``--vllm-python`` only
-triton-chat runs (with and without the prefix cache).
+triton-chat runs (with and without the prefix cache). With ``--hog N`` each load also runs beside
+N busy single-threaded processes (right after it alone, on the same server), and a second table
+gives each server's beside/alone ratios.
 
     python -m benchmarks.traffic_compare --model ~/.cache/triton-chat/models/SmolLM2-135M-Instruct \\
-        --vllm-python /work/peer/vllm-venv/bin/python -c 16 -c 64
+        --vllm-python /work/peer/vllm-venv/bin/python -c 16 -c 64 --hog 1
 """
 
 from __future__ import annotations
@@ -20,38 +22,66 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from benchmarks.servers import ServedProcess, ours, vllm
-from benchmarks.traffic import TrafficReport, Workload, run_traffic
+from benchmarks.traffic import TrafficReport, Workload, alone_and_beside, hog_ratios, run_traffic
+
+_TIMEOUT_S, _DEADLINE_S = 300.0, 1800.0
 
 
 def _run(
-    server: ServedProcess, workload: Workload, concurrencies: list[int], slo: tuple[float, float]
+    server: ServedProcess, workload: Workload, concurrencies: list[int], slo: tuple[float, float], hog: int
 ) -> list[TrafficReport]:
     server.start()
     try:
-        return [
-            asyncio.run(
-                run_traffic(server.base_url, "bench", workload, 2 * c, c, None, server.label, 300.0, 1800.0, *slo)
-            )
-            for c in concurrencies
-        ]
+        reports: list[TrafficReport] = []
+        for c in concurrencies:
+
+            def run(load: Workload, c: int = c) -> TrafficReport:
+                return asyncio.run(
+                    run_traffic(
+                        server.base_url, "bench", load, 2 * c, c, None, server.label, _TIMEOUT_S, _DEADLINE_S, *slo
+                    )
+                )
+
+            reports.extend(alone_and_beside(run, workload, hog, _DEADLINE_S + 60.0) if hog else [run(workload)])
+        return reports
     finally:
         server.stop()
 
 
+def _arrivals(report: TrafficReport) -> str:
+    return f"{report.arrivals}, beside {report.hog} busy" if report.hog else report.arrivals
+
+
 def markdown(reports: list[TrafficReport]) -> str:
-    """One row per run; the output tok/s ratio against vLLM's run at the same concurrency."""
-    reference = {r.arrivals: r.output_tokens_per_s for r in reports if r.label == "vllm-cpu"}
+    """One row per run; the output tok/s ratio against vLLM's run at the same concurrency (and
+    beside as many busy processes); then, for runs beside busy processes, their ratios to alone."""
+    reference = {(r.arrivals, r.hog): r.output_tokens_per_s for r in reports if r.label == "vllm-cpu"}
     lines = [
         "| server | arrivals | output tok/s | vs vLLM | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | goodput (req/s) | errors |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in reports:
-        base = reference.get(r.arrivals)
+        base = reference.get((r.arrivals, r.hog))
         ratio = f"{r.output_tokens_per_s / base:.2f}" if base else "—"
         lines.append(
-            f"| {r.label} | {r.arrivals} | {r.output_tokens_per_s:.1f} | {ratio} | {r.ttft_p50_ms:.0f} / "
+            f"| {r.label} | {_arrivals(r)} | {r.output_tokens_per_s:.1f} | {ratio} | {r.ttft_p50_ms:.0f} / "
             f"{r.ttft_p99_ms:.0f} | {r.itl_p50_ms:.1f} / {r.itl_p99_ms:.1f} | {r.goodput_rps:.2f} | {r.errors} |"
         )
+    alone = {(r.label, r.arrivals): r for r in reports if not r.hog}
+    pairs = [(alone[(r.label, r.arrivals)], r) for r in reports if r.hog and (r.label, r.arrivals) in alone]
+    if pairs:
+        lines += [
+            "",
+            "| server | arrivals | busy processes | tok/s alone / beside | throughput ratio | ITL p99 ratio | TTFT p99 ratio |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for first, second in pairs:
+            h = hog_ratios(first, second)
+            lines.append(
+                f"| {h.label} | {h.arrivals} | {h.hog} | {h.output_tokens_per_s_alone:.1f} / "
+                f"{h.output_tokens_per_s_beside:.1f} | {h.throughput_ratio:.2f} | {h.itl_p99_ratio:.2f} | "
+                f"{h.ttft_p99_ratio:.2f} |"
+            )
     return "\n".join(lines)
 
 
@@ -67,25 +97,38 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--output-range", type=int, default=64)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--hog", type=int, default=0, help="also run each load beside N busy single-threaded processes")
+    parser.add_argument(
+        "--ours-arg",
+        action="append",
+        help="a `serve` flag for triton-chat's runs (repeatable), e.g. --ours-arg=--no-cpu-adaptive-threads",
+    )
     args = parser.parse_args()
+    if args.hog < 0:
+        parser.error("--hog must be >= 0")
     concurrencies = args.concurrency or [16]
     workload = Workload(args.mix, args.input_len, args.input_range, args.output_len, args.output_range, 512, args.seed)
     slo = (1.0, 0.1)
     reports: list[TrafficReport] = []
     with tempfile.TemporaryDirectory(prefix="traffic-compare-") as logs:
+        flags = tuple(args.ours_arg or ())
+        label = " ".join(("triton-chat", *flags))
         servers = [
-            ours(args.model, args.dtype, Path(logs) / "ours.log"),
+            replace(ours(args.model, args.dtype, Path(logs) / "ours.log", extra_args=flags), label=label),
             replace(
                 ours(
-                    args.model, args.dtype, Path(logs) / "ours-nocache.log", extra_args=("--no-enable-prefix-caching",)
+                    args.model,
+                    args.dtype,
+                    Path(logs) / "ours-nocache.log",
+                    extra_args=(*flags, "--no-enable-prefix-caching"),
                 ),
-                label="triton-chat, prefix cache off",
+                label=f"{label}, prefix cache off",
             ),
         ]
         if args.vllm_python:
             servers.append(vllm(args.vllm_python, args.model, args.dtype, Path(logs) / "vllm.log"))
         for server in servers:
-            for report in _run(server, workload, concurrencies, slo):
+            for report in _run(server, workload, concurrencies, slo, args.hog):
                 reports.append(report)
                 sys.stdout.write(json.dumps(asdict(report)) + "\n")
                 sys.stdout.flush()

@@ -39,9 +39,10 @@ from python_backend.engine.scheduler import Scheduler
 from python_backend.engine.sequence import Sequence
 from python_backend.engine.speculative import DraftPlan, Speculator, StepCalls
 from python_backend.engine.step_sync import StepSync
+from python_backend.engine.thread_tuner import ComputeTeam, ThreadTuner, TunerPolicy
 from python_backend.model.loader import LoadedModel
 from python_backend.model.lora import adapter_names
-from python_backend.model.threads import engine_thread_count, pinned_cpus, use_compute_threads
+from python_backend.model.threads import engine_thread_count, pinned_cpus, set_team_size, use_compute_threads
 from python_backend.protocol.errors import ContractError, ErrorInfo, engine_failed, invalid, shutting_down
 from python_backend.protocol.params import check_vocabulary
 from python_backend.protocol.settings import EngineSettings
@@ -67,11 +68,13 @@ class Engine:
         compute_cpus: list[int] | None = None,
         after_pass: Callable[[], None] | None = None,
         ranks: StepSync | None = None,
+        thread_policy: TunerPolicy | None = None,
     ) -> None:
         """``compute_cpus``: where to pin the engine thread's team (default: chosen here, on CPU).
         ``after_pass``: called on the engine thread after each pass that may have sent events
         (cancellations, a prefill, a decode step), so a transport can send them as one burst.
-        ``ranks``: this rank's tensor-parallel group (``step_sync.py``); None on one device."""
+        ``ranks``: this rank's tensor-parallel group (``step_sync.py``); None on one device.
+        ``thread_policy``: how the team size is tuned on CPU (``thread_tuner.py``; default policy)."""
         self._after_pass = after_pass or (lambda: None)
         self._loaded = loaded
         self._settings = settings
@@ -99,6 +102,10 @@ class Engine:
         on_cpu = loaded.device.type == "cpu"
         bind = settings.cpu_bind_threads
         self._cpus = compute_cpus if compute_cpus is not None else pinned_cpus(self._threads, on_cpu, bind)
+        # Under tensor parallel every rank's steps meet in collectives: no rank probes on its own.
+        adaptive = settings.cpu_adaptive_threads and on_cpu and self._threads > 1 and ranks is None
+        tuner = ThreadTuner(self._threads, policy=thread_policy) if adaptive else None
+        self._team = ComputeTeam(self._threads, set_team_size, tuner)
         self._watcher = CancelWatcher(self.cancel)
         # Every rank would have to agree on each row's drafts and accepted count: one device only.
         self._speculator = Speculator.from_settings(settings) if ranks is None else None
@@ -171,6 +178,7 @@ class Engine:
             self.limits.kv_budget_tokens,
             self._prefix.tokens_held,
             self._prefix.bytes_held,
+            compute_threads=self._team.threads,
             **(self._speculator.counters.as_stats() if self._speculator is not None else {}),
         )
 
@@ -222,7 +230,8 @@ class Engine:
                     continue
                 self._prefill_step()
                 self._after_pass()
-                self._decode_step()
+                with self._team.decode(len(self._running)):
+                    self._decode_step()
                 self._after_pass()
 
     def _reap_cancelled(self) -> None:

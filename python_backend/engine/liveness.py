@@ -39,6 +39,7 @@ class EngineStats:
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
     spec_decode_num_steps: int = 0
+    compute_threads: int = 0  # the engine thread's OpenMP team size now (thread_tuner.py)
 
 
 @dataclass(frozen=True)

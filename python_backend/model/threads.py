@@ -1,9 +1,10 @@
 """Which thread runs PyTorch's parallel CPU work, and with how many OpenMP threads.
 
 Owns ``serialize_current_thread``, ``engine_thread_count``, ``use_compute_threads`` (the engine
-thread's team: its size, and on CPU its threads pinned one per core, ``native/thread_binding.py``)
-and ``confine_serving_threads`` (in a process that only serves the model, every other thread
-shares the engine thread's core). PyTorch's CPU build uses GNU
+thread's team: its size, and on CPU its threads pinned one per core, ``native/thread_binding.py``),
+``set_team_size`` (how the engine's thread tuner, ``engine/thread_tuner.py``, resizes that team
+between steps) and ``confine_serving_threads`` (in a process that only serves the model, every
+other thread shares the engine thread's core). PyTorch's CPU build uses GNU
 OpenMP, which gives every thread that enters a parallel region its own team of worker threads.
 When the thread that loaded the model (Triton's stub thread) has a team and the engine thread
 starts a second one, libgomp counts more threads than cores and switches every team to
@@ -59,6 +60,11 @@ def use_compute_threads(threads: int, cpus: list[int] | None) -> None:
     torch.set_num_threads(threads)
     if cpus is not None:
         bind_team(cpus)
+
+
+def set_team_size(threads: int) -> None:
+    """On the engine thread: the size of its OpenMP team from the next parallel region on."""
+    torch.set_num_threads(threads)
 
 
 def confine_serving_threads(cpu: int) -> None:

@@ -455,6 +455,20 @@ class EngineSettings:
             "cores. Skipped with fewer cores than threads or without a C compiler",
         ),
     )
+    # On by default: alone it keeps the full team (a probe costs a few steps every few seconds),
+    # and beside a busy process it is what keeps the engine from running at the pace of a
+    # preempted thread.
+    cpu_adaptive_threads: bool = _setting(
+        True,
+        SettingInfo(
+            "on CPU, keep the engine's compute thread count fixed instead of following the CPU available",
+            flag="--no-cpu-adaptive-threads",
+            docs="CPU: every few seconds under load, time decode steps with one compute thread fewer (or "
+            "more, up to `torch_threads`) and keep the faster count, so that a busy process on one of the "
+            "cores costs that core, not the whole team's pace; the count in use is the "
+            "`triton_chat_compute_threads` gauge",
+        ),
+    )
     # auto keeps float32 keys/values for a 16-bit text model on CPU without the C kernel:
     # PyTorch's decode attention is 2-5x faster that way, for twice the KV memory.
     kv_cache_dtype: str = _setting(

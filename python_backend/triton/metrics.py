@@ -30,6 +30,7 @@ _GAUGES = (
     ),
     ("triton_chat_kv_cache_budget_tokens", "KV-cache token slots the engine may reserve", "kv_budget_tokens"),
     ("triton_chat_prefix_cache_bytes", "Bytes held by cached prompt prefixes", "prefix_cache_bytes"),
+    ("triton_chat_compute_threads", "Compute threads the engine's steps now run with", "compute_threads"),
     # Totals since the engine started (vLLM's counter names); accepted / draft is the acceptance rate.
     (
         "triton_chat_spec_decode_num_draft_tokens",

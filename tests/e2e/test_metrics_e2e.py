@@ -1,7 +1,8 @@
-"""The frontend's /metrics through the real tritonserver: what two answers add, exactly."""
+"""The /metrics of the frontend and of Triton through the real tritonserver: what they publish."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import httpx
@@ -44,3 +45,15 @@ def test_metrics_count_what_the_model_answered(
     assert value("time_to_first_token_seconds_count") == 1  # only the stream's tokens are timed
     assert value("request_queue_time_seconds_count") == 2
     assert value("num_requests_running") == 0
+
+
+def test_triton_publishes_the_engines_compute_thread_count(triton_server: TritonHandle) -> None:
+    text = httpx.get(triton_server.process.endpoints.metrics_url, timeout=10).text
+    values = [
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "triton_chat_compute_threads"
+    ]
+    # One engine, whose team has at least one thread and at most one per CPU of the machine.
+    assert len(values) == 1 and 1 <= values[0] <= (os.cpu_count() or 1)

@@ -29,3 +29,22 @@ def test_traffic_benchmark_reports_distinct_prompt_figures(frontend_url: str, tr
     assert 20 < report["prompt_tokens_mean"] < 200
     assert report["output_tokens_per_s"] > 0 and report["total_tokens_per_s"] > report["output_tokens_per_s"]
     assert report["workload"]["mix"] == "distinct"
+
+
+def test_traffic_benchmark_beside_a_busy_process_reports_both_runs_and_their_ratios(
+    frontend_url: str, triton_server: TritonHandle
+) -> None:
+    command = [
+        sys.executable, "-m", "benchmarks.traffic", "--base-url", f"{frontend_url}/v1",
+        "--model", triton_server.served_model_name, "-c", "2", "-n", "4",
+        "--input-len", "24", "--input-range", "8", "--output-len", "6", "--output-range", "2",
+        "--timeout", "120", "--deadline", "300", "--hog", "1",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=800, check=False)
+    assert done.returncode == 0, done.stderr
+    alone, beside, ratios = (json.loads(line) for line in done.stdout.strip().splitlines()[-3:])
+    assert (alone["hog"], beside["hog"], ratios["hog"]) == (0, 1, 1)
+    assert alone["errors"] == beside["errors"] == 0
+    assert beside["workload"]["variant"] == 1  # other prompts: nothing served from the first run's cache
+    assert ratios["throughput_ratio"] == round(beside["output_tokens_per_s"] / alone["output_tokens_per_s"], 3)
+    assert ratios["throughput_ratio"] > 0 and ratios["itl_p99_ratio"] > 0
