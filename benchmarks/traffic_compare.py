@@ -5,7 +5,8 @@ Starts each server on the same model folder, runs ``benchmarks.traffic`` at each
 with each figure's ratio to vLLM measured in the same sitting. Without ``--vllm-python`` only
 triton-chat runs (with and without the prefix cache). With ``--hog N`` each load also runs beside
 N busy single-threaded processes (right after it alone, on the same server), and a second table
-gives each server's beside/alone ratios.
+gives each server's beside/alone ratios. ``--servers`` picks which of the three run (e.g. only
+``vllm`` to re-measure the reference). A SIGTERM (a timeout) stops the servers before exiting.
 
     python -m benchmarks.traffic_compare --model ~/.cache/triton-chat/models/SmolLM2-135M-Instruct \\
         --vllm-python /work/peer/vllm-venv/bin/python -c 16 -c 64 --hog 1
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import tempfile
 from dataclasses import asdict, replace
@@ -25,6 +27,12 @@ from benchmarks.servers import ServedProcess, ours, vllm
 from benchmarks.traffic import TrafficReport, Workload, alone_and_beside, hog_ratios, run_traffic
 
 _TIMEOUT_S, _DEADLINE_S = 300.0, 1800.0
+_SERVERS = ("ours", "ours-nocache", "vllm")
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # SystemExit unwinds through each ServedProcess's ``finally``, so no server outlives us.
+    raise SystemExit(128 + signum)
 
 
 def _run(
@@ -103,9 +111,21 @@ def main() -> None:
         action="append",
         help="a `serve` flag for triton-chat's runs (repeatable), e.g. --ours-arg=--no-cpu-adaptive-threads",
     )
+    parser.add_argument(
+        "--servers",
+        default=",".join(_SERVERS),
+        help=f"comma-separated, from {', '.join(_SERVERS)} (vllm needs --vllm-python)",
+    )
     args = parser.parse_args()
     if args.hog < 0:
         parser.error("--hog must be >= 0")
+    chosen = [name.strip() for name in args.servers.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(_SERVERS))
+    if unknown or not chosen:
+        parser.error(f"--servers: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(_SERVERS)}")
+    if "vllm" in chosen and not args.vllm_python:
+        parser.error("--servers vllm needs --vllm-python")
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     concurrencies = args.concurrency or [16]
     workload = Workload(args.mix, args.input_len, args.input_range, args.output_len, args.output_range, 512, args.seed)
     slo = (1.0, 0.1)
@@ -113,19 +133,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="traffic-compare-") as logs:
         flags = tuple(args.ours_arg or ())
         label = " ".join(("triton-chat", *flags))
-        servers = [
-            replace(ours(args.model, args.dtype, Path(logs) / "ours.log", extra_args=flags), label=label),
-            replace(
-                ours(
-                    args.model,
-                    args.dtype,
-                    Path(logs) / "ours-nocache.log",
-                    extra_args=(*flags, "--no-enable-prefix-caching"),
-                ),
-                label=f"{label}, prefix cache off",
-            ),
-        ]
-        if args.vllm_python:
+        servers: list[ServedProcess] = []
+        if "ours" in chosen:
+            servers.append(
+                replace(ours(args.model, args.dtype, Path(logs) / "ours.log", extra_args=flags), label=label)
+            )
+        if "ours-nocache" in chosen:
+            nocache = ours(
+                args.model,
+                args.dtype,
+                Path(logs) / "ours-nocache.log",
+                extra_args=(*flags, "--no-enable-prefix-caching"),
+            )
+            servers.append(replace(nocache, label=f"{label}, prefix cache off"))
+        if "vllm" in chosen and args.vllm_python:
             servers.append(vllm(args.vllm_python, args.model, args.dtype, Path(logs) / "vllm.log"))
         for server in servers:
             for report in _run(server, workload, concurrencies, slo, args.hog):
