@@ -14,7 +14,8 @@ primitive for each new length, while float32 goes to MKL's strided batched GEMM 
 narrowed back to the model's.
 
 Where the C kernel of ``native/attention_kernel.py`` could be built, a bfloat16 cache stays
-bfloat16 and one-row steps go to that kernel instead, which reads the cache in place.
+bfloat16 and one-row steps go to that kernel instead, which reads the cache in place; so do
+float32 caches (a float32 model's).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def one_row_attention(
 ) -> torch.Tensor:
     """[B, 1, H, D] attention of one query row per sequence; ``keep`` [B, L] marks real positions.
 
-    The C kernel where it handles these tensors (a bfloat16 cache), else grouped matmuls.
+    The C kernel where it handles these tensors (a bfloat16 or float32 cache), else grouped matmuls.
     """
     if kernel is not None and kernel.handles(query, key, value):
         return kernel.attend(query, key, value, keep, scale)

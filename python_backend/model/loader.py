@@ -178,7 +178,7 @@ def load_model(settings: EngineSettings) -> LoadedModel:
         extra["attn_implementation"] = use_invariant_attention(invariant)
     elif cpu_text:
         # One-query-row attention without SDPA's CPU overhead (attention.py); prefill unchanged.
-        if settings.cpu_native_attention and placement.dtype == torch.bfloat16 and world == 1:
+        if settings.cpu_native_attention and placement.dtype in (torch.bfloat16, torch.float32) and world == 1:
             kernel = build_kernel()  # None (logged) without a C compiler
         extra["attn_implementation"] = use_decode_attention(kernel)
         if kernel is None and settings.kv_cache_dtype == "auto" and placement.dtype in (torch.bfloat16, torch.float16):

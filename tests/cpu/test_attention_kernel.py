@@ -1,4 +1,5 @@
-"""The C decode-attention kernel equals float32 attention, and building it fails over to PyTorch."""
+"""The C decode-attention kernels (bfloat16 and float32 caches) equal float32 attention, and building
+them fails over to PyTorch."""
 
 from __future__ import annotations
 
@@ -96,9 +97,34 @@ def test_a_score_does_not_depend_on_where_padding_puts_it(kernel: DecodeAttentio
         assert torch.equal(kernel.attend(query, padded_key, padded_value, keep, 0.125), alone)
 
 
-def test_float32_tensors_never_reach_the_kernel(kernel: DecodeAttentionKernel) -> None:
+@pytest.mark.parametrize(
+    ("batch", "heads", "kv_heads", "length", "dim"),
+    [(1, 9, 3, 1, 64), (4, 9, 3, 37, 64), (3, 14, 2, 70, 64), (2, 8, 8, 19, 128), (5, 6, 2, 23, 80)],
+)
+@pytest.mark.parametrize("padded", [False, True])
+def test_float32_kernel_matches_sdpa(
+    kernel: DecodeAttentionKernel, batch: int, heads: int, kv_heads: int, length: int, dim: int, padded: bool
+) -> None:
+    """A float32 model's cache goes to the kernel's float32 variant, equal to SDPA within rounding."""
+    torch.manual_seed(batch * 10 + length)
+    query = torch.randn(batch, heads, 1, dim)
+    key = torch.randn(batch, kv_heads, length + 5, dim)[:, :, :length]
+    value = torch.randn(batch, kv_heads, length + 5, dim)[:, :, :length]
+    mask = torch.ones(batch, 1, 1, length, dtype=torch.bool)
+    if padded and length > 1:
+        mask[0, ..., : length // 3 + 1] = False
+    module = _Module(heads // kv_heads)
+    assert kernel.handles(query, key, value)
+    expected, _ = sdpa_attention_forward(module, query, key, value, mask if padded else None, scaling=dim**-0.5)
+    got, _ = decode_attention(module, query, key, value, mask if padded else None, scaling=dim**-0.5, kernel=kernel)
+    assert got.dtype == torch.float32 and got.shape == (batch, 1, heads, dim)
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_mixed_dtypes_never_reach_the_kernel(kernel: DecodeAttentionKernel) -> None:
     query, key = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 5, 16)
-    assert not kernel.handles(query, key, key)
+    assert not kernel.handles(query.bfloat16(), key, key)  # a bfloat16 model over a float32 cache
+    assert not kernel.handles(query.half(), key.half(), key.half())
     assert kernel.handles(query.bfloat16(), key.bfloat16(), key.bfloat16())
 
 

@@ -1,4 +1,4 @@
-"""The C decode-attention kernel for bfloat16 KV caches on CPU: building, loading and calling it.
+"""The C decode-attention kernels for bfloat16 and float32 KV caches on CPU: building, loading, calling.
 
 Owns ``build_kernel`` (``decode_attention.c`` through ``native/build.py``: compiled once per
 source, flags and CPU into the user's cache) and ``DecodeAttentionKernel`` (the loaded function,
@@ -6,7 +6,9 @@ called on torch tensors). Why a kernel of our own: PyTorch has no CPU attention 
 strided bfloat16 cache in place. Its bfloat16 batched matmul copies the cache view before every
 product and builds a new oneDNN primitive for every new length, and SDPA's CPU kernel is slower
 still for one row; widening the cache to float32 doubles the bytes each step reads. The kernel
-reads the bfloat16 rows where they are (docs/performance.md).
+reads the bfloat16 rows where they are (docs/performance.md). Over a float32 cache, PyTorch's two
+batched matmuls read every key and value row once per product and copy the scores between them;
+the kernel's float32 variant reads each row once for all the query heads that share it.
 
 The kernel's parallel regions run on the engine thread's OpenMP team (``native/build.py``).
 Without a compiler, or when the build fails, ``build_kernel`` returns None and the engine keeps its
@@ -26,7 +28,7 @@ from python_backend.cpu.native.build import build_library
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
-_SYMBOL = "triton_chat_decode_attention_bf16"
+_SYMBOLS = {torch.bfloat16: "triton_chat_decode_attention_bf16", torch.float32: "triton_chat_decode_attention_f32"}
 
 
 class KernelError(RuntimeError):
@@ -47,28 +49,32 @@ _PTR = ctypes.c_void_p
 
 
 class DecodeAttentionKernel:
-    """``attend(query, key, value, mask, scaling)`` for one query row per sequence, bfloat16 cache."""
+    """``attend(query, key, value, mask, scaling)`` for one query row per sequence, bfloat16 or
+    float32 cache."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        function = getattr(library, _SYMBOL)
-        function.restype = ctypes.c_int
-        function.argtypes = [
-            *(_PTR, _I64, _I64),  # query
-            *(_PTR, _I64, _I64, _I64),  # key
-            *(_PTR, _I64, _I64, _I64),  # value
-            *(_PTR, _I64),  # mask
-            *(_PTR, _I64, _I64),  # out
-            *(_I64, _I64, _I64, _I64, _I64),  # batch, heads, kv heads, length, dim
-            ctypes.c_float,  # scale
-        ]
-        self._function = function
+        self._functions = {}
+        for dtype, symbol in _SYMBOLS.items():
+            function = getattr(library, symbol)
+            function.restype = ctypes.c_int
+            function.argtypes = [
+                *(_PTR, _I64, _I64),  # query
+                *(_PTR, _I64, _I64, _I64),  # key
+                *(_PTR, _I64, _I64, _I64),  # value
+                *(_PTR, _I64),  # mask
+                *(_PTR, _I64, _I64),  # out
+                *(_I64, _I64, _I64, _I64, _I64),  # batch, heads, kv heads, length, dim
+                ctypes.c_float,  # scale
+            ]
+            self._functions[dtype] = function
 
     @staticmethod
     def handles(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
-        """Whether these tensors are in a form the kernel reads: bfloat16 on CPU, rows contiguous."""
+        """Whether these tensors are in a form the kernel reads: bfloat16 or float32 on CPU, rows contiguous."""
         return (
             query.device.type == "cpu"
-            and query.dtype == key.dtype == value.dtype == torch.bfloat16
+            and query.dtype == key.dtype == value.dtype
+            and query.dtype in _SYMBOLS
             and query.dim() == 4
             and query.shape[2] == 1
             and key.stride(-1) == 1
@@ -89,7 +95,7 @@ class DecodeAttentionKernel:
         query = query.contiguous()
         out = torch.empty((batch, 1, heads, dim), dtype=query.dtype)
         keep = mask.to(torch.uint8).contiguous() if mask is not None else None
-        status = self._function(
+        status = self._functions[query.dtype](
             query.data_ptr(), query.stride(0), query.stride(1),
             key.data_ptr(), key.stride(0), key.stride(1), key.stride(2),
             value.data_ptr(), value.stride(0), value.stride(1), value.stride(2),

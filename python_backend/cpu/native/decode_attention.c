@@ -231,3 +231,97 @@ int triton_chat_decode_attention_bf16(
     }
     return status;
 }
+
+/* The same attention over a float32 cache (a float32 model's): the loops below vectorize over the
+ * head dimension under -O3 -march=native; each key and value row is read once for the G query
+ * heads that share it, where two batched matmuls read the cache twice and copy the scores. */
+int triton_chat_decode_attention_f32(
+    const float *q, int64_t q_stride_b, int64_t q_stride_h,
+    const float *k, int64_t k_stride_b, int64_t k_stride_h, int64_t k_stride_l,
+    const float *v, int64_t v_stride_b, int64_t v_stride_h, int64_t v_stride_l,
+    const uint8_t *mask, int64_t mask_stride_b,
+    float *out, int64_t out_stride_b, int64_t out_stride_h,
+    int64_t batch, int64_t heads, int64_t kv_heads, int64_t length, int64_t dim, float scale)
+{
+    if (dim <= 0 || kv_heads <= 0 || heads % kv_heads || length < 0) return -1;
+    const int64_t group = heads / kv_heads;
+    const int64_t span = length > 0 ? length : 1;
+    int status = 0;
+
+#pragma omp parallel
+    {
+        /* Per thread: scores [group][length], acc [group][dim], each head's maximum and sum. */
+        float *scores = (float *)malloc(sizeof(float) * (size_t)(group * span + group * dim + 2 * group));
+        if (scores == NULL) {
+#pragma omp atomic write
+            status = -2;
+        }
+#pragma omp for collapse(2) schedule(static)
+        for (int64_t b = 0; b < batch; ++b) {
+            for (int64_t kh = 0; kh < kv_heads; ++kh) {
+                if (scores == NULL) continue;
+                float *acc = scores + group * span;
+                float *top = acc + group * dim;
+                float *total = top + group;
+                const uint8_t *keep = mask ? mask + b * mask_stride_b : NULL;
+                const float *qbase = q + b * q_stride_b + kh * group * q_stride_h;
+                const float *kbase = k + b * k_stride_b + kh * k_stride_h;
+                const float *vbase = v + b * v_stride_b + kh * v_stride_h;
+                for (int64_t g = 0; g < group; ++g) {
+                    top[g] = MASKED;
+                    memset(acc + g * dim, 0, sizeof(float) * (size_t)dim);
+                }
+                for (int64_t l = 0; l < length; ++l) {
+                    if (keep && !keep[l]) {
+                        for (int64_t g = 0; g < group; ++g) scores[g * span + l] = MASKED;
+                        continue;
+                    }
+                    const float *kr = kbase + l * k_stride_l;
+                    for (int64_t g = 0; g < group; ++g) {
+                        const float *qr = qbase + g * q_stride_h;
+                        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                        for (int64_t d = 0; d < dim; ++d) dot += qr[d] * kr[d];
+                        dot *= scale;
+                        scores[g * span + l] = dot;
+                        if (dot > top[g]) top[g] = dot;
+                    }
+                }
+                for (int64_t g = 0; g < group; ++g) {
+                    float *s = scores + g * span;
+                    const float m = top[g];
+                    float sum = 0.0f;
+                    if (m <= MASKED) { /* every position masked: no weight anywhere, output zeros */
+                        for (int64_t l = 0; l < length; ++l) s[l] = 0.0f;
+                        total[g] = 0.0f;
+                        continue;
+                    }
+#pragma omp simd reduction(+ : sum)
+                    for (int64_t l = 0; l < length; ++l) {
+                        const float p = expf(s[l] - m); /* a masked score underflows to exactly 0 */
+                        s[l] = p;
+                        sum += p;
+                    }
+                    total[g] = sum;
+                }
+                for (int64_t l = 0; l < length; ++l) {
+                    if (keep && !keep[l]) continue;
+                    const float *vr = vbase + l * v_stride_l;
+                    for (int64_t g = 0; g < group; ++g) {
+                        const float p = scores[g * span + l];
+                        float *a = acc + g * dim;
+#pragma omp simd
+                        for (int64_t d = 0; d < dim; ++d) a[d] += p * vr[d];
+                    }
+                }
+                for (int64_t g = 0; g < group; ++g) {
+                    float *orow = out + b * out_stride_b + (kh * group + g) * out_stride_h;
+                    const float inv = total[g] > 0.0f ? 1.0f / total[g] : 0.0f;
+                    for (int64_t d = 0; d < dim; ++d) orow[d] = acc[g * dim + d] * inv;
+                }
+            }
+        }
+        free(scores);
+    }
+    return status;
+}
