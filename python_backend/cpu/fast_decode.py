@@ -12,7 +12,13 @@ the tests check in float32 and bfloat16.
 It is used only where that equality is known to hold: exactly the ``LlamaDecoderLayer`` or
 ``Qwen2DecoderLayer`` classes, full attention in every layer (no sliding window), SiLU MLPs, every
 projection prepacked and merged, and no LoRA adapters (the engine falls back to the model's own forward).
-Prefill always goes through the model's own forward.
+
+``mixed_logits`` is the same step with prompt tokens beside the decode rows, as vLLM's chunked
+prefill mixes them: every projection, norm and MLP runs once over all the step's tokens (the
+weights are read once, not once for the prefill and again for the decode), and only attention
+is split, each prompt segment attending causally to its own cache. A decode step then never
+waits behind a separate prefill pass. Its decode logits equal the model's within rounding (the
+products see more rows), not bitwise; steps without prompt tokens still go through ``logits``.
 """
 
 from __future__ import annotations
@@ -33,6 +39,54 @@ from python_backend.engine.kv_cache import BatchCache
 
 # (query [B, H, 1, D], keys, values [B, KV, L, D], keep [B, L] or None, scale) -> [B, 1, H, D]
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float], torch.Tensor]
+
+
+@dataclass
+class DecodeRows:
+    """The running batch's part of a step: one new token per row."""
+
+    input_ids: torch.Tensor  # [B, 1]
+    position_ids: torch.Tensor  # [B, 1]
+    cache: BatchCache
+    keep: torch.Tensor | None  # [B, L + 1], True on real positions; None without padding
+
+
+@dataclass
+class PromptSegment:
+    """Prompt tokens of one request computed in a mixed step, after the positions its one-row
+    ``cache`` already holds (a cached prefix, earlier chunks); the cache is extended in place."""
+
+    input_ids: list[int]
+    start: int  # the position of the first
+    cache: BatchCache
+    want_logits: bool  # the prompt ends here: the logits of its last position are needed
+
+
+@dataclass
+class MixedLogits:
+    decode: torch.Tensor | None  # [B, vocab], None without decode rows
+    segments: list[torch.Tensor | None]  # [1, vocab] per segment that wanted logits, else None
+
+
+def prompt_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of ``query`` [1, H, T, D], the last T of ``key``/``value`` [1, KV, P + T, D]'s
+    positions; returns [T, H * D]."""
+    heads, count = query.shape[1], query.shape[2]
+    past = key.shape[2] - count
+    groups = heads // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    if key.dtype != query.dtype:
+        key, value = key.to(query.dtype), value.to(query.dtype)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if past == 0:
+        out = sdpa(query, key, value, is_causal=True, scale=scale)
+    else:
+        visible = torch.arange(past + count, device=query.device)[None, :] <= (
+            past + torch.arange(count, device=query.device)[:, None]
+        )
+        out = sdpa(query, key, value, attn_mask=visible, scale=scale)
+    return out[0].transpose(0, 1).reshape(count, -1)
 
 
 @dataclass(frozen=True)
@@ -70,11 +124,14 @@ def _merged(projections: tuple[Any, ...]) -> FusedProjections | None:
 class FastDecoder:
     """``logits(input_ids, position_ids, cache, keep)`` for one new token per running sequence."""
 
-    def __init__(self, decoder: Any, head: torch.nn.Module, layers: list[_Layer], attend: Attend):
+    def __init__(self, decoder: Any, head: torch.nn.Module, layers: list[_Layer], attend: Attend, mixes: bool = True):
         self._decoder = decoder
         self._head = head
         self._layers = layers
         self._attend = attend
+        # Prompt segments attend through SDPA: not with a model whose attention must stay its own
+        # (the batch-invariant mode's one kernel for prefill and decode).
+        self.mixes = mixes
 
     @staticmethod
     def build(model: Any, kernel: DecodeAttentionKernel | None, attend: Attend | None = None) -> FastDecoder | None:
@@ -119,7 +176,7 @@ class FastDecoder:
                     scaling=float(attention.scaling),
                 )  # fmt: skip
             )
-        return FastDecoder(decoder, head, layers, attend or partial(one_row_attention, kernel=kernel))
+        return FastDecoder(decoder, head, layers, attend or partial(one_row_attention, kernel=kernel), attend is None)
 
     def logits(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: BatchCache, keep: torch.Tensor | None
@@ -149,3 +206,56 @@ class FastDecoder:
             hidden = residual + layer.down.apply_unchecked(gated)
         hidden = self._decoder.norm(hidden)
         return self._head(hidden)[:, -1, :]
+
+    def mixed_logits(self, decode: DecodeRows | None, segments: list[PromptSegment]) -> MixedLogits:
+        """One forward pass over the decode rows' new tokens and the prompt segments' tokens."""
+        rows = decode.input_ids.shape[0] if decode is not None else 0
+        device = self._decoder.embed_tokens.weight.device
+        ids = [decode.input_ids.view(-1)] if decode is not None else []
+        positions = [decode.position_ids.view(-1)] if decode is not None else []
+        for segment in segments:
+            ids.append(torch.tensor(segment.input_ids, dtype=torch.long, device=device))
+            positions.append(torch.arange(segment.start, segment.start + len(segment.input_ids), device=device))
+        input_ids, position_ids = torch.cat(ids).unsqueeze(0), torch.cat(positions).unsqueeze(0)
+        count = input_ids.shape[1]
+        hidden = self._decoder.embed_tokens(input_ids)  # [1, N, H]: every token of the step
+        cos, sin = self._decoder.rotary_emb(hidden, position_ids)
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [1, N, 1, D]: per token, every head
+        for index, layer in enumerate(self._layers):
+            residual = hidden
+            merged = layer.qkv.apply_unchecked(layer.input_norm(hidden))
+            query_key = merged[..., : layer.qk_width].view(1, count, -1, layer.head_dim)
+            query_key = (query_key * cos) + (rotate_half(query_key) * sin)  # [1, N, heads, D]
+            value = merged[..., layer.qk_width :].view(1, count, -1, layer.head_dim)
+            heads = layer.query_heads
+            parts = []
+            if decode is not None:
+                query = query_key[0, :rows, :heads].unsqueeze(2)  # [B, H, 1, D]
+                key, row_value = query_key[0, :rows, heads:].unsqueeze(2), value[0, :rows].unsqueeze(2)
+                keys, values = decode.cache.update(key, row_value, index)
+                parts.append(self._attend(query, keys, values, decode.keep, layer.scaling).reshape(rows, -1))
+            offset = rows
+            for segment in segments:
+                end = offset + len(segment.input_ids)
+                query = query_key[:, offset:end, :heads].transpose(1, 2)  # [1, H, T, D]
+                key, seg_value = query_key[:, offset:end, heads:].transpose(1, 2), value[:, offset:end].transpose(1, 2)
+                keys, values = segment.cache.update(key, seg_value, index)
+                parts.append(prompt_attention(query, keys, values, layer.scaling))
+                offset = end
+            attended = torch.cat(parts).unsqueeze(0) if len(parts) > 1 else parts[0].unsqueeze(0)
+            hidden = residual + layer.o.apply_unchecked(attended)
+            residual = hidden
+            gate, up = layer.gate_up.split(layer.gate_up.apply_unchecked(layer.post_norm(hidden)))
+            hidden = residual + layer.down.apply_unchecked(torch.nn.functional.silu(gate) * up)
+        # Only the rows whose next token is sampled go through the norm and the output head.
+        picked, ends, offset = list(range(rows)), [], rows
+        for segment in segments:
+            offset += len(segment.input_ids)
+            ends.append(len(picked) if segment.want_logits else None)
+            if segment.want_logits:
+                picked.append(offset - 1)
+        logits = self._head(self._decoder.norm(hidden[:, picked]))[0]  # [picked, vocab]
+        return MixedLogits(
+            logits[:rows] if decode is not None else None,
+            [logits[at : at + 1] if at is not None else None for at in ends],
+        )

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from python_backend.cpu.fast_decode import DecodeRows
 from python_backend.engine.admission import Admission
 from python_backend.engine.beam_search import BeamSearch
 from python_backend.engine.beam_steps import beam_advance, beam_answers
@@ -31,11 +32,11 @@ from python_backend.engine.cancel_watch import CancelWatcher, Watched
 from python_backend.engine.kv_cache import BatchCache, KVBatch
 from python_backend.engine.limits import Limits
 from python_backend.engine.liveness import EngineHealth, EngineStats, Heartbeat
-from python_backend.engine.prefill import INTERNAL_ERROR, Prefilled, Prefiller, PrefillResult
+from python_backend.engine.prefill import INTERNAL_ERROR, OpenSegment, Prefilled, Prefiller, PrefillResult
 from python_backend.engine.prefix_cache import LayerStates, PrefixCache, PrefixHit
 from python_backend.engine.request import EngineEvent, EngineRequest, RequestGroup, rows_needed
 from python_backend.engine.rows import new_sequences
-from python_backend.engine.scheduler import Scheduler
+from python_backend.engine.scheduler import Scheduler, StepPlan
 from python_backend.engine.sequence import Sequence
 from python_backend.engine.speculative import DraftPlan, Speculator, StepCalls
 from python_backend.engine.step_sync import StepSync
@@ -109,6 +110,11 @@ class Engine:
         self._watcher = CancelWatcher(self.cancel)
         # Every rank would have to agree on each row's drafts and accepted count: one device only.
         self._speculator = Speculator.from_settings(settings) if ranks is None else None
+        # Prompt tokens ride in the decode step's pass where the lean CPU step runs; speculation's
+        # verify steps and the batch-invariant kernels keep prefill in passes of its own.
+        fast = loaded.fast_decoder
+        self._mixes = settings.mixed_prefill and fast is not None and fast.mixes and ranks is None
+        self._mixes = self._mixes and self._speculator is None
 
     # --- public interface (any thread) ----------------------------------------------------------
     def start(self) -> None:
@@ -228,10 +234,15 @@ class Engine:
                         self._wake.wait(_IDLE_WAIT_S)
                     self._wake.clear()
                     continue
-                self._prefill_step()
-                self._after_pass()
-                with self._team.decode(len(self._running)):
-                    self._decode_step()
+                plan, hits = self._plan_step()
+                opened = self._prefiller.segments(plan, hits) if self._mixes else None
+                if opened:
+                    self._mixed_step(plan, hits, opened)
+                else:
+                    self._prefill_step(plan, hits)
+                    self._after_pass()
+                    with self._team.decode(len(self._running)):
+                        self._decode_step()
                 self._after_pass()
 
     def _reap_cancelled(self) -> None:
@@ -277,8 +288,8 @@ class Engine:
             inputs["adapter_names"] = adapter_names(adapters)
         return self._loaded.model(use_cache=True, **inputs, **{self._cache_arg: cache})
 
-    def _prefill_step(self) -> None:
-        """Execute the scheduler's prefill plan for this step, in the plan's order."""
+    def _plan_step(self) -> tuple[StepPlan, dict[str, PrefixHit]]:
+        """The scheduler's plan for this step, and the prefix-cache hits it was planned with."""
         hits: dict[str, PrefixHit] = {}
 
         def lookup(group: RequestGroup) -> int | None:
@@ -288,7 +299,31 @@ class Engine:
             hits[group.request.request_id] = hit
             return hit.tokens
 
-        plan = self._scheduler.schedule(len(self._running), lookup)
+        return self._scheduler.schedule(len(self._running), lookup), hits
+
+    def _mixed_step(self, plan: StepPlan, hits: dict[str, PrefixHit], opened: list[OpenSegment]) -> None:
+        """The plan's prompt tokens and the running rows' next tokens in one forward pass
+        (``FastDecoder.mixed_logits``); the completed prompts then join and sample."""
+        for joined in plan.joins:
+            self._join_cached(joined.group, hits[joined.group.request.request_id])
+        fast = self._loaded.fast_decoder
+        assert fast is not None  # mixed steps are planned only with it (an invariant, not input)
+        started = time.perf_counter()
+        try:
+            rows = self._decode_rows() if self._running else None
+            out = fast.mixed_logits(rows, [o.segment for o in opened])
+        except Exception:
+            logger.exception("mixed step failed; stopping its %d prompts and the running rows", len(opened))
+            for entry in opened:
+                self._remove(entry.group, EngineEvent(entry.group.request.request_id, error=INTERNAL_ERROR, final=True))
+            self._fail_running()
+            return
+        if out.decode is not None:
+            self._take_decode_logits(out.decode, started)
+        self._join(self._prefiller.close_segments(opened, out.segments))
+
+    def _prefill_step(self, plan: StepPlan, hits: dict[str, PrefixHit]) -> None:
+        """Execute the scheduler's prefill plan for this step in passes of its own, in the plan's order."""
         if plan.resumed is not None:
             self._join(self._prefiller.chunk(plan.resumed, None, self._forward))
         for joined in plan.joins:
@@ -352,22 +387,36 @@ class Engine:
             if plan is not None:
                 self._verify_step(plan)
                 return
-        device = self._loaded.device
         started = time.perf_counter()
         try:
-            input_ids = torch.tensor([[s.next_input] for s in self._running], dtype=torch.long, device=device)
-            position_ids = torch.tensor([[s.position] for s in self._running], dtype=torch.long, device=device)
-            # Without padding no mask is needed, and transformers then takes its faster path.
-            mask = self._kv.attention_mask(1, device) if self._kv.padded else None
+            rows = self._decode_rows()
             fast = self._loaded.fast_decoder
             if fast is not None:
-                logits = fast.logits(input_ids, position_ids, self._kv.cache, mask.bool() if mask is not None else None)
+                logits = fast.logits(rows.input_ids, rows.position_ids, rows.cache, rows.keep)
             else:
                 adapters = [s.request.params.lora for s in self._running]
+                mask = rows.keep.long() if rows.keep is not None else None
                 out = self._forward(
-                    adapters, self._kv.cache, input_ids=input_ids, attention_mask=mask, position_ids=position_ids
+                    adapters, rows.cache, input_ids=rows.input_ids, attention_mask=mask, position_ids=rows.position_ids
                 )
                 logits = out.logits[:, -1, :]
+        except Exception:
+            self._fail_running()
+            return
+        self._take_decode_logits(logits, started)
+
+    def _decode_rows(self) -> DecodeRows:
+        """The running rows' inputs of a decode step."""
+        device = self._loaded.device
+        input_ids = torch.tensor([[s.next_input] for s in self._running], dtype=torch.long, device=device)
+        position_ids = torch.tensor([[s.position] for s in self._running], dtype=torch.long, device=device)
+        # Without padding no mask is needed, and transformers then takes its faster path.
+        keep = self._kv.attention_mask(1, device).bool() if self._kv.padded else None
+        return DecodeRows(input_ids, position_ids, self._kv.cache, keep)
+
+    def _take_decode_logits(self, logits: torch.Tensor, started: float) -> None:
+        """Sample (or advance beams) from a decode step's [rows, vocab] logits and send the tokens."""
+        try:
             plain: list[int] = []
             beams: dict[str, list[int]] = {}
             for i, seq in enumerate(self._running):

@@ -21,11 +21,12 @@ from typing import Any
 
 import torch
 
+from python_backend.cpu.fast_decode import PromptSegment
 from python_backend.engine.kv_cache import BatchCache, KVBatch, left_pad
 from python_backend.engine.prefix_cache import LayerStates, PrefixCache, PrefixHit
 from python_backend.engine.prompt_scores import HeadInput, PromptScorer
 from python_backend.engine.request import EngineRequest, RequestGroup, rows_needed
-from python_backend.engine.scheduler import PrefillChunk
+from python_backend.engine.scheduler import PrefillChunk, StepPlan
 from python_backend.engine.sequence import Sequence
 from python_backend.model.loader import LoadedModel
 from python_backend.prompt.multimodal.positions import media_prefill_inputs
@@ -51,6 +52,15 @@ class Prefilled:
     row: int = 0
     pad: int = 0
     rope_delta: int = 0
+
+
+@dataclass
+class OpenSegment:
+    """A request's prompt tokens computed inside this step's mixed forward pass."""
+
+    group: RequestGroup
+    segment: PromptSegment
+    cached: int = 0  # prompt tokens its cache started from (the prefix cache), for the first segment
 
 
 @dataclass
@@ -97,6 +107,59 @@ class Prefiller:
         if self._prefix.enabled:
             request = group.request
             self._prefix.insert(request.prompt_ids, KVBatch.row_states(cache, row, pad), _namespace(request))
+
+    def segments(self, plan: StepPlan, hits: dict[str, PrefixHit]) -> list[OpenSegment] | None:
+        """The plan's prompt work as segments of one mixed step with the decode rows, or None
+        where some of it needs the model's own forward (media inputs, prompt scoring)."""
+        if plan.media is not None:
+            return None
+        admitted = [a.group for a in plan.batch]
+        chunks = [c for c in (plan.resumed, plan.started) if c is not None]
+        if any(_scores(g) for g in admitted + [c.group for c in chunks]):
+            return None
+        opened = []
+        if plan.resumed is not None:
+            opened.append(self._chunk_segment(plan.resumed, None))
+        for entry in plan.batch:
+            group = entry.group
+            cache = BatchCache()
+            hit = hits.get(group.request.request_id)
+            if hit is not None and entry.cached:
+                cache.set_layer_states(hit.layer_slice(entry.cached))  # copied into its own cache
+            prompt = group.request.prompt_ids
+            opened.append(
+                OpenSegment(group, PromptSegment(prompt[entry.cached :], entry.cached, cache, True), entry.cached)
+            )
+        if plan.started is not None:
+            opened.append(self._chunk_segment(plan.started, hits.get(plan.started.group.request.request_id)))
+        return opened
+
+    def _chunk_segment(self, chunk: PrefillChunk, hit: PrefixHit | None) -> OpenSegment:
+        group = chunk.group
+        if group.prefill_cache is None:
+            group.prefill_cache = BatchCache()
+            if hit is not None and chunk.cached:
+                group.prefill_cache.set_layer_states(hit.states)
+                group.cached_tokens = chunk.cached
+        tokens = group.request.prompt_ids[chunk.start : chunk.end]
+        return OpenSegment(
+            group, PromptSegment(tokens, chunk.start, group.prefill_cache, chunk.last), group.cached_tokens
+        )
+
+    def close_segments(self, opened: list[OpenSegment], logits: list[torch.Tensor | None]) -> PrefillResult:
+        """After the mixed pass: the prompts it completed, ready to join the running batch."""
+        result = PrefillResult()
+        for entry, last in zip(opened, logits, strict=True):
+            if last is None:
+                continue  # a chunk of a long prompt: its cache carries on to the next step
+            group = entry.group
+            group.prefill_done = len(group.request.prompt_ids)
+            group.prefill_cache = None
+            group.prefix_hit = None
+            group.cached_tokens = entry.cached
+            self._offer_prefix(group, entry.segment.cache, row=0, pad=0)
+            result.ready.append(Prefilled(group, last, entry.segment.cache))
+        return result
 
     def chunk(self, chunk: PrefillChunk, hit: PrefixHit | None, forward: Forward) -> PrefillResult:
         """Compute one chunk of a long prompt (``hit``: the cached keys/values of its first)."""

@@ -162,6 +162,17 @@ class EngineSettings:
             docs="prompt tokens prefilled per step (longer prompts are chunked)",
         ),
     )
+    mixed_prefill: bool = _setting(
+        True,
+        SettingInfo(
+            "prefill prompts in passes of their own before each decode step instead of inside it",
+            flag="--no-mixed-prefill",
+            group=LIMITS_GROUP,
+            docs="CPU: a step's prompt tokens (up to `max_num_batched_tokens`) go through the same forward "
+            "pass as the running batch's next tokens, as vLLM's chunked prefill mixes them, so decode rows "
+            "do not wait behind a separate prefill pass; off with speculative decoding and `batch_invariant`",
+        ),
+    )
     max_waiting_requests: int = _setting(
         256,
         SettingInfo(
@@ -434,9 +445,9 @@ class EngineSettings:
     cpu_native_attention: bool = _setting(
         True,
         SettingInfo(
-            "on CPU, do not build the C decode-attention kernel for bfloat16 models (PyTorch's is slower)",
+            "on CPU, do not build the C decode-attention kernel for bfloat16 and float32 models (PyTorch's is slower)",
             flag="--no-cpu-native-attention",
-            docs="CPU, bfloat16 text models: build the C decode-attention kernel with the machine's C "
+            docs="CPU, bfloat16 and float32 text models: build the C decode-attention kernel with the machine's C "
             "compiler (once, into `<cache>/native/`) and use it; without a compiler the engine logs it "
             "and uses PyTorch's attention",
         ),

@@ -172,7 +172,10 @@ def test_min_tokens_suppresses_eos(driver: Driver) -> None:
 
 
 def test_batched_prefill_of_different_lengths_matches_generate(tiny_loaded) -> None:
-    settings = EngineSettings(model_path="unused", dtype="float32", device="cpu", max_num_batched_tokens=2048)
+    # The prefill's own left-padded pass (mixed steps are tested in test_mixed_prefill.py).
+    settings = EngineSettings(
+        model_path="unused", dtype="float32", device="cpu", max_num_batched_tokens=2048, mixed_prefill=False
+    )
     engine = Engine(tiny_loaded, settings)
     try:
         driver = Driver(engine, tiny_loaded)
