@@ -265,8 +265,7 @@ class Engine:
         """Free the rows of a request the scheduler has let go, and send its last event."""
         if any(s.request is group.request for s in self._running):
             keep = [i for i, s in enumerate(self._running) if s.request is not group.request]
-            self._running = [self._running[i] for i in keep]
-            self._kv.keep(keep)
+            self._running = [self._running[i] for i in self._kv.keep(keep)]
         self._deliver(group.request, last)
 
     def _fail_all(self, error: ErrorInfo) -> None:
@@ -493,8 +492,7 @@ class Engine:
             self._kv.compact()  # a finished row's keys/values are read out in one piece
             self._prefiller.offer_finished(self._running, self._kv, finished)
             keep = [i for i, s in enumerate(self._running) if s.finish_reason is None]
-            self._running = [self._running[i] for i in keep]
-            self._kv.keep(keep)
+            self._running = [self._running[i] for i in self._kv.keep(keep)]
 
     def _send_best(self, group: RequestGroup) -> None:
         ranked = sorted(group.sequences, key=lambda s: s.cumulative_logprob, reverse=True)

@@ -6,6 +6,8 @@ continuous batching needs: add a freshly prefilled request, drop finished rows, 
 
 Rows are left-padded to a common length; ``pad[i]`` says how many leading positions of row ``i``
 are padding, and ``attention_mask()`` masks them, so every row attends to its own tokens only.
+Joining and leaving copy only the rows that join or move (``GrowableLayer``): at 64 rows of ~500
+positions, copying the whole batch for every join and leave cost more than the decode steps.
 A speculative step appends the same number of positions to every row and then keeps only what
 each row accepted (``drop_rejected``): the rejection common to all rows is cut off the end, the
 rest become holes, masked like padding, until ``compact`` moves every row's real positions
@@ -26,45 +28,74 @@ _MIN_SPARE = 64
 
 
 class GrowableLayer(DynamicLayer):
-    """A dynamic layer whose keys/values are views into a buffer with spare length."""
+    """A dynamic layer whose keys/values are views into a buffer with spare rows and positions.
+
+    The live window is rows ``[0, rows)`` and positions ``[start, end)`` of the buffer. A decode step
+    appends at ``end``; a row joins in a spare row (``add_rows``), and a longer one moves ``start``
+    left into spare room; rows leave by moving the last rows into their place (``keep_rows``).
+    None of these copies the other rows: only a growth past the buffer's room does, which the
+    spare room makes rare (amortised, like a list's append).
+    """
 
     def __init__(self, storage_dtype: torch.dtype | None = None, **kwargs: object) -> None:
         super().__init__(**kwargs)
         self._storage_dtype = storage_dtype  # None: the dtype of the first states written
         self._buf_k: torch.Tensor | None = None
         self._buf_v: torch.Tensor | None = None
-        self._len = 0
+        self._rows = 0
+        self._start = 0
+        self._end = 0
 
-    def _reserve(self, like: torch.Tensor, needed: int) -> None:
-        if self._buf_k is not None and needed <= self._buf_k.shape[-2]:
+    @property
+    def length(self) -> int:
+        return self._end - self._start
+
+    def _reserve(self, like: torch.Tensor, rows: int, left: int, right: int) -> None:
+        """Room for ``rows`` rows, ``left`` positions before the window and ``right`` after it."""
+        buf = self._buf_k
+        if buf is not None and rows <= buf.shape[0] and left <= self._start and self._end + right <= buf.shape[2]:
             return
-        capacity = max(needed + _MIN_SPARE, int(needed * _GROWTH))
-        shape = (like.shape[0], like.shape[1], capacity, like.shape[3])
+        grown = buf is not None and rows > buf.shape[0]
+        row_capacity = max(rows, int(buf.shape[0] * _GROWTH) + 1) if grown and buf is not None else rows
+        if buf is not None:
+            row_capacity = max(row_capacity, buf.shape[0])
+        # Spare room on the left only where rows have needed it (the running batch's joins).
+        new_start = left + _MIN_SPARE if left > self._start else max(left, min(self._start, _MIN_SPARE))
+        needed = self.length + right
+        capacity = new_start + max(needed + _MIN_SPARE, int(needed * _GROWTH))
+        shape = (row_capacity, like.shape[1], capacity, like.shape[3])
         dtype = self._storage_dtype or like.dtype
         new_k = torch.empty(shape, dtype=dtype, device=like.device)
         new_v = torch.empty(shape, dtype=dtype, device=like.device)
-        if self._buf_k is not None and self._buf_v is not None and self._len:
-            new_k[:, :, : self._len] = self._buf_k[:, :, : self._len]
-            new_v[:, :, : self._len] = self._buf_v[:, :, : self._len]
+        if self._buf_k is not None and self._buf_v is not None and self._rows and self.length:
+            window = slice(new_start, new_start + self.length)
+            new_k[: self._rows, :, window] = self._buf_k[: self._rows, :, self._start : self._end]
+            new_v[: self._rows, :, window] = self._buf_v[: self._rows, :, self._start : self._end]
+        self._end = new_start + self.length
+        self._start = new_start
         self._buf_k, self._buf_v = new_k, new_v
+
+    def _views(self) -> None:
+        assert self._buf_k is not None and self._buf_v is not None  # invariant after _reserve, not input
+        self.keys = self._buf_k[: self._rows, :, self._start : self._end]
+        self.values = self._buf_v[: self._rows, :, self._start : self._end]
 
     def set_states(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Replace the whole content (used when rows join or leave)."""
         self.device = keys.device
         self.is_initialized = True
         self._buf_k = self._buf_v = None
-        self._len = 0
-        self._reserve(keys, keys.shape[-2])
+        self._rows, self._start, self._end = keys.shape[0], 0, 0
+        self._reserve(keys, keys.shape[0], 0, keys.shape[-2])
         self._write(keys, values)
 
     def _write(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         assert self._buf_k is not None and self._buf_v is not None  # invariant after _reserve, not input
         n = keys.shape[-2]
-        self._buf_k[:, :, self._len : self._len + n] = keys
-        self._buf_v[:, :, self._len : self._len + n] = values
-        self._len += n
-        self.keys = self._buf_k[:, :, : self._len]
-        self.values = self._buf_v[:, :, : self._len]
+        self._buf_k[: self._rows, :, self._end : self._end + n] = keys
+        self._buf_v[: self._rows, :, self._end : self._end + n] = values
+        self._end += n
+        self._views()
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
@@ -72,25 +103,56 @@ class GrowableLayer(DynamicLayer):
         if not self.is_initialized:
             self.device = key_states.device
             self.is_initialized = True
-        self._reserve(key_states, self._len + key_states.shape[-2])
+        if self._buf_k is None:
+            self._rows = key_states.shape[0]
+        self._reserve(key_states, self._rows, 0, key_states.shape[-2])
         self._write(key_states, value_states)
         assert self.keys is not None and self.values is not None
         return self.keys, self.values
+
+    def add_rows(self, keys: torch.Tensor, values: torch.Tensor, copies: int, extend: int) -> None:
+        """``copies`` new rows holding ``keys``/``values`` [1, heads, n, dim] at the window's end,
+        after the window grows ``extend`` positions to the left (the others' new padding)."""
+        rows = self._rows + copies
+        self._reserve(keys, rows, extend, 0)
+        assert self._buf_k is not None and self._buf_v is not None  # invariant after _reserve, not input
+        if extend:
+            self._start -= extend
+            # Masked, but read by the products: zeros, never stale bits that could be NaN.
+            self._buf_k[: self._rows, :, self._start : self._start + extend] = 0
+            self._buf_v[: self._rows, :, self._start : self._start + extend] = 0
+        first = self._end - keys.shape[-2]
+        for buf, states in ((self._buf_k, keys), (self._buf_v, values)):
+            buf[self._rows : rows, :, self._start : first] = 0
+            buf[self._rows : rows, :, first : self._end] = states
+        self._rows = rows
+        self._views()
+
+    def keep_rows(self, moves: list[tuple[int, int]], rows: int, trim: int) -> None:
+        """Row ``dst`` takes row ``src``'s window for each move, then only the first ``rows`` rows
+        and the window's positions from ``trim`` on stay."""
+        assert self._buf_k is not None and self._buf_v is not None  # only a filled batch has rows
+        window = slice(self._start, self._end)
+        for dst, src in moves:
+            self._buf_k[dst, :, window] = self._buf_k[src, :, window]
+            self._buf_v[dst, :, window] = self._buf_v[src, :, window]
+        self._rows = rows
+        self._start += trim
+        self._views()
 
     def drop_last(self, count: int) -> None:
         """Forget the last ``count`` positions (rejected speculative drafts); the buffer stays."""
         if count <= 0 or self._buf_k is None or self._buf_v is None:
             return
-        self._len -= count
-        self.keys = self._buf_k[:, :, : self._len]
-        self.values = self._buf_v[:, :, : self._len]
+        self._end -= count
+        self._views()
 
     def get_seq_length(self) -> int:
-        return self._len
+        return self.length
 
     def reset(self) -> None:
         self._buf_k = self._buf_v = None
-        self._len = 0
+        self._rows = self._start = self._end = 0
         super().reset()
 
 
@@ -116,6 +178,15 @@ class BatchCache(Cache):
             if not isinstance(layer, GrowableLayer):
                 raise TypeError(f"unsupported cache layer {type(layer).__name__}")
             layer.set_states(keys, values)
+
+
+def _repeated(
+    states: list[tuple[torch.Tensor, torch.Tensor]], copies: int, dtype: torch.dtype | None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [
+        (k.to(dtype or k.dtype).repeat(copies, 1, 1, 1), v.to(dtype or v.dtype).repeat(copies, 1, 1, 1))
+        for k, v in states
+    ]
 
 
 def left_pad(tensor: torch.Tensor, amount: int) -> torch.Tensor:
@@ -161,58 +232,59 @@ class KVBatch:
         n > 1 choices share one prefill.
 
         ``pad`` leading positions are padding from a batched prefill; they are dropped here, and
-        the row is re-padded to the running batch's length.
+        the row is re-padded to the running batch's length. The other rows are not copied.
         """
         dtype = self.storage_dtype
-        new_states = [(k[:, :, pad:].to(dtype or k.dtype), v[:, :, pad:].to(dtype or v.dtype)) for k, v in states]
+        new_states = [(k[:, :, pad:], v[:, :, pad:]) for k, v in states]
         new_len = new_states[0][0].shape[-2]
         if not self.pad:
-            states = [(k.repeat(copies, 1, 1, 1), v.repeat(copies, 1, 1, 1)) for k, v in new_states]
             self.cache = BatchCache(self.storage_dtype)
-            self.cache.set_layer_states(states)
+            self.cache.set_layer_states(_repeated(new_states, copies, dtype))
             self.pad = [0] * copies
             self._holes = None
             return
         old_len = self.length
-        total = max(old_len, new_len)
-        merged = []
-        for (old_k, old_v), (k, v) in zip(self.cache.layer_states(), new_states, strict=True):
-            k = left_pad(k, total - new_len).repeat(copies, 1, 1, 1)
-            v = left_pad(v, total - new_len).repeat(copies, 1, 1, 1)
-            merged.append(
-                (
-                    torch.cat([left_pad(old_k, total - old_len), k], dim=0),
-                    torch.cat([left_pad(old_v, total - old_len), v], dim=0),
-                )
-            )
+        extend = max(0, new_len - old_len)
+        for layer, (k, v) in zip(self.cache.layers, new_states, strict=True):
+            if not isinstance(layer, GrowableLayer):
+                raise TypeError(f"unsupported cache layer {type(layer).__name__}")
+            layer.add_rows(k, v, copies, extend)
         if self._holes is not None:
-            before = torch.zeros((self.rows, total - old_len), dtype=torch.bool)
-            after = torch.zeros((copies, total - old_len + self._holes.shape[1]), dtype=torch.bool)
+            before = torch.zeros((self.rows, extend), dtype=torch.bool)
+            after = torch.zeros((copies, extend + self._holes.shape[1]), dtype=torch.bool)
             self._holes = torch.cat([torch.cat([before, self._holes], dim=1), after], dim=0)
-        self.pad = [p + total - old_len for p in self.pad] + [total - new_len] * copies
-        self.cache.set_layer_states(merged)
+        total = old_len + extend
+        self.pad = [p + extend for p in self.pad] + [total - new_len] * copies
 
-    def keep(self, rows: list[int]) -> None:
-        """Keep only ``rows`` (in this order) and drop padding no row needs any more."""
-        if len(rows) == self.rows and rows == list(range(self.rows)):
-            return
+    def keep(self, rows: list[int]) -> list[int]:
+        """Keep only ``rows`` and drop padding no row needs any more; returns the old index of each
+        row now in the batch, in its new order (the last rows move into the places of those that
+        left, so that no other row is copied)."""
+        if rows == list(range(self.rows)):
+            return rows
         if not rows:
             self.cache = BatchCache(self.storage_dtype)
             self.pad = []
             self._holes = None
-            return
-        pad = [self.pad[i] for i in rows]
+            return []
+        kept, count = set(rows), len(rows)
+        slots = [i for i in range(count) if i not in kept]
+        sources = [i for i in range(count, self.rows) if i in kept]
+        order = list(range(count))
+        for slot, source in zip(slots, sources, strict=True):
+            order[slot] = source
+        pad = [self.pad[i] for i in order]
         trim = min(pad)
-        index = torch.tensor(rows, dtype=torch.long)
-        states = []
-        for k, v in self.cache.layer_states():
-            index = index.to(k.device)
-            states.append((k.index_select(0, index)[:, :, trim:], v.index_select(0, index)[:, :, trim:]))
+        moves = list(zip(slots, sources, strict=True))
+        for layer in self.cache.layers:
+            if not isinstance(layer, GrowableLayer):
+                raise TypeError(f"unsupported cache layer {type(layer).__name__}")
+            layer.keep_rows(moves, count, trim)
         if self._holes is not None:
-            holes = self._holes.index_select(0, torch.tensor(rows, dtype=torch.long))[:, trim:]
+            holes = self._holes.index_select(0, torch.tensor(order, dtype=torch.long))[:, trim:]
             self._holes = holes if bool(holes.any()) else None
         self.pad = [p - trim for p in pad]
-        self.cache.set_layer_states(states)
+        return order
 
     def drop_rejected(self, rejected: list[int]) -> None:
         """After a step that appended the same number of positions to every row, forget the

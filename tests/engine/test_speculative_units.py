@@ -77,8 +77,8 @@ def test_holes_follow_rows_through_joins_and_leaves() -> None:
     kv.drop_rejected([0, 1])
     kv.add_states(_row([9.0, 8.0, 7.0, 6.0, 5.0, 4.0]), copies=1)  # longer: the others are re-padded
     assert _real_positions(kv) == [[1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 5.0], [9.0, 8.0, 7.0, 6.0, 5.0, 4.0]]
-    kv.keep([1, 2])
-    assert _real_positions(kv) == [[1.0, 2.0, 5.0], [9.0, 8.0, 7.0, 6.0, 5.0, 4.0]]
+    assert kv.keep([1, 2]) == [2, 1]  # the last row moves into the place of the one that left
+    assert _real_positions(kv) == [[9.0, 8.0, 7.0, 6.0, 5.0, 4.0], [1.0, 2.0, 5.0]]
     assert kv.hole_count == 1
-    kv.keep([1])
+    assert kv.keep([0]) == [0]
     assert kv.hole_count == 0 and _real_positions(kv) == [[9.0, 8.0, 7.0, 6.0, 5.0, 4.0]]

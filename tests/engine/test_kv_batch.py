@@ -1,0 +1,86 @@
+"""The running batch's cache: rows join and leave without copying the others, and stay exact."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from python_backend.engine.kv_cache import GrowableLayer, KVBatch
+
+HEADS, DIM = 2, 3
+
+
+def _row(values: list[float]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Two layers' [1, heads, positions, dim] keys holding each position's value, values negated."""
+    column = torch.tensor(values).view(1, 1, -1, 1).expand(1, HEADS, len(values), DIM).contiguous()
+    return [(column, -column), (2 * column, -2 * column)]
+
+
+def _step(kv: KVBatch, values: list[float]) -> None:
+    """A decode step: one position per row, written through the cache as the model writes it."""
+    keys = torch.tensor(values).view(-1, 1, 1, 1).expand(-1, HEADS, 1, DIM)
+    kv.cache.update(keys, -keys, 0)
+    kv.cache.update(2 * keys, -2 * keys, 1)
+
+
+def _rows(kv: KVBatch) -> list[list[float]]:
+    """Each row's real positions (padding dropped), checked against the other layer and the values."""
+    rows = []
+    (k0, v0), (k1, v1) = kv.cache.layer_states()
+    for i, pad in enumerate(kv.pad):
+        assert torch.equal(k1[i], 2 * k0[i]) and torch.equal(v0[i], -k0[i]) and torch.equal(v1[i], -k1[i])
+        assert torch.equal(k0[i, :, :pad], torch.zeros_like(k0[i, :, :pad]))  # padding is zeros, never stale
+        rows.append(k0[i, 0, pad:, 0].tolist())
+    mask = kv.attention_mask(0, torch.device("cpu"))
+    assert mask.sum(dim=1).tolist() == [len(r) for r in rows]
+    return rows
+
+
+def _buffer(kv: KVBatch) -> int:
+    layer = kv.cache.layers[0]
+    assert isinstance(layer, GrowableLayer)
+    return layer.keys.untyped_storage().data_ptr()
+
+
+def test_random_joins_leaves_and_steps_keep_every_row_exact() -> None:
+    rng = random.Random(0)
+    kv, expected = KVBatch(), []
+    value = 0.0
+    for _ in range(300):
+        action = rng.random()
+        if action < 0.3 or not expected:
+            value += 1
+            row = [value * 100 + j for j in range(rng.randint(1, 40))]
+            copies = rng.choice([1, 1, 2])
+            kv.add_states(_row(row), copies)
+            expected += [list(row) for _ in range(copies)]
+        elif action < 0.5:
+            keep = sorted(rng.sample(range(len(expected)), rng.randint(0, len(expected))))
+            order = kv.keep(keep)
+            assert sorted(order) == keep
+            expected = [expected[i] for i in order]
+        else:
+            tokens = [rng.random() + 1 for _ in expected]
+            _step(kv, tokens)
+            for row, token in zip(expected, tokens, strict=True):
+                row.append(torch.tensor(token).item())
+        if expected:
+            assert _rows(kv) == expected
+            assert min(kv.pad) == 0  # no column every row pads
+
+
+def test_a_join_and_a_leave_copy_no_other_row() -> None:
+    kv = KVBatch()
+    for start in (0.0, 100.0, 200.0, 500.0):
+        kv.add_states(_row([start + j for j in range(20 + int(start) // 100)]), 1)  # the buffer grows
+    kv.add_states(_row([600.0 + j for j in range(8)]), 1)
+    assert kv.keep([0, 1, 2, 4]) == [0, 1, 2, 4]
+    for _ in range(3):
+        _step(kv, [1.0, 2.0, 3.0, 4.0])
+    buffer = _buffer(kv)  # spare rows and spare room on the left now exist
+    kv.add_states(_row([300.0 + j for j in range(10)]), 1)  # shorter: padded in a spare row
+    kv.add_states(_row([400.0 + j for j in range(40)]), 1)  # longer: the window grows left
+    assert kv.keep([0, 2, 3, 4, 5]) == [0, 5, 2, 3, 4]  # the last row fills the place of the one that left
+    assert _buffer(kv) == buffer  # every change happened in place
+    assert [r[:2] for r in _rows(kv)] == [[0.0, 1.0], [400.0, 401.0], [200.0, 201.0], [600.0, 601.0], [300.0, 301.0]]
