@@ -1,13 +1,14 @@
 """The engine: one step-loop thread that owns torch and the device, with continuous batching.
 
-Owns: the step loop, the batched decode step (sampling), cancellation, the loop's health for
-the readiness probe (``liveness.py``), and delivering ``EngineEvent``s to each request's sink.
-What each step does is decided by ``scheduler.py`` (admission, chunking, cache joins, reaping),
-without torch; the engine executes its plan: the prefill passes through ``prefill.py``'s
-``Prefiller``, beam search's part through ``beam_steps.py``, new rows from ``rows.py``.
-Each iteration of the loop: take new requests, drop cancelled ones, prefill what the scheduler
-planned, then one decode step for every running sequence. Requests join and leave between steps;
-a new request's prefill never recomputes running ones.
+Owns: the step loop, the batched decode step (sampling), the mixed step, cancellation, and the
+loop's health for the readiness probe (``liveness.py``). What each step does is decided by
+``scheduler.py`` (admission, chunking, cache joins, reaping), without torch; the engine executes
+its plan: the prefill through ``prefill.py``'s ``Prefiller``, beam search's part through
+``beam_steps.py``, new rows from ``rows.py``; what the step's tokens send is ``delivery.py``'s.
+Each iteration of the loop: take new requests, drop cancelled ones, then one forward pass with
+the planned prompt tokens and every running sequence's next token (the lean CPU step), or the
+prefill passes and then the decode step. Requests join and leave between steps; a new request's
+prefill never recomputes running ones.
 
 Transport-free: the Triton adapter (``python_backend.triton``) and the tests drive it the same way.
 """
@@ -27,8 +28,9 @@ import torch
 from python_backend.cpu.fast_decode import DecodeRows
 from python_backend.engine.admission import Admission
 from python_backend.engine.beam_search import BeamSearch
-from python_backend.engine.beam_steps import beam_advance, beam_answers
+from python_backend.engine.beam_steps import beam_advance
 from python_backend.engine.cancel_watch import CancelWatcher, Watched
+from python_backend.engine.delivery import Delivery, deliver
 from python_backend.engine.kv_cache import BatchCache, KVBatch
 from python_backend.engine.limits import Limits
 from python_backend.engine.liveness import EngineHealth, EngineStats, Heartbeat
@@ -88,6 +90,7 @@ class Engine:
         make_admission = ranks.admission if ranks is not None else Admission
         admission = make_admission(settings.max_waiting_requests, self.limits.kv_budget_tokens)
         self._scheduler = Scheduler(admission, settings.max_num_seqs, settings.max_num_batched_tokens)
+        self._delivery = Delivery(self._scheduler, loaded.tokenizer, settings.stream_interval)
         self._running: list[Sequence] = []  # in KV-batch row order
         self._kv = KVBatch(loaded.kv_dtype)
         self._prefix = PrefixCache(self.limits.prefix_cache_tokens)
@@ -218,7 +221,7 @@ class Engine:
     def _abandon_all(self, error: ErrorInfo) -> None:
         """End every request with ``error`` without touching the batch state, which may be what broke."""
         for group in self._scheduler.abandon():
-            self._deliver(group.request, EngineEvent(group.request.request_id, error=error, final=True))
+            deliver(group.request, EngineEvent(group.request.request_id, error=error, final=True))
 
     def _run_steps(self) -> None:
         with torch.inference_mode():
@@ -266,19 +269,12 @@ class Engine:
         if any(s.request is group.request for s in self._running):
             keep = [i for i, s in enumerate(self._running) if s.request is not group.request]
             self._running = [self._running[i] for i in self._kv.keep(keep)]
-        self._deliver(group.request, last)
+        deliver(group.request, last)
 
     def _fail_all(self, error: ErrorInfo) -> None:
         self._scheduler.take_in()
         for group in self._scheduler.groups:
             self._remove(group, EngineEvent(group.request.request_id, error=error, final=True))
-
-    @staticmethod
-    def _deliver(request: EngineRequest, event: EngineEvent) -> None:
-        try:
-            request.sink(event)
-        except Exception:  # one request's broken sink must not stop the batch
-            logger.exception("sink failed for %s", request.request_id)
 
     # --- prefill ---------------------------------------------------------------------------------
     def _forward(self, adapters: list[str | None], cache: BatchCache | None, **inputs: Any) -> Any:
@@ -462,50 +458,13 @@ class Engine:
 
     def _after_tokens(self, sequences: list[Sequence], drop: bool = True) -> None:
         """Send what is ready, then (``drop``) drop finished sequences from the batch at once."""
-        for seq in sequences:
-            group = self._scheduler.group(seq.request.request_id)
-            if group is None:
-                continue
-            if group.beam is not None:
-                if seq.finish_reason is not None and self._scheduler.group(group.request.request_id) is group:
-                    for event in beam_answers(group, self._loaded.tokenizer):
-                        self._deliver(group.request, event)
-                    self._scheduler.finish(group)
-                continue
-            if seq.finish_reason is not None:
-                group.finished += 1
-            done = group.finished == len(group.sequences)
-            if group.buffered:
-                if done:
-                    self._send_best(group)
-                continue
-            if not (done or seq.delta_due(group.request.stream, self._settings.stream_interval)):
-                continue
-            delta = seq.take_delta(len(group.request.prompt_ids))
-            group.attach_prompt_logprobs(delta)
-            if delta is not None or done:
-                self._deliver(group.request, EngineEvent(group.request.request_id, delta=delta, final=done))
-            if done:
-                self._scheduler.finish(group)
+        self._delivery.send(sequences)
         if drop and any(s.finish_reason is not None for s in self._running):
             finished = [i for i, s in enumerate(self._running) if s.finish_reason is not None]
             self._kv.compact()  # a finished row's keys/values are read out in one piece
             self._prefiller.offer_finished(self._running, self._kv, finished)
             keep = [i for i, s in enumerate(self._running) if s.finish_reason is None]
             self._running = [self._running[i] for i in self._kv.keep(keep)]
-
-    def _send_best(self, group: RequestGroup) -> None:
-        ranked = sorted(group.sequences, key=lambda s: s.cumulative_logprob, reverse=True)
-        chosen = ranked[: group.request.params.n]
-        for index, seq in enumerate(chosen):
-            seq.index = index
-            delta = seq.take_delta(len(group.request.prompt_ids))
-            if delta is not None and not group.request.params.logprobs:
-                delta.logprobs = None
-            group.attach_prompt_logprobs(delta)
-            final = index == len(chosen) - 1
-            self._deliver(group.request, EngineEvent(group.request.request_id, delta=delta, final=final))
-        self._scheduler.finish(group)
 
     def _group(self, request: EngineRequest) -> RequestGroup:
         return self._group_by_id(request.request_id)
