@@ -99,7 +99,17 @@ def test_a_score_does_not_depend_on_where_padding_puts_it(kernel: DecodeAttentio
 
 @pytest.mark.parametrize(
     ("batch", "heads", "kv_heads", "length", "dim"),
-    [(1, 9, 3, 1, 64), (4, 9, 3, 37, 64), (3, 14, 2, 70, 64), (2, 8, 8, 19, 128), (5, 6, 2, 23, 80)],
+    [
+        (1, 9, 3, 1, 64),
+        (4, 9, 3, 37, 64),
+        (3, 14, 2, 70, 64),
+        (2, 8, 8, 19, 128),
+        (5, 6, 2, 23, 80),
+        # Many 8-position blocks, a partial last one, padding that ends inside a block.
+        (2, 9, 3, 150, 64),
+        (3, 16, 4, 33, 128),
+        (2, 4, 2, 24, 36),  # a head size that is not a multiple of 8: the plain loops
+    ],
 )
 @pytest.mark.parametrize("padded", [False, True])
 def test_float32_kernel_matches_sdpa(

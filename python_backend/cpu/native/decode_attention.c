@@ -232,9 +232,52 @@ int triton_chat_decode_attention_bf16(
     return status;
 }
 
-/* The same attention over a float32 cache (a float32 model's): the loops below vectorize over the
- * head dimension under -O3 -march=native; each key and value row is read once for the G query
- * heads that share it, where two batched matmuls read the cache twice and copy the scores. */
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define HAVE_AVX2_F32 1
+
+/* Lane j of the result is the sum of the 8 lanes of v[j]. */
+static inline __m256 hsum8x8(const __m256 v[8]) {
+    const __m256 a = _mm256_hadd_ps(v[0], v[1]), b = _mm256_hadd_ps(v[2], v[3]);
+    const __m256 c = _mm256_hadd_ps(v[4], v[5]), d = _mm256_hadd_ps(v[6], v[7]);
+    const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
+    return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
+}
+
+/* scale * q . k for the 8 positions from l (dim a multiple of 8): 8 accumulators, one reduction. */
+static inline void scores8_f32(const float *qrow, const float *kbase, int64_t k_stride_l, int64_t l, int64_t dim,
+                               float scale, float *out) {
+    __m256 acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < dim; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(qrow + d);
+        for (int j = 0; j < 8; ++j)
+            acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kbase + (l + j) * k_stride_l + d), acc[j]);
+    }
+    _mm256_storeu_ps(out, _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
+}
+
+/* acc[0:dim] = sum over l of p[l] * v[l, 0:dim], CHUNKS = dim / 8 accumulators in registers. */
+static inline void weighted_values_f32(const float *p, const float *vbase, int64_t v_stride_l, int64_t length,
+                                       const int chunks, float *acc) {
+    __m256 a[16];
+    for (int c = 0; c < chunks; ++c) a[c] = _mm256_setzero_ps();
+    for (int64_t l = 0; l < length; ++l) {
+        if (p[l] == 0.0f) continue; /* masked (or underflowed): adds nothing */
+        const __m256 w = _mm256_set1_ps(p[l]);
+        const float *vr = vbase + l * v_stride_l;
+        for (int c = 0; c < chunks; ++c) a[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), a[c]);
+    }
+    for (int c = 0; c < chunks; ++c) _mm256_storeu_ps(acc + 8 * c, a[c]);
+}
+#endif
+
+/* The same attention over a float32 cache (a float32 model's). With AVX2 and FMA, and head sizes
+ * that are multiples of 8 up to 128, scores are computed 8 positions at a time (one reduction for
+ * 8 scores, each block of key rows read from L1 by the G query heads that share it) and each
+ * head's weighted sum of values keeps its accumulators in registers; otherwise plain loops that
+ * the compiler vectorizes over the head dimension. Two batched matmuls instead read the cache
+ * twice and copy the scores between them. */
 int triton_chat_decode_attention_f32(
     const float *q, int64_t q_stride_b, int64_t q_stride_h,
     const float *k, int64_t k_stride_b, int64_t k_stride_h, int64_t k_stride_l,
@@ -271,7 +314,42 @@ int triton_chat_decode_attention_f32(
                     top[g] = MASKED;
                     memset(acc + g * dim, 0, sizeof(float) * (size_t)dim);
                 }
-                for (int64_t l = 0; l < length; ++l) {
+#ifdef HAVE_AVX2_F32
+                /* Blocks of 8 positions per query head: the block's key rows stay in L1 for the
+                 * G heads that read them, and one reduction serves 8 scores. */
+                const int vector = dim % 8 == 0 && dim <= 128;
+#else
+                const int vector = 0;
+#endif
+#ifdef HAVE_AVX2_F32
+                if (vector) {
+                    /* A row's left padding is never read: its keys are skipped, not scored. */
+                    int64_t first = 0;
+                    while (keep && first < length && !keep[first]) ++first;
+                    const int64_t blocked = first + (length - first) / 8 * 8;
+                    for (int64_t l = first; l < blocked; l += 8)
+                        for (int64_t g = 0; g < group; ++g)
+                            scores8_f32(qbase + g * q_stride_h, kbase, k_stride_l, l, dim, scale, scores + g * span + l);
+                    for (int64_t g = 0; g < group; ++g) {
+                        const float *qr = qbase + g * q_stride_h;
+                        float *s = scores + g * span;
+                        for (int64_t l = 0; l < first; ++l) s[l] = MASKED;
+                        for (int64_t l = blocked; l < length; ++l) {
+                            const float *kr = kbase + l * k_stride_l;
+                            float dot = 0.0f;
+                            for (int64_t d = 0; d < dim; ++d) dot += qr[d] * kr[d];
+                            s[l] = dot * scale;
+                        }
+                        float m = MASKED;
+                        for (int64_t l = 0; l < length; ++l) {
+                            if (keep && !keep[l]) s[l] = MASKED;
+                            else if (s[l] > m) m = s[l];
+                        }
+                        top[g] = m;
+                    }
+                }
+#endif
+                for (int64_t l = 0; l < length && !vector; ++l) {
                     if (keep && !keep[l]) {
                         for (int64_t g = 0; g < group; ++g) scores[g * span + l] = MASKED;
                         continue;
@@ -304,7 +382,12 @@ int triton_chat_decode_attention_f32(
                     }
                     total[g] = sum;
                 }
-                for (int64_t l = 0; l < length; ++l) {
+#ifdef HAVE_AVX2_F32
+                if (vector)
+                    for (int64_t g = 0; g < group; ++g)
+                        weighted_values_f32(scores + g * span, vbase, v_stride_l, length, (int)(dim / 8), acc + g * dim);
+#endif
+                for (int64_t l = 0; l < length && !vector; ++l) {
                     if (keep && !keep[l]) continue;
                     const float *vr = vbase + l * v_stride_l;
                     for (int64_t g = 0; g < group; ++g) {
