@@ -17,8 +17,9 @@ projection prepacked and merged, and no LoRA adapters (the engine falls back to 
 prefill mixes them: every projection, norm and MLP runs once over all the step's tokens (the
 weights are read once, not once for the prefill and again for the decode), and only attention
 is split, each prompt segment attending causally to its own cache. A decode step then never
-waits behind a separate prefill pass. Its decode logits equal the model's within rounding (the
-products see more rows), not bitwise; steps without prompt tokens still go through ``logits``.
+waits behind a separate prefill pass. With prompt tokens its decode logits equal the model's
+within rounding (the products see more rows), not bitwise; ``logits`` is the same pass without
+them, bit-identical to the model's.
 """
 
 from __future__ import annotations
@@ -182,30 +183,9 @@ class FastDecoder:
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: BatchCache, keep: torch.Tensor | None
     ) -> torch.Tensor:
         """[B, vocab] logits of the next token; ``keep`` [B, L + 1] marks real (non-padding) positions."""
-        batch = input_ids.shape[0]
-        hidden = self._decoder.embed_tokens(input_ids)  # [B, 1, H]
-        cos, sin = self._decoder.rotary_emb(hidden, position_ids)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        for index, layer in enumerate(self._layers):
-            residual = hidden
-            x = layer.input_norm(hidden)
-            merged = layer.qkv.apply_unchecked(x)
-            # Queries and keys rotate together: the rotation is element-wise per head, so one
-            # pass over both heads' columns gives exactly the two separate results, in half the ops.
-            query_key = merged[..., : layer.qk_width].view(batch, 1, -1, layer.head_dim).transpose(1, 2)
-            value = merged[..., layer.qk_width :].view(batch, 1, -1, layer.head_dim).transpose(1, 2)
-            query_key = (query_key * cos) + (rotate_half(query_key) * sin)
-            query, key = query_key[:, : layer.query_heads], query_key[:, layer.query_heads :]
-            keys, values = cache.update(key, value, index)
-            attended = self._attend(query, keys, values, keep, layer.scaling)
-            hidden = residual + layer.o.apply_unchecked(attended.reshape(batch, 1, -1).contiguous())
-            residual = hidden
-            x = layer.post_norm(hidden)
-            gate, up = layer.gate_up.split(layer.gate_up.apply_unchecked(x))
-            gated = torch.nn.functional.silu(gate) * up
-            hidden = residual + layer.down.apply_unchecked(gated)
-        hidden = self._decoder.norm(hidden)
-        return self._head(hidden)[:, -1, :]
+        out = self.mixed_logits(DecodeRows(input_ids, position_ids, cache, keep), [])
+        assert out.decode is not None  # decode rows were given (an invariant, not input)
+        return out.decode
 
     def mixed_logits(self, decode: DecodeRows | None, segments: list[PromptSegment]) -> MixedLogits:
         """One forward pass over the decode rows' new tokens and the prompt segments' tokens."""
@@ -225,6 +205,8 @@ class FastDecoder:
             residual = hidden
             merged = layer.qkv.apply_unchecked(layer.input_norm(hidden))
             query_key = merged[..., : layer.qk_width].view(1, count, -1, layer.head_dim)
+            # Queries and keys rotate together: the rotation is element-wise per head, so one
+            # pass over both heads' columns gives exactly the two separate results, in half the ops.
             query_key = (query_key * cos) + (rotate_half(query_key) * sin)  # [1, N, heads, D]
             value = merged[..., layer.qk_width :].view(1, count, -1, layer.head_dim)
             heads = layer.query_heads

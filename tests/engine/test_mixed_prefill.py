@@ -113,7 +113,7 @@ def test_prompts_prefilled_inside_decode_steps_answer_as_alone(
     assert any(rows and segments for rows, segments in counted), counted  # prompts rode with decode rows
     counted.clear()
     separate = _answers(tiny_loaded, mixed_prefill=False)
-    assert not counted
+    assert counted and not any(segments for _rows, segments in counted)  # decode-only steps
     assert [r.text() for r in mixed] == expected == [r.text() for r in separate]
     assert [r.usage().cached_tokens for r in mixed] == [r.usage().cached_tokens for r in separate]
     assert mixed[-1].usage().cached_tokens > 0
