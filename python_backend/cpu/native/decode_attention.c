@@ -22,6 +22,23 @@
  * infinities, so that expf vectorizes); exp(MASKED - max) is exactly 0 in float32. */
 #define MASKED (-1.0e30f)
 
+/* Scores s[0:length] whose maximum is ``top`` become exp(s - top) in place; returns their sum.
+ * Every position masked: every weight 0 and the sum 0, so the output is zeros. */
+static inline float softmax_weights(float *s, int64_t length, float top) {
+    if (top <= MASKED) {
+        for (int64_t l = 0; l < length; ++l) s[l] = 0.0f;
+        return 0.0f;
+    }
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t l = 0; l < length; ++l) {
+        const float p = expf(s[l] - top); /* a masked score underflows to exactly 0 */
+        s[l] = p;
+        sum += p;
+    }
+    return sum;
+}
+
 static inline float bf16_to_float(uint16_t bits) {
     uint32_t wide = (uint32_t)bits << 16;
     float value;
@@ -184,22 +201,7 @@ int triton_chat_decode_attention_bf16(
                         if (dot > top[g]) top[g] = dot;
                     }
                 }
-                for (int64_t g = 0; g < group; ++g) {
-                    float *s = scores + g * length;
-                    const float m = top[g];
-                    float sum = 0.0f;
-                    if (m <= MASKED) { /* every position masked: no weight anywhere, output zeros */
-                        for (int64_t l = 0; l < length; ++l) s[l] = 0.0f;
-                        continue;
-                    }
-#pragma omp simd reduction(+ : sum)
-                    for (int64_t l = 0; l < length; ++l) {
-                        const float p = expf(s[l] - m); /* a masked score underflows to exactly 0 */
-                        s[l] = p;
-                        sum += p;
-                    }
-                    total[g] = sum;
-                }
+                for (int64_t g = 0; g < group; ++g) total[g] = softmax_weights(scores + g * length, length, top[g]);
                 const uint16_t *vbase = v + b * v_stride_b + kh * v_stride_h;
 #ifdef HAVE_DPBF16
                 if (dim == 64 || dim == 128) {
@@ -365,23 +367,7 @@ int triton_chat_decode_attention_f32(
                         if (dot > top[g]) top[g] = dot;
                     }
                 }
-                for (int64_t g = 0; g < group; ++g) {
-                    float *s = scores + g * span;
-                    const float m = top[g];
-                    float sum = 0.0f;
-                    if (m <= MASKED) { /* every position masked: no weight anywhere, output zeros */
-                        for (int64_t l = 0; l < length; ++l) s[l] = 0.0f;
-                        total[g] = 0.0f;
-                        continue;
-                    }
-#pragma omp simd reduction(+ : sum)
-                    for (int64_t l = 0; l < length; ++l) {
-                        const float p = expf(s[l] - m); /* a masked score underflows to exactly 0 */
-                        s[l] = p;
-                        sum += p;
-                    }
-                    total[g] = sum;
-                }
+                for (int64_t g = 0; g < group; ++g) total[g] = softmax_weights(scores + g * span, length, top[g]);
 #ifdef HAVE_AVX2_F32
                 if (vector)
                     for (int64_t g = 0; g < group; ++g)
