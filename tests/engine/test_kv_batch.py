@@ -39,13 +39,13 @@ def _rows(kv: KVBatch) -> list[list[float]]:
 
 def _buffer(kv: KVBatch) -> int:
     layer = kv.cache.layers[0]
-    assert isinstance(layer, GrowableLayer)
-    return layer.keys.untyped_storage().data_ptr()
+    assert isinstance(layer, GrowableLayer) and layer.keys is not None
+    return int(layer.keys.untyped_storage().data_ptr())
 
 
 def test_random_joins_leaves_and_steps_keep_every_row_exact() -> None:
     rng = random.Random(0)
-    kv, expected = KVBatch(), []
+    kv, expected = KVBatch(), list[list[float]]()
     value = 0.0
     for _ in range(300):
         action = rng.random()
