@@ -7,17 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from python_backend.engine.kv_cache import BatchCache, KVBatch
-from tests.fixtures.engine_driver import load_on_cpu, running_batch
+from tests.fixtures.engine_driver import copy_batch, load_on_cpu, running_batch
 from tests.fixtures.onednn import BF16_PACK_SKIP
-
-
-def _copy(kv: KVBatch) -> KVBatch:
-    twin = KVBatch(kv.storage_dtype)
-    twin.cache = BatchCache(kv.storage_dtype)
-    twin.cache.set_layer_states([(k.clone(), v.clone()) for k, v in kv.cache.layer_states()])
-    twin.pad = list(kv.pad)
-    return twin
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
@@ -31,7 +22,7 @@ def test_fast_decode_logits_equal_the_model_forward(
     assert fast is not None
     prompts = [list(range(3, 40)), list(range(50, 61)), list(range(7, 30, 2))]
     reference_kv = running_batch(loaded, prompts, loaded.kv_dtype)
-    fast_kv = _copy(reference_kv)
+    fast_kv = copy_batch(reference_kv)
     assert reference_kv.padded
     tokens = [[11], [12], [13]]
     with torch.inference_mode():

@@ -9,18 +9,10 @@ import pytest
 import torch
 
 from python_backend.cpu.fast_decode import DecodeRows, PromptSegment
-from python_backend.engine.kv_cache import BatchCache, KVBatch
+from python_backend.engine.kv_cache import BatchCache
 from python_backend.model.loader import LoadedModel
 from tests.engine.test_generation import decode, generate_greedy
-from tests.fixtures.engine_driver import Driver, load_on_cpu, make_engine, running_batch
-
-
-def _copy(kv: KVBatch) -> KVBatch:
-    twin = KVBatch(kv.storage_dtype)
-    twin.cache = BatchCache(kv.storage_dtype)
-    twin.cache.set_layer_states([(k.clone(), v.clone()) for k, v in kv.cache.layer_states()])
-    twin.pad = list(kv.pad)
-    return twin
+from tests.fixtures.engine_driver import Driver, copy_batch, load_on_cpu, make_engine, running_batch
 
 
 def _prefilled(loaded: LoadedModel, tokens: list[int]) -> BatchCache:
@@ -37,7 +29,7 @@ def test_mixed_logits_equal_separate_passes(family: str, tiny_model_dir: Path, t
     assert fast is not None
     running = [list(range(3, 40)), list(range(50, 61))]
     reference_kv = running_batch(loaded, running, loaded.kv_dtype)
-    mixed_kv = _copy(reference_kv)
+    mixed_kv = copy_batch(reference_kv)
     # A whole new prompt, one continuing from 12 cached positions, and a first chunk (no logits).
     fresh, continued, chunked = list(range(70, 95)), list(range(5, 33)), list(range(100, 140))
     cpu = torch.device("cpu")
