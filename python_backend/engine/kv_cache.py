@@ -55,10 +55,12 @@ class GrowableLayer(DynamicLayer):
         buf = self._buf_k
         if buf is not None and rows <= buf.shape[0] and left <= self._start and self._end + right <= buf.shape[2]:
             return
-        grown = buf is not None and rows > buf.shape[0]
-        row_capacity = max(rows, int(buf.shape[0] * _GROWTH) + 1) if grown and buf is not None else rows
-        if buf is not None:
-            row_capacity = max(row_capacity, buf.shape[0])
+        if buf is None:
+            row_capacity = rows
+        elif rows > buf.shape[0]:
+            row_capacity = max(rows, int(buf.shape[0] * _GROWTH) + 1)
+        else:
+            row_capacity = buf.shape[0]
         # Spare room on the left only where rows have needed it (the running batch's joins).
         new_start = left + _MIN_SPARE if left > self._start else max(left, min(self._start, _MIN_SPARE))
         needed = self.length + right
