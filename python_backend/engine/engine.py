@@ -205,6 +205,12 @@ class Engine:
     def _loop(self) -> None:
         # OpenMP's team is per thread: size (and on CPU pin) it where the forward passes run.
         use_compute_threads(self._threads, self._cpus)
+        # The cache's tensors are inference tensors, so the shutdown path that compacts them
+        # (``_fail_all``) must run inside the same mode as the steps.
+        with torch.inference_mode():
+            self._guarded_loop()
+
+    def _guarded_loop(self) -> None:
         try:
             self._run_steps()
         except Exception as exc:
@@ -224,29 +230,28 @@ class Engine:
             deliver(group.request, EngineEvent(group.request.request_id, error=error, final=True))
 
     def _run_steps(self) -> None:
-        with torch.inference_mode():
-            while not self._stopping.is_set():
-                self._heartbeat.beat()
-                if self._ranks is None:
-                    self._reap_cancelled()
-                elif not self._ranks.step(self._reap_cancelled):
-                    break
+        while not self._stopping.is_set():
+            self._heartbeat.beat()
+            if self._ranks is None:
+                self._reap_cancelled()
+            elif not self._ranks.step(self._reap_cancelled):
+                break
+            self._after_pass()
+            if not (self._scheduler.has_prefill_work or self._running):
+                if self._ranks is None or self._ranks.leads:  # a follower waits in step()
+                    self._wake.wait(_IDLE_WAIT_S)
+                self._wake.clear()
+                continue
+            plan, hits = self._plan_step()
+            opened = self._prefiller.segments(plan, hits) if self._mixes else None
+            if opened:
+                self._mixed_step(plan, hits, opened)
+            else:
+                self._prefill_step(plan, hits)
                 self._after_pass()
-                if not (self._scheduler.has_prefill_work or self._running):
-                    if self._ranks is None or self._ranks.leads:  # a follower waits in step()
-                        self._wake.wait(_IDLE_WAIT_S)
-                    self._wake.clear()
-                    continue
-                plan, hits = self._plan_step()
-                opened = self._prefiller.segments(plan, hits) if self._mixes else None
-                if opened:
-                    self._mixed_step(plan, hits, opened)
-                else:
-                    self._prefill_step(plan, hits)
-                    self._after_pass()
-                    with self._team.decode(len(self._running)):
-                        self._decode_step()
-                self._after_pass()
+                with self._team.decode(len(self._running)):
+                    self._decode_step()
+            self._after_pass()
 
     def _reap_cancelled(self) -> None:
         """Drop requests cancelled by ``cancel()`` or seen cancelled by the watcher since the last step."""

@@ -134,3 +134,16 @@ def test_stop_fails_pending_requests_with_503(tiny_loaded) -> None:
         run.wait(5)
         assert run.events[-1].final
     assert any(r.error is not None and r.error.status == 503 for r in runs)
+
+
+def test_stop_ends_every_running_row_with_503(tiny_loaded) -> None:
+    """Shutdown compacts the batch row by row; every running request still gets its final 503."""
+    engine = make_engine(tiny_loaded, max_num_seqs=4)
+    driver = Driver(engine, tiny_loaded)
+    runs = [driver.submit("x", temperature=0, max_tokens=400, ignore_eos=True) for _ in range(3)]
+    for run in runs:
+        assert run.streaming.wait(30), "every request is running before the stop"
+    engine.stop()
+    for run in runs:
+        run.wait(5)
+        assert run.error is not None and run.error.status == 503
