@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from python_backend.cpu.native.build import build_library
+from python_backend.cpu.native.build import bind_functions, build_library
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,15 @@ def build_kernel(cache_dir: Path | None = None) -> DecodeAttentionKernel | None:
 
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
+_ARGTYPES = (
+    *(_PTR, _I64, _I64),  # query
+    *(_PTR, _I64, _I64, _I64),  # key
+    *(_PTR, _I64, _I64, _I64),  # value
+    *(_PTR, _I64),  # mask
+    *(_PTR, _I64, _I64),  # out
+    *(_I64, _I64, _I64, _I64, _I64),  # batch, heads, kv heads, length, dim
+    ctypes.c_float,  # scale
+)
 
 
 class DecodeAttentionKernel:
@@ -53,20 +62,7 @@ class DecodeAttentionKernel:
     float32 cache."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._functions = {}
-        for dtype, symbol in _SYMBOLS.items():
-            function = getattr(library, symbol)
-            function.restype = ctypes.c_int
-            function.argtypes = [
-                *(_PTR, _I64, _I64),  # query
-                *(_PTR, _I64, _I64, _I64),  # key
-                *(_PTR, _I64, _I64, _I64),  # value
-                *(_PTR, _I64),  # mask
-                *(_PTR, _I64, _I64),  # out
-                *(_I64, _I64, _I64, _I64, _I64),  # batch, heads, kv heads, length, dim
-                ctypes.c_float,  # scale
-            ]
-            self._functions[dtype] = function
+        self._functions = bind_functions(library, _SYMBOLS, _ARGTYPES)
 
     @staticmethod
     def handles(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:

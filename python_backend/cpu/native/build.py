@@ -1,6 +1,6 @@
 """Compiling a C source of this package into a shared library once, and loading it.
 
-Owns ``build_library``: compile with the machine's C compiler (``$CC``, ``cc`` or ``gcc``) into
+Owns ``build_library`` and ``bind_functions`` (each dtype's C entry point, typed). ``build_library``: compile with the machine's C compiler (``$CC``, ``cc`` or ``gcc``) into
 the user's cache, keyed by the source, the flags and the CPU (the libraries are built with
 ``-march=native``), reuse the file afterwards, and return None with the reason logged when there
 is no compiler or the build fails, so every caller keeps a pure-PyTorch fallback.
@@ -19,7 +19,11 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+import torch
 
 logger = logging.getLogger(__name__)
 
@@ -85,3 +89,16 @@ def build_library(source: Path, cache_dir: Path | None = None, extra_flags: tupl
     except OSError as exc:
         logger.warning("loading %s failed (%s)", library, exc)
         return None
+
+
+def bind_functions(
+    library: ctypes.CDLL, symbols: Mapping[torch.dtype, str], argtypes: Sequence[Any]
+) -> dict[torch.dtype, Any]:
+    """Each dtype's entry point in ``library``, typed: ``argtypes`` as given, an int status returned."""
+    functions: dict[torch.dtype, Any] = {}
+    for dtype, symbol in symbols.items():
+        function = getattr(library, symbol)
+        function.restype = ctypes.c_int
+        function.argtypes = list(argtypes)
+        functions[dtype] = function
+    return functions

@@ -260,17 +260,29 @@ static inline void scores8_f32(const float *qrow, const float *kbase, int64_t k_
 }
 
 /* acc[0:dim] = sum over l of p[l] * v[l, 0:dim], CHUNKS = dim / 8 accumulators in registers. */
-static inline void weighted_values_f32(const float *p, const float *vbase, int64_t v_stride_l, int64_t length,
-                                       const int chunks, float *acc) {
+static inline __attribute__((always_inline)) void weighted_values_f32_n(const float *p, const float *vbase,
+                                                                        int64_t v_stride_l, int64_t first,
+                                                                        int64_t length, const int chunks, float *acc) {
     __m256 a[16];
     for (int c = 0; c < chunks; ++c) a[c] = _mm256_setzero_ps();
-    for (int64_t l = 0; l < length; ++l) {
-        if (p[l] == 0.0f) continue; /* masked (or underflowed): adds nothing */
+    for (int64_t l = first; l < length; ++l) {
         const __m256 w = _mm256_set1_ps(p[l]);
         const float *vr = vbase + l * v_stride_l;
         for (int c = 0; c < chunks; ++c) a[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), a[c]);
     }
     for (int c = 0; c < chunks; ++c) _mm256_storeu_ps(acc + 8 * c, a[c]);
+}
+
+/* The same with the chunk count a constant in each branch, so that the compiler unrolls the inner
+ * loop instead of testing the count at every position. */
+static inline void weighted_values_f32(const float *p, const float *vbase, int64_t v_stride_l, int64_t first,
+                                       int64_t length, const int chunks, float *acc) {
+    switch (chunks) {
+    case 8: weighted_values_f32_n(p, vbase, v_stride_l, first, length, 8, acc); break;
+    case 16: weighted_values_f32_n(p, vbase, v_stride_l, first, length, 16, acc); break;
+    case 4: weighted_values_f32_n(p, vbase, v_stride_l, first, length, 4, acc); break;
+    default: weighted_values_f32_n(p, vbase, v_stride_l, first, length, chunks, acc); break;
+    }
 }
 #endif
 
@@ -369,9 +381,14 @@ int triton_chat_decode_attention_f32(
                 }
                 for (int64_t g = 0; g < group; ++g) total[g] = softmax_weights(scores + g * span, length, top[g]);
 #ifdef HAVE_AVX2_F32
-                if (vector)
+                if (vector) {
+                    /* Left padding weighs exactly 0 (softmax of MASKED): start after it. */
+                    int64_t first = 0;
+                    while (keep && first < length && !keep[first]) ++first;
                     for (int64_t g = 0; g < group; ++g)
-                        weighted_values_f32(scores + g * span, vbase, v_stride_l, length, (int)(dim / 8), acc + g * dim);
+                        weighted_values_f32(scores + g * span, vbase, v_stride_l, first, length, (int)(dim / 8),
+                                            acc + g * dim);
+                }
 #endif
                 for (int64_t l = 0; l < length && !vector; ++l) {
                     if (keep && !keep[l]) continue;

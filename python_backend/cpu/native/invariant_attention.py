@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from python_backend.cpu.native.build import build_library
+from python_backend.cpu.native.build import bind_functions, build_library
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +30,15 @@ _SYMBOLS = {
 
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
+_ARGTYPES = (
+    *(_PTR, _I64, _I64, _I64),  # query
+    *(_PTR, _I64, _I64, _I64),  # key
+    *(_PTR, _I64, _I64, _I64),  # value
+    *(_PTR, _I64, _I64),  # mask
+    *(_PTR, _I64, _I64, _I64),  # out
+    *(_I64, _I64, _I64, _I64, _I64, _I64),  # batch, heads, kv heads, queries, length, dim
+    ctypes.c_float,  # scale
+)
 
 
 class InvariantKernelError(RuntimeError):
@@ -49,20 +58,7 @@ class InvariantAttentionKernel:
     """``attend(query, key, value, mask, scaling)`` with a per-query order fixed by its own keys."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._functions = {}
-        for dtype, symbol in _SYMBOLS.items():
-            function = getattr(library, symbol)
-            function.restype = ctypes.c_int
-            function.argtypes = [
-                *(_PTR, _I64, _I64, _I64),  # query
-                *(_PTR, _I64, _I64, _I64),  # key
-                *(_PTR, _I64, _I64, _I64),  # value
-                *(_PTR, _I64, _I64),  # mask
-                *(_PTR, _I64, _I64, _I64),  # out
-                *(_I64, _I64, _I64, _I64, _I64, _I64),  # batch, heads, kv heads, queries, length, dim
-                ctypes.c_float,  # scale
-            ]
-            self._functions[dtype] = function
+        self._functions = bind_functions(library, _SYMBOLS, _ARGTYPES)
 
     @staticmethod
     def dtypes() -> tuple[torch.dtype, ...]:
