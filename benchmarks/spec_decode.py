@@ -1,7 +1,8 @@
-"""Speculative decoding's speed-up at concurrency 1: the engine with n-gram drafts against without.
+"""Speculative decoding's speed-up at concurrency 1: the engine with drafts against without.
 
 Runs the same requests one at a time through the engine in-process, without drafts and with
-``--tokens`` drafts a step, on two workloads:
+``--tokens`` drafts a step (n-gram prompt lookup, or with ``--draft-model DIR`` a draft model's),
+on two workloads:
 
 - ``repetitive``: answers that copy their prompt (quote a passage, edit code and return it whole,
   change one value of a config file): where prompt-lookup drafts are accepted;
@@ -13,6 +14,9 @@ and tokens per verify step), then one per workload with the speed-up and whether
 answer was identical with and without drafts.
 
     python -m benchmarks.spec_decode --model ~/.cache/triton-chat/models/SmolLM2-135M-Instruct --dtype float32
+
+``--draft-model`` takes any local folder with the model's tokenizer; the figures in
+docs/performance.md say which draft they used.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import json
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -30,6 +34,7 @@ import torch
 from benchmarks.traffic import Workload, build_requests
 from python_backend.engine.engine import Engine
 from python_backend.engine.sequence import EngineEvent, EngineRequest
+from python_backend.model.draft import load_draft
 from python_backend.model.loader import LoadedModel, load_model
 from python_backend.model.threads import serialize_current_thread
 from python_backend.prompt.chat_template import render_prompt
@@ -152,7 +157,10 @@ def run(
         engine.stop()
     drafted = after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens
     accepted = after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
-    mode = f"ngram-{settings.speculative_ngram_tokens}" if settings.speculative_ngram_tokens else "off"
+    if loaded.draft is not None:
+        mode = f"draft-{settings.speculative_model_tokens}"
+    else:
+        mode = f"ngram-{settings.speculative_ngram_tokens}" if settings.speculative_ngram_tokens else "off"
     result = RunResult(
         workload, mode, len(prompts), tokens, round(wall, 3), round(tokens / wall, 2), drafted, accepted,
         after.spec_decode_num_steps - before.spec_decode_num_steps, round(accepted / drafted, 3) if drafted else 0.0,
@@ -168,16 +176,22 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8, help="requests per workload and mode")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--workloads", default="repetitive,distinct")
+    parser.add_argument("--draft-model", type=Path, help="a draft model's folder: draft-model instead of n-gram drafts")
     args = parser.parse_args()
     # As in the Triton model: only the engine thread runs torch in parallel (model/threads.py).
     threads = serialize_current_thread()
     base = EngineSettings(model_path=str(args.model.expanduser()), dtype=args.dtype, torch_threads=threads)
     loaded = load_model(base)
-    modes = [EngineSettings(**{**asdict(base), "speculative_ngram_tokens": k}) for k in (0, args.tokens)]
+    if args.draft_model is not None:
+        draft = load_draft(str(args.draft_model.expanduser()), loaded.tokenizer, loaded.device, loaded.dtype, False)
+        on_settings = replace(base, speculative_model=str(args.draft_model), speculative_model_tokens=args.tokens)
+        modes = [(loaded, base), (replace(loaded, draft=draft), on_settings)]
+    else:
+        modes = [(loaded, base), (loaded, replace(base, speculative_ngram_tokens=args.tokens))]
     try:
         for workload in args.workloads.split(","):
             prompts = prompts_for(workload, args.requests, args.max_tokens)
-            (off, off_texts), (on, on_texts) = (run(loaded, settings, workload, prompts) for settings in modes)
+            (off, off_texts), (on, on_texts) = (run(model, settings, workload, prompts) for model, settings in modes)
             for result in (off, on):
                 sys.stdout.write(json.dumps(asdict(result)) + "\n")
             summary = {

@@ -142,6 +142,9 @@ def uvicorn_tls(tls: TlsFiles | None) -> dict[str, Any]:
 def engine_settings(options: ServeOptions, model_dir: Path, served_model_name: str) -> EngineSettings:
     """The model's settings for these options (raises ``SettingsError`` naming a bad value)."""
     values: dict[str, Any] = {**options.engine_flags, **options.engine_overrides}
+    if values.get("speculative_model"):
+        # Absolute, as the model's folder: the stub does not run in the launcher's directory.
+        values["speculative_model"] = str(Path(str(values["speculative_model"])).expanduser().resolve())
     return EngineSettings(
         # Absolute: tritonserver and its stub do not share the launcher's working directory.
         model_path=str(model_dir.expanduser().resolve()),

@@ -112,7 +112,7 @@ class Engine:
         self._team = ComputeTeam(self._threads, set_team_size, tuner)
         self._watcher = CancelWatcher(self.cancel)
         # Every rank would have to agree on each row's drafts and accepted count: one device only.
-        self._speculator = Speculator.from_settings(settings) if ranks is None else None
+        self._speculator = Speculator.from_settings(settings, loaded.draft) if ranks is None else None
         # Prompt tokens ride in the decode step's pass where the lean CPU step runs; speculation's
         # verify steps and the batch-invariant kernels keep prefill in passes of its own.
         fast = loaded.fast_decoder

@@ -1,6 +1,7 @@
-"""Speculative decoding by n-gram prompt lookup: drafts from a row's own tokens, verified in one step.
+"""Speculative decoding: drafts from a row's own tokens (n-gram prompt lookup) or from a draft
+model (``draft_proposer.py``), verified in one step.
 
-Owns ``NgramProposer`` (vLLM's ``ngram`` rule), ``Speculator`` (which rows get drafts this step,
+Owns ``NgramProposer`` (vLLM's ``ngram`` rule), the ``Proposer`` protocol both kinds follow, ``Speculator`` (which rows get drafts this step,
 the verify step's inputs, and its counters) and ``run_verify`` (turning the verify step's logits
 into each row's tokens and the cache positions to forget). The engine calls it from its decode
 step; verifying a row's drafts is ``python_backend.sampling.speculative``'s.
@@ -20,12 +21,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
+from python_backend.engine.draft_proposer import DraftProposer
 from python_backend.engine.kv_cache import KVBatch
 from python_backend.engine.sequence import Sequence, TokenText
+from python_backend.model.draft import DraftModel
 from python_backend.protocol.settings import EngineSettings
 from python_backend.sampling.sampler import RowSampling, SampledToken
 from python_backend.sampling.speculative import verify_drafts
@@ -36,6 +40,18 @@ _MIN_HOLES = 16
 _HOLE_SHARE = 4
 
 
+class Proposer(Protocol):
+    """Where a verify step's drafts come from."""
+
+    def propose(self, seq: Sequence, context: list[int], limit: int) -> list[int]:
+        """Up to ``limit`` drafts for what follows ``context``, row ``seq``'s prompt and output."""
+        ...
+
+    def retain(self, running: list[Sequence]) -> None:
+        """Forget whatever is kept for rows no longer running."""
+        ...
+
+
 class NgramProposer:
     """Propose what followed the longest earlier occurrence of the context's last n tokens."""
 
@@ -44,7 +60,14 @@ class NgramProposer:
         self.min_n = min_n
         self.max_n = max_n
 
-    def propose(self, context: list[int], limit: int) -> list[int]:
+    def propose(self, seq: Sequence, context: list[int], limit: int) -> list[int]:
+        """``lookup``: a row's drafts depend on its tokens only."""
+        return self.lookup(context, limit)
+
+    def retain(self, running: list[Sequence]) -> None:
+        """Nothing is kept between steps: the lookup reads the row's tokens each time."""
+
+    def lookup(self, context: list[int], limit: int) -> list[int]:
         """Up to ``min(tokens, limit)`` drafts for what follows ``context``.
 
         As vLLM's rule: the longest n in [min_n, max_n] whose last-n-token suffix occurred
@@ -130,12 +153,14 @@ class StepCalls:
 class Speculator:
     """Plans and counts the verify steps of one engine."""
 
-    def __init__(self, proposer: NgramProposer) -> None:
+    def __init__(self, proposer: Proposer) -> None:
         self._proposer = proposer
         self.counters = SpecCounters()
 
     @staticmethod
-    def from_settings(settings: EngineSettings) -> Speculator | None:
+    def from_settings(settings: EngineSettings, draft: DraftModel | None) -> Speculator | None:
+        if draft is not None:
+            return Speculator(DraftProposer(draft, settings.speculative_model_tokens))
         if settings.speculative_ngram_tokens <= 0:
             return None
         return Speculator(
@@ -153,6 +178,7 @@ class Speculator:
             s.rope_delta or s.request.media is not None or s.sampling.top_logprobs is not None for s in running
         ):
             return None
+        self._proposer.retain(running)
         drafts = [self._drafts(seq) for seq in running]
         plan = DraftPlan(drafts)
         if plan.drafted == 0 or 2 * plan.drafted < len(running) * (plan.width - 1):
@@ -165,7 +191,7 @@ class Speculator:
             return []
         # Every token past the drafts' end is the step's own: at most max_new_tokens in all.
         room = seq.max_new_tokens - len(seq.tokens) - 1
-        return self._proposer.propose(seq.request.prompt_ids + seq.tokens, room)
+        return self._proposer.propose(seq, seq.request.prompt_ids + seq.tokens, room)
 
     @staticmethod
     def inputs(plan: DraftPlan, running: list[Sequence], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,6 +26,7 @@ from python_backend.cpu.linear import pack_linears, prepack_supported
 from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel, build_kernel
 from python_backend.cpu.native.invariant_attention import InvariantAttentionKernel, build_invariant_kernel
 from python_backend.model.device import place, synchronize
+from python_backend.model.draft import DraftLoadError, DraftModel, load_draft
 from python_backend.model.lora import attach_adapters, parse_lora_modules
 from python_backend.model.shard import ShardError, check_shardable, shard_arguments
 from python_backend.prompt.multimodal.processor import AUDIO_MODEL_TYPES, VISION_MODEL_TYPES, MediaProcessor
@@ -67,6 +68,7 @@ class LoadedModel:
     kv_dtype: torch.dtype | None = None  # the running batch's KV storage; None: ``dtype``
     fast_decoder: FastDecoder | None = None  # the lean CPU decode step (fast_decode.py), where exact
     tensor_parallel_size: int = 1  # ranks the weights and KV heads are split over (shard.py)
+    draft: DraftModel | None = None  # draft-model speculation's proposer model (draft.py)
 
     @property
     def uses_mrope(self) -> bool:
@@ -198,6 +200,12 @@ def load_model(settings: EngineSettings) -> LoadedModel:
             fast = FastDecoder.build(base, kernel, attend)  # None where it would not equal the model's forward
     if invariant is not None:
         install_batch_invariant(model, base.get_decoder(), base.get_output_embeddings())
+    draft = None
+    if settings.speculative_model:
+        try:
+            draft = load_draft(settings.speculative_model, tokenizer, placement.device, placement.dtype, remote)
+        except DraftLoadError as exc:
+            raise ModelLoadError(str(exc)) from exc
     text_config = base.config.get_text_config(decoder=True)
     vocab_size = int(getattr(text_config, "vocab_size", 0) or len(tokenizer))
     eos = _as_ids(gen.get("eos_token_id")) | _as_ids(config.get("eos_token_id"))
@@ -227,4 +235,5 @@ def load_model(settings: EngineSettings) -> LoadedModel:
         kv_dtype=kv_dtype,
         fast_decoder=fast,
         tensor_parallel_size=world,
+        draft=draft,
     )

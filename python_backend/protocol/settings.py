@@ -385,6 +385,34 @@ class EngineSettings:
             group=LIMITS_GROUP,
         ),
     )
+    # Draft-model speculation: a small model sharing the tokenizer proposes tokens greedily and
+    # the step verifies them as it verifies n-gram drafts. It pays where the draft is much smaller
+    # than the model and agrees with it often; the draft runs row by row, so it suits low concurrency.
+    speculative_model: str = _setting(
+        "",
+        SettingInfo(
+            "local folder of a small draft model for speculative decoding (same tokenizer); empty = none",
+            flag="--speculative-model",
+            metavar="DIR",
+            group=LIMITS_GROUP,
+            docs="draft-model speculative decoding (vLLM's `draft_model` method): each step, the draft "
+            "model (a local folder whose tokenizer is the model's) proposes `speculative_model_tokens` "
+            "tokens per sequence greedily and the step verifies them; greedy answers are identical and "
+            "sampled ones have the same distribution. Not with `speculative_ngram_tokens` or tensor "
+            "parallel. See [design](design.md#speculative-decoding)",
+            docs_default="none",
+        ),
+    )
+    speculative_model_tokens: int = _setting(
+        4,
+        SettingInfo(
+            "draft tokens the speculative model proposes per sequence and step",
+            flag="--speculative-model-tokens",
+            minimum=1,
+            metavar="K",
+            group=LIMITS_GROUP,
+        ),
+    )
     # auto: from the chat template (<tool_call>: hermes, [TOOL_CALLS]: mistral, Llama 3's JSON
     # call instructions or <|python_tag|>: llama3_json), chatglm3 for model_type chatglm, else
     # none (requests with tools are then refused).
@@ -524,6 +552,10 @@ class EngineSettings:
                 f"speculative_ngram_min ({self.speculative_ngram_min}) must be <= speculative_ngram_max "
                 f"({self.speculative_ngram_max})"
             )
+        if self.speculative_model and self.speculative_ngram_tokens > 0:
+            raise SettingsError("speculative_model and speculative_ngram_tokens: choose one way to draft tokens")
+        if self.speculative_model and self.tensor_parallel_size > 1:
+            raise SettingsError("speculative_model does not run with tensor_parallel_size > 1")
         if self.device_ids:
             ids = self.device_ids.split(",")
             if not all(i.strip().isdigit() for i in ids):

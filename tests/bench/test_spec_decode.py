@@ -30,3 +30,19 @@ def test_the_benchmark_reports_both_modes_and_identical_answers(tiny_model_dir: 
     assert [s["workload"] for s in summaries] == ["repetitive", "distinct"]
     assert all(s["identical_answers"] for s in summaries)
     assert runs[1]["accepted_tokens"] > 0  # the looping model's answers copy: drafts are accepted
+
+
+def test_the_benchmark_measures_a_draft_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = build_looping_model(tiny_model_dir, tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    cmd = [sys.executable, "-m", "benchmarks.spec_decode", "--model", str(model), "--draft-model", str(model),
+           "--tokens", "3", "--requests", "2", "--max-tokens", "24", "--workloads", "distinct"]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    runs = [line for line in lines if "mode" in line]
+    assert [r["mode"] for r in runs] == ["off", "draft-3"]
+    summary = next(line for line in lines if "speedup" in line)
+    assert summary["identical_answers"]
+    # The model drafting for itself: nearly every draft is accepted.
+    assert runs[1]["accepted_tokens"] >= 0.8 * runs[1]["draft_tokens"] > 0

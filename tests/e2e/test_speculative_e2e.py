@@ -1,9 +1,11 @@
-"""Speculative decoding through the real tritonserver: `triton-chat serve --speculative-ngram-tokens 4`.
+"""Speculative decoding through the real tritonserver: `triton-chat serve --speculative-ngram-tokens 4`
+and `triton-chat serve --speculative-model DIR`.
 
 The same greedy requests to a server without speculation and to one with it get the same
 answers, streamed and not, and the second's Triton metrics count accepted drafts. The model is
 the tiny one with its MLPs silenced (``tests/fixtures/looping_model.py``), whose answers copy
-and loop, so drafts are accepted.
+and loop, so n-gram drafts are accepted; as the draft model, the tiny random one (same tokenizer)
+proposes, and disagrees often.
 """
 
 from __future__ import annotations
@@ -84,3 +86,10 @@ def test_serve_with_speculation_answers_exactly_as_without(tiny_model_dir: Path,
     assert all(tokens == 48 for _, _, tokens, _ in on)
     drafted = metrics["triton_chat_spec_decode_num_draft_tokens"]
     assert 0 < metrics["triton_chat_spec_decode_num_accepted_tokens"] <= drafted
+    drafted_by_model, metrics = _answers(model, tmp_path / "draft", "--speculative-model", str(tiny_model_dir))
+    assert drafted_by_model == off
+    assert (
+        0
+        <= metrics["triton_chat_spec_decode_num_accepted_tokens"]
+        < metrics["triton_chat_spec_decode_num_draft_tokens"]
+    )

@@ -12,26 +12,26 @@ HEADS, DIM = 2, 3
 
 def test_the_longest_suffix_match_proposes_what_followed_it() -> None:
     # vLLM's documented example: [4, 2, 3] has no earlier match, [2, 3] does; 3 tokens follow it.
-    assert NgramProposer(4, 2, 3).propose([1, 2, 3, 4, 2, 3], limit=10) == [4, 2, 3]
+    assert NgramProposer(4, 2, 3).lookup([1, 2, 3, 4, 2, 3], limit=10) == [4, 2, 3]
     # The longest n wins over a shorter, later one: [7, 8, 9] matched at the start, not [8, 9].
     context = [7, 8, 9, 1, 2, 5, 8, 9, 3, 4, 7, 8, 9]
-    assert NgramProposer(2, 2, 3).propose(context, limit=10) == [1, 2]
+    assert NgramProposer(2, 2, 3).lookup(context, limit=10) == [1, 2]
 
 
 def test_of_equally_long_matches_the_earliest_is_used() -> None:
-    assert NgramProposer(1, 2, 2).propose([5, 6, 1, 5, 6, 2, 5, 6], limit=10) == [1]
+    assert NgramProposer(1, 2, 2).lookup([5, 6, 1, 5, 6, 2, 5, 6], limit=10) == [1]
 
 
 def test_no_proposal_below_the_shortest_n_or_past_the_limit() -> None:
-    assert NgramProposer(3, 2, 4).propose([1, 2, 3, 9, 3], limit=10) == []  # only a 1-gram repeats
-    assert NgramProposer(3, 1, 4).propose([1, 2, 3, 9, 3], limit=10) == [9, 3]
-    assert NgramProposer(3, 2, 4).propose([1, 2, 3, 4, 1, 2], limit=2) == [3, 4]
-    assert NgramProposer(3, 2, 4).propose([1, 2, 3, 4, 1, 2], limit=0) == []
-    assert NgramProposer(3, 2, 4).propose([1, 2], limit=5) == []
+    assert NgramProposer(3, 2, 4).lookup([1, 2, 3, 9, 3], limit=10) == []  # only a 1-gram repeats
+    assert NgramProposer(3, 1, 4).lookup([1, 2, 3, 9, 3], limit=10) == [9, 3]
+    assert NgramProposer(3, 2, 4).lookup([1, 2, 3, 4, 1, 2], limit=2) == [3, 4]
+    assert NgramProposer(3, 2, 4).lookup([1, 2, 3, 4, 1, 2], limit=0) == []
+    assert NgramProposer(3, 2, 4).lookup([1, 2], limit=5) == []
 
 
 def test_a_repeating_token_matches_itself_overlapping() -> None:
-    assert NgramProposer(4, 2, 3).propose([9, 9, 9, 9], limit=10) == [9]
+    assert NgramProposer(4, 2, 3).lookup([9, 9, 9, 9], limit=10) == [9]
 
 
 def _row(values: list[float]) -> list[tuple[torch.Tensor, torch.Tensor]]:
