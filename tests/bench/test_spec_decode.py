@@ -36,12 +36,13 @@ def test_the_benchmark_measures_a_draft_model(tiny_model_dir: Path, tmp_path: Pa
     model = build_looping_model(tiny_model_dir, tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     cmd = [sys.executable, "-m", "benchmarks.spec_decode", "--model", str(model), "--draft-model", str(model),
-           "--tokens", "3", "--requests", "2", "--max-tokens", "24", "--workloads", "distinct"]  # fmt: skip
+           "--tokens", "3", "--requests", "3", "--max-tokens", "24", "--workloads", "distinct",
+           "--concurrency", "2"]  # fmt: skip
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     runs = [line for line in lines if "mode" in line]
-    assert [r["mode"] for r in runs] == ["off", "draft-3"]
+    assert [(r["mode"], r["concurrency"], r["requests"]) for r in runs] == [("off", 2, 3), ("draft-3", 2, 3)]
     summary = next(line for line in lines if "speedup" in line)
     assert summary["identical_answers"]
     # The model drafting for itself: nearly every draft is accepted.
