@@ -49,7 +49,7 @@ from python_backend.model.threads import engine_thread_count, pinned_cpus, set_t
 from python_backend.protocol.errors import ContractError, ErrorInfo, engine_failed, invalid, shutting_down
 from python_backend.protocol.params import check_vocabulary
 from python_backend.protocol.settings import EngineSettings
-from python_backend.sampling.sampler import sample
+from python_backend.sampling.sampler import sample, take_rows
 from python_backend.text.token_text import TokenTexts
 
 logger = logging.getLogger(__name__)
@@ -425,7 +425,9 @@ class Engine:
                     seq.update_suppression()
                 else:
                     beams.setdefault(seq.request.request_id, []).append(i)
-            sampled = self._sample(logits[plain], [self._running[i].sampling for i in plain]) if plain else []
+            sampled = (
+                self._sample(take_rows(logits, plain), [self._running[i].sampling for i in plain]) if plain else []
+            )
         except Exception:
             self._fail_running()
             return

@@ -112,6 +112,12 @@ def _sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[int]:
     return chosen
 
 
+def take_rows(tensor: torch.Tensor, indexes: list[int]) -> torch.Tensor:
+    """``tensor[indexes]`` for ascending, distinct ``indexes``; all of them is the tensor itself,
+    not a copy (at 64 rows of a 49k vocabulary, a 12.6 MB copy each time)."""
+    return tensor if len(indexes) == tensor.shape[0] else tensor[indexes]
+
+
 def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[SampledToken]:
     """One token per row of ``logits`` ([rows, vocab], any float dtype)."""
     raw = logits.float()
@@ -130,12 +136,12 @@ def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[SampledToken]:
     tokens = [0] * len(rows)
     greedy = [i for i, r in enumerate(rows) if r.temperature <= 0.0]
     if greedy:
-        best = torch.argmax(processed[greedy], dim=1).tolist()
+        best = torch.argmax(take_rows(processed, greedy), dim=1).tolist()
         for i, token in zip(greedy, best, strict=True):
             tokens[i] = int(token)
     sampled = [i for i, r in enumerate(rows) if r.temperature > 0.0]
     if sampled:
-        picks = _sample_rows(processed[sampled], [rows[i] for i in sampled])
+        picks = _sample_rows(take_rows(processed, sampled), [rows[i] for i in sampled])
         for i, token in zip(sampled, picks, strict=True):
             tokens[i] = token
     for token, row in zip(tokens, rows, strict=True):

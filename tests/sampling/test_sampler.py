@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from python_backend.sampling.sampler import RowSampling, sample
+from python_backend.sampling.sampler import RowSampling, sample, take_rows
 
 
 def row(seed: int = 0, **overrides: Any) -> RowSampling:
@@ -119,3 +119,10 @@ def test_min_p_one_keeps_only_the_top_token_and_scales_with_temperature() -> Non
     # At temperature 3 token 2's probability is above half the top token's: min_p 0.5 keeps it.
     hot = {sample(logits, [row(seed=s, min_p=0.5, temperature=3.0)])[0].token_id for s in range(300)}
     assert hot == {0, 1, 2}
+
+
+def test_taking_every_row_is_the_tensor_itself_and_a_subset_is_a_copy() -> None:
+    logits = torch.randn(4, 10)
+    assert take_rows(logits, [0, 1, 2, 3]) is logits
+    subset = take_rows(logits, [1, 3])
+    assert torch.equal(subset, logits[[1, 3]]) and subset.data_ptr() != logits.data_ptr()
