@@ -193,18 +193,25 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--workloads", default="repetitive,distinct")
     parser.add_argument("--concurrency", type=int, default=1, help="requests in flight (closed loop; default 1)")
+    parser.add_argument(
+        "--disable-by-batch-size", type=int, default=0, metavar="N",
+        help="plain steps while more than N sequences run (speculative_disable_by_batch_size; default 0 = never)",
+    )  # fmt: skip
     parser.add_argument("--draft-model", type=Path, help="a draft model's folder: draft-model instead of n-gram drafts")
     args = parser.parse_args()
     # As in the Triton model: only the engine thread runs torch in parallel (model/threads.py).
     threads = serialize_current_thread()
     base = EngineSettings(model_path=str(args.model.expanduser()), dtype=args.dtype, torch_threads=threads)
     loaded = load_model(base)
+    speculating = replace(base, speculative_disable_by_batch_size=args.disable_by_batch_size)
     if args.draft_model is not None:
         draft = load_draft(str(args.draft_model.expanduser()), loaded.tokenizer, loaded.device, loaded.dtype, False)
-        on_settings = replace(base, speculative_model=str(args.draft_model), speculative_model_tokens=args.tokens)
+        on_settings = replace(
+            speculating, speculative_model=str(args.draft_model), speculative_model_tokens=args.tokens
+        )
         modes = [(loaded, base), (replace(loaded, draft=draft), on_settings)]
     else:
-        modes = [(loaded, base), (loaded, replace(base, speculative_ngram_tokens=args.tokens))]
+        modes = [(loaded, base), (loaded, replace(speculating, speculative_ngram_tokens=args.tokens))]
     try:
         for workload in args.workloads.split(","):
             prompts = prompts_for(workload, args.requests, args.max_tokens)

@@ -114,10 +114,9 @@ class Engine:
         # Every rank would have to agree on each row's drafts and accepted count: one device only.
         self._speculator = Speculator.from_settings(settings, loaded.draft) if ranks is None else None
         # Prompt tokens ride in the decode step's pass where the lean CPU step runs; speculation's
-        # verify steps and the batch-invariant kernels keep prefill in passes of its own.
+        # verify steps (``_mixes_now``) and the batch-invariant kernels keep prefill in passes of its own.
         fast = loaded.fast_decoder
         self._mixes = settings.mixed_prefill and fast is not None and fast.mixes and ranks is None
-        self._mixes = self._mixes and self._speculator is None
 
     # --- public interface (any thread) ----------------------------------------------------------
     def start(self) -> None:
@@ -243,7 +242,7 @@ class Engine:
                 self._wake.clear()
                 continue
             plan, hits = self._plan_step()
-            opened = self._prefiller.segments(plan, hits) if self._mixes else None
+            opened = self._prefiller.segments(plan, hits) if self._mixes_now() else None
             if opened:
                 self._mixed_step(plan, hits, opened)
             else:
@@ -252,6 +251,13 @@ class Engine:
                 with self._team.decode(len(self._running)):
                     self._decode_step()
             self._after_pass()
+
+    def _speculates_now(self) -> bool:
+        return self._speculator is not None and self._speculator.speculates(len(self._running))
+
+    def _mixes_now(self) -> bool:
+        """Whether this step's prompts may ride in its decode pass: not in a step that may verify drafts."""
+        return self._mixes and not self._speculates_now()
 
     def _reap_cancelled(self) -> None:
         """Drop requests cancelled by ``cancel()`` or seen cancelled by the watcher since the last step."""
@@ -381,7 +387,7 @@ class Engine:
     def _decode_step(self) -> None:
         if not self._running:
             return
-        if self._speculator is not None:
+        if self._speculator is not None and self._speculates_now():
             with_beams = any(self._group(s.request).beam is not None for s in self._running)
             plan = self._speculator.plan(self._running, with_beams)
             if plan is not None:

@@ -153,21 +153,26 @@ class StepCalls:
 class Speculator:
     """Plans and counts the verify steps of one engine."""
 
-    def __init__(self, proposer: Proposer) -> None:
+    def __init__(self, proposer: Proposer, disable_above: int = 0) -> None:
         self._proposer = proposer
+        self._disable_above = disable_above  # 0: never disabled by the batch size
         self.counters = SpecCounters()
 
     @staticmethod
     def from_settings(settings: EngineSettings, draft: DraftModel | None) -> Speculator | None:
+        above = settings.speculative_disable_by_batch_size
         if draft is not None:
-            return Speculator(DraftProposer(draft, settings.speculative_model_tokens))
+            return Speculator(DraftProposer(draft, settings.speculative_model_tokens), above)
         if settings.speculative_ngram_tokens <= 0:
             return None
-        return Speculator(
-            NgramProposer(
-                settings.speculative_ngram_tokens, settings.speculative_ngram_min, settings.speculative_ngram_max
-            )
+        ngram = NgramProposer(
+            settings.speculative_ngram_tokens, settings.speculative_ngram_min, settings.speculative_ngram_max
         )
+        return Speculator(ngram, above)
+
+    def speculates(self, rows: int) -> bool:
+        """Whether a step with ``rows`` running sequences may verify drafts at all."""
+        return self._disable_above == 0 or rows <= self._disable_above
 
     def plan(self, running: list[Sequence], beams: bool) -> DraftPlan | None:
         """This step's drafts, or None for a plain one-token step (``beams``: a beam-search

@@ -385,6 +385,23 @@ class EngineSettings:
             group=LIMITS_GROUP,
         ),
     )
+    # Speculation pays at low concurrency and costs at high (docs/performance.md): above this
+    # many running rows a step is a plain one, and prompts may ride in it again (mixed steps).
+    speculative_disable_by_batch_size: int = _setting(
+        0,
+        SettingInfo(
+            "speculative decoding: plain steps while more than N sequences run (vLLM's disable_by_batch_size); 0 = never",
+            flag="--speculative-disable-by-batch-size",
+            minimum=0,
+            metavar="N",
+            group=LIMITS_GROUP,
+            docs="with `speculative_ngram_tokens` or `speculative_model`: a step whose running batch has more "
+            "than N sequences verifies no drafts, and prompts then join it as in a step without speculation "
+            "(`mixed_prefill`), so speculation speeds up the quiet hours and costs nothing under load; `0`: "
+            "always speculate. See [performance](performance.md#speculative-decoding)",
+            docs_default="`0` (never)",
+        ),
+    )
     # Draft-model speculation: a small model sharing the tokenizer proposes tokens greedily and
     # the step verifies them as it verifies n-gram drafts. It pays where the draft is much smaller
     # than the model and agrees with it often; the draft runs row by row, so it suits low concurrency.

@@ -118,7 +118,7 @@ def test_speculation_and_batch_invariance_keep_prefill_separate(tiny_loaded: Loa
     for settings in ({"speculative_ngram_tokens": 3}, {"mixed_prefill": False}):
         engine = make_engine(tiny_loaded, **settings)
         try:
-            assert not engine._mixes
+            assert not engine._mixes_now()
         finally:
             engine.stop()
     engine = make_engine(tiny_loaded)

@@ -183,3 +183,16 @@ def test_streams_get_the_same_deltas_at_a_stream_interval(looping: LoadedModel) 
     on = run(looping, requests, stream_interval=3, **SPECULATIVE)
     assert_same(off, on)
     assert on.stats.spec_decode_num_accepted_tokens > 0
+
+
+def test_a_batch_above_the_threshold_decodes_plainly_and_answers_the_same(looping: LoadedModel) -> None:
+    requests = [(p, {"temperature": 0, "max_tokens": 40, "ignore_eos": True}) for p in REPETITIVE]
+    off = run(looping, requests)
+    always = run(looping, requests, **SPECULATIVE)
+    loaded = run(looping, requests, **SPECULATIVE, speculative_disable_by_batch_size=1)
+    assert_same(off, loaded)
+    # Four rows run together most of the time: only the tail, one row left, may speculate.
+    assert loaded.stats.spec_decode_num_steps < always.stats.spec_decode_num_steps
+    alone = run(looping, requests[1:2], **SPECULATIVE, speculative_disable_by_batch_size=1)
+    assert_same(run(looping, requests[1:2]), alone)
+    assert alone.stats.spec_decode_num_accepted_tokens > 0  # one row: at the threshold, it speculates

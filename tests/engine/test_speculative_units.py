@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from python_backend.engine.kv_cache import KVBatch
-from python_backend.engine.speculative import NgramProposer
+from python_backend.engine.speculative import NgramProposer, Speculator
 
 HEADS, DIM = 2, 3
 
@@ -82,3 +82,9 @@ def test_holes_follow_rows_through_joins_and_leaves() -> None:
     assert kv.hole_count == 1
     assert kv.keep([0]) == [0]
     assert kv.hole_count == 0 and _real_positions(kv) == [[9.0, 8.0, 7.0, 6.0, 5.0, 4.0]]
+
+
+def test_speculation_is_disabled_only_above_the_batch_threshold() -> None:
+    ngram = NgramProposer(4, 2, 3)
+    assert [Speculator(ngram, 4).speculates(rows) for rows in (1, 4, 5, 64)] == [True, True, False, False]
+    assert Speculator(ngram).speculates(64)  # 0: never disabled
