@@ -389,7 +389,11 @@ class Engine:
             return
         if self._speculator is not None and self._speculates_now():
             with_beams = any(self._group(s.request).beam is not None for s in self._running)
-            plan = self._speculator.plan(self._running, with_beams)
+            try:
+                plan = self._speculator.plan(self._running, with_beams)  # a draft model's passes
+            except Exception:
+                self._fail_running()
+                return
             if plan is not None:
                 self._verify_step(plan)
                 return

@@ -20,9 +20,10 @@ from python_backend.model.loader import LoadedModel, ModelLoadError, load_model
 from python_backend.protocol.settings import EngineSettings, SettingsError
 from tests.engine.test_speculative import DISTINCT, REPETITIVE, assert_same, run
 from tests.fixtures.device import engine_test_device
+from tests.fixtures.engine_driver import Driver, make_engine
 from tests.fixtures.tiny_models import VOCAB_SIZE, build_tiny_chat_model, train_tiny_tokenizer
 
-GREEDY = {"temperature": 0, "max_tokens": 32, "ignore_eos": True}
+GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 32, "ignore_eos": True}
 
 
 def _with_draft(model: Path, draft: Path, tokens: int = 3) -> LoadedModel:
@@ -102,3 +103,25 @@ def test_draft_model_and_ngram_drafts_are_exclusive() -> None:
         EngineSettings(model_path="m", speculative_model="d", speculative_ngram_tokens=2)
     with pytest.raises(SettingsError, match="tensor_parallel_size"):
         EngineSettings(model_path="m", speculative_model="d", tensor_parallel_size=2)
+
+
+def test_a_failing_draft_ends_the_running_requests_and_the_engine_serves_on(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded = _with_draft(tiny_model_dir, tiny_model_dir)
+    assert loaded.draft is not None
+    engine = make_engine(loaded, speculative_model="draft", speculative_model_tokens=3)
+    try:
+        driver = Driver(engine, loaded)
+        with monkeypatch.context() as patch:
+            patch.setattr(DraftProposer, "propose", _raise_memory_error)
+            failed = driver.submit(DISTINCT[0], **GREEDY).wait()
+        assert failed.error is not None and failed.error.status == 500
+        answered = driver.submit(DISTINCT[1], **GREEDY).wait()
+        assert answered.error is None and answered.usage().completion_tokens == 32
+    finally:
+        engine.stop()
+
+
+def _raise_memory_error(*args: Any, **kwargs: Any) -> list[int]:
+    raise MemoryError("the draft ran out of memory")
