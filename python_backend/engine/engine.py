@@ -236,6 +236,8 @@ class Engine:
             elif not self._ranks.step(self._reap_cancelled):
                 break
             self._after_pass()
+            if self._speculator is not None:
+                self._speculator.retain(self._running)
             if not (self._scheduler.has_prefill_work or self._running):
                 if self._ranks is None or self._ranks.leads:  # a follower waits in step()
                     self._wake.wait(_IDLE_WAIT_S)

@@ -1,10 +1,10 @@
 """Speculative decoding: drafts from a row's own tokens (n-gram prompt lookup) or from a draft
 model (``draft_proposer.py``), verified in one step.
 
-Owns ``NgramProposer`` (vLLM's ``ngram`` rule), the ``Proposer`` protocol both kinds follow, ``Speculator`` (which rows get drafts this step,
-the verify step's inputs, and its counters) and ``run_verify`` (turning the verify step's logits
-into each row's tokens and the cache positions to forget). The engine calls it from its decode
-step; verifying a row's drafts is ``python_backend.sampling.speculative``'s.
+Owns ``NgramProposer`` (vLLM's ``ngram`` rule), the ``Proposer`` protocol both kinds follow,
+``Speculator`` (which rows get drafts this step, the verify step's inputs, and its counters) and
+``run_verify`` (turning the verify step's logits into each row's tokens and the cache positions to
+forget). The engine calls it from its decode step; verifying a row's drafts is ``python_backend.sampling.speculative``'s.
 
 A step speculates only when it pays and is safe for every row: rows are fed a rectangular
 [rows, 1 + most drafts] block, so a row without drafts still pays for the widest row's
@@ -170,6 +170,11 @@ class Speculator:
         )
         return Speculator(ngram, above)
 
+    def retain(self, running: list[Sequence]) -> None:
+        """Forget the proposer's state of rows no longer running (every step, speculating or not,
+        so that a draft model's caches never outlive their rows)."""
+        self._proposer.retain(running)
+
     def speculates(self, rows: int) -> bool:
         """Whether a step with ``rows`` running sequences may verify drafts at all."""
         return self._disable_above == 0 or rows <= self._disable_above
@@ -183,7 +188,6 @@ class Speculator:
             s.rope_delta or s.request.media is not None or s.sampling.top_logprobs is not None for s in running
         ):
             return None
-        self._proposer.retain(running)
         drafts = [self._drafts(seq) for seq in running]
         plan = DraftPlan(drafts)
         if plan.drafted == 0 or 2 * plan.drafted < len(running) * (plan.width - 1):

@@ -8,6 +8,7 @@ exactly what it sees without speculation.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +126,24 @@ def test_a_failing_draft_ends_the_running_requests_and_the_engine_serves_on(
 
 def _raise_memory_error(*args: Any, **kwargs: Any) -> list[int]:
     raise MemoryError("the draft ran out of memory")
+
+
+def test_draft_caches_do_not_outlive_their_rows_under_load(self_drafted: LoadedModel) -> None:
+    """Rows drafted while the batch was small, then finished while it was large, leave nothing behind."""
+    engine = make_engine(self_drafted, speculative_model="draft", speculative_disable_by_batch_size=1)
+    try:
+        driver = Driver(engine, self_drafted)
+        first = driver.submit(DISTINCT[0], **{**GREEDY, "max_tokens": 40})
+        assert first.streaming.wait(30)
+        others = [driver.submit(p, **GREEDY) for p in DISTINCT[1:]]
+        for answer in [first, *others]:
+            assert answer.wait().error is None
+        assert engine.stats().spec_decode_num_draft_tokens > 0  # the first row was drafted alone
+        speculator = engine._speculator
+        assert speculator is not None
+        deadline = time.monotonic() + 10
+        while speculator._proposer.rows and time.monotonic() < deadline:  # type: ignore[attr-defined]
+            time.sleep(0.01)  # the loop forgets them on its next pass: no event to wait on
+        assert speculator._proposer.rows == 0  # type: ignore[attr-defined]
+    finally:
+        engine.stop()
