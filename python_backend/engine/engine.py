@@ -15,7 +15,6 @@ Transport-free: the Triton adapter (``python_backend.triton``) and the tests dri
 
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
 import time
@@ -43,6 +42,7 @@ from python_backend.engine.sequence import Sequence
 from python_backend.engine.speculative import DraftPlan, Speculator, StepCalls
 from python_backend.engine.step_sync import StepSync
 from python_backend.engine.thread_tuner import ComputeTeam, ThreadTuner, TunerPolicy
+from python_backend.model.cache_keyword import cache_keyword
 from python_backend.model.loader import LoadedModel
 from python_backend.model.lora import adapter_names
 from python_backend.model.threads import engine_thread_count, pinned_cpus, set_team_size, use_compute_threads
@@ -99,9 +99,7 @@ class Engine:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._heartbeat = Heartbeat()
-        # transformers 5 renamed `past_key_values` to `cache`; pass whichever this version takes.
-        forward_args = inspect.signature(loaded.transformers_model.forward).parameters
-        self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
+        self._cache_arg = cache_keyword(loaded.transformers_model)
         self._threads = engine_thread_count(settings.torch_threads)
         on_cpu = loaded.device.type == "cpu"
         bind = settings.cpu_bind_threads

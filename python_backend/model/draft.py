@@ -11,7 +11,6 @@ often it agrees with the model).
 
 from __future__ import annotations
 
-import inspect
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,8 @@ from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from python_backend.model.cache_keyword import cache_keyword
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class DraftModel:
     model: Any  # the transformers PreTrainedModel
     vocab_size: int  # the shared tokenizer's size: logits past it (padding rows) are never proposed
     device: torch.device
-    cache_arg: str  # the forward's cache keyword: transformers 5 renamed past_key_values to cache
+    cache_arg: str  # the forward's cache keyword (cache_keyword.py)
 
 
 def load_draft(
@@ -58,5 +59,4 @@ def load_draft(
     model.to(device)  # type: ignore[arg-type]  # transformers' typed wrapper of nn.Module.to
     model.eval()
     logger.info("loaded draft model %s (%s, %s)", folder.name, device, dtype)
-    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    return DraftModel(model=model, vocab_size=len(tokenizer), device=device, cache_arg=cache_arg)
+    return DraftModel(model=model, vocab_size=len(tokenizer), device=device, cache_arg=cache_keyword(model))

@@ -1,7 +1,8 @@
 """Compiling a C source of this package into a shared library once, and loading it.
 
-Owns ``build_library`` and ``bind_functions`` (each dtype's C entry point, typed). ``build_library``: compile with the machine's C compiler (``$CC``, ``cc`` or ``gcc``) into
-the user's cache, keyed by the source, the flags and the CPU (the libraries are built with
+Owns ``build_library`` and ``bind_functions`` (each dtype's C entry point, typed).
+``build_library``: compile with the machine's C compiler (``$CC``, ``cc`` or ``gcc``) into the
+user's cache, keyed by the source, the flags and the CPU (the libraries are built with
 ``-march=native``), reuse the file afterwards, and return None with the reason logged when there
 is no compiler or the build fails, so every caller keeps a pure-PyTorch fallback.
 
