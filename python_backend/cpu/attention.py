@@ -83,7 +83,11 @@ def grouped_matmul_attention(
     batch, heads, _, dim = query.shape
     kv_heads = key.shape[1]
     group = heads // kv_heads
-    grouped = query.reshape(batch, kv_heads, group, dim).to(key.dtype)
+    # The wider dtype of the two: a float32 cache under a 16-bit model, or a float32 model's query
+    # over a bfloat16 cache (kv_cache_dtype bfloat16, widened here only without the C kernel).
+    wide = torch.promote_types(query.dtype, key.dtype)
+    key, value = key.to(wide), value.to(wide)
+    grouped = query.reshape(batch, kv_heads, group, dim).to(wide)
     scores = torch.matmul(grouped, key.transpose(-1, -2)).float() * scale
     if attention_mask is not None:
         # sdpa_mask gives a boolean [B, 1, q, L] (True = attend) or an additive float mask.

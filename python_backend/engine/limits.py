@@ -82,8 +82,8 @@ class Limits:
             # The prefix cache's keys/values come out of the same budget: together they stay in it.
             kv_budget_tokens=max((budget_bytes - prefix_bytes) // per_token, 1),
             kv_bytes_per_token=per_token,
-            # Cached prefixes come from prefill caches, which hold the model's dtype.
-            prefix_cache_tokens=prefix_bytes // kv_bytes_per_token(loaded, loaded.dtype),
+            # Cached prefixes come from prefill caches.
+            prefix_cache_tokens=prefix_bytes // kv_bytes_per_token(loaded, loaded.prompt_kv_dtype),
         )
         logger.info(
             "limits: max_seq_len=%d max_input_tokens=%d max_iter_times=%d kv_budget=%d tokens (%.0f MiB) "

@@ -96,11 +96,15 @@ class Prefiller:
             if request.params.use_beam_search or rows_needed(request) != 1:
                 continue  # beams move between rows; best_of keeps only some candidates
             tokens = request.prompt_ids + seq.tokens[:-1]  # the last token was never fed back
-            # Stored in the model's dtype, as prefill caches are (the batch may keep float32).
-            dtype = self._loaded.dtype
+            # Stored in the prefill caches' dtype (the batch may keep float32 under a 16-bit model).
+            dtype = self._loaded.prompt_kv_dtype
             states: LayerStates = [(k.to(dtype), v.to(dtype)) for k, v in KVBatch.row_states(kv.cache, i, kv.pad[i])]
             if states[0][0].shape[-2] == len(tokens):
                 self._prefix.insert(tokens, states, _namespace(request))
+
+    def _new_cache(self) -> BatchCache:
+        """A prefill's own cache, in ``prompt_kv_dtype`` (loader.py)."""
+        return BatchCache(self._loaded.prompt_kv_dtype)
 
     def _offer_prefix(self, group: RequestGroup, cache: BatchCache, row: int, pad: int) -> None:
         """Keep a prefilled prompt's keys/values for later prompts that start the same way."""
@@ -122,7 +126,7 @@ class Prefiller:
             opened.append(self._chunk_segment(plan.resumed, None))
         for entry in plan.batch:
             group = entry.group
-            cache = BatchCache()
+            cache = self._new_cache()
             hit = hits.get(group.request.request_id)
             if hit is not None and entry.cached:
                 cache.set_layer_states(hit.layer_slice(entry.cached))  # copied into its own cache
@@ -137,7 +141,7 @@ class Prefiller:
     def _chunk_segment(self, chunk: PrefillChunk, hit: PrefixHit | None) -> OpenSegment:
         group = chunk.group
         if group.prefill_cache is None:
-            group.prefill_cache = BatchCache()
+            group.prefill_cache = self._new_cache()
             if hit is not None and chunk.cached:
                 group.prefill_cache.set_layer_states(hit.states)
                 group.cached_tokens = chunk.cached
@@ -165,7 +169,7 @@ class Prefiller:
         """Compute one chunk of a long prompt (``hit``: the cached keys/values of its first)."""
         group = chunk.group
         if group.prefill_cache is None:
-            group.prefill_cache = BatchCache()
+            group.prefill_cache = self._new_cache()
             if hit is not None and chunk.cached:
                 group.prefill_cache.set_layer_states(hit.states)  # copied into the group's own cache
                 group.cached_tokens = chunk.cached
@@ -225,7 +229,7 @@ class Prefiller:
         )
         mask = torch.tensor([[0] * pad + [1] * len(p) for pad, p in zip(pads, prompts, strict=True)], dtype=torch.long)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, past:]
-        cache = BatchCache()
+        cache = self._new_cache()
         wanted = any(_scores(g) for g in groups)
         try:
             if past:
@@ -308,7 +312,7 @@ class Prefiller:
         request, loaded = group.request, self._loaded
         if request.media is None:
             raise RuntimeError("not a media request")
-        cache = BatchCache()
+        cache = self._new_cache()
         try:
             prefill = media_prefill_inputs(
                 loaded.transformers_model,

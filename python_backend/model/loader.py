@@ -71,6 +71,16 @@ class LoadedModel:
     draft: DraftModel | None = None  # draft-model speculation's proposer model (draft.py)
 
     @property
+    def prompt_kv_dtype(self) -> torch.dtype:
+        """The keys/values of prefills and the prefix cache: the model's dtype, or the running batch's
+        where that is narrower (``--kv-cache-dtype bfloat16`` under a float32 model), so that every
+        attention reads the same rounded keys and values, cold or from the prefix cache."""
+        kv = self.kv_dtype
+        if kv is not None and kv.is_floating_point and torch.finfo(kv).bits < torch.finfo(self.dtype).bits:
+            return kv
+        return self.dtype
+
+    @property
     def uses_mrope(self) -> bool:
         """Qwen2-VL's 3-D rotary positions: media prefill needs the model's rope index."""
         return self.model_type in VISION_MODEL_TYPES
@@ -138,6 +148,15 @@ def _invariant_kernel(settings: EngineSettings, cpu_text: bool, dtype: torch.dty
     return kernel
 
 
+def _narrow_kv_dtype(cpu_text: bool, dtype: torch.dtype) -> torch.dtype | None:
+    """The running batch's storage for ``kv_cache_dtype`` bfloat16, or why this model cannot have it."""
+    if not cpu_text:
+        raise ModelLoadError("kv_cache_dtype 'bfloat16' is for text models on CPU; use 'auto' for this model")
+    if dtype == torch.float16:
+        raise ModelLoadError("kv_cache_dtype 'bfloat16' needs a float32 or bfloat16 model, not float16")
+    return torch.bfloat16 if dtype == torch.float32 else None  # a bfloat16 model's own dtype
+
+
 def load_model(settings: EngineSettings) -> LoadedModel:
     """Load the folder named by ``settings.model_path`` onto the chosen device and dtype."""
     folder = Path(settings.model_path).expanduser()
@@ -185,6 +204,8 @@ def load_model(settings: EngineSettings) -> LoadedModel:
         extra["attn_implementation"] = use_decode_attention(kernel)
         if kernel is None and settings.kv_cache_dtype == "auto" and placement.dtype in (torch.bfloat16, torch.float16):
             kv_dtype = torch.float32
+    if settings.kv_cache_dtype == "bfloat16":
+        kv_dtype = _narrow_kv_dtype(cpu_text, placement.dtype)
     base = model_class.from_pretrained(
         str(folder), dtype=placement.dtype, local_files_only=True, trust_remote_code=remote, **extra
     )

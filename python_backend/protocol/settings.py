@@ -20,7 +20,7 @@ MISTRAL = "mistral"
 TOOL_PARSERS = (HERMES, CHATGLM3, LLAMA3_JSON, MISTRAL)
 TOOL_CALL_PARSER_CHOICES = ("auto", *TOOL_PARSERS, "none")
 REASONING_PARSER_CHOICES = ("auto", "think", "none")
-KV_CACHE_DTYPE_CHOICES = ("auto", "model")
+KV_CACHE_DTYPE_CHOICES = ("auto", "model", "bfloat16")
 DEVICE_BASES = ("auto", "cpu", "cuda", "npu")
 
 MODEL_GROUP = "model"
@@ -526,16 +526,21 @@ class EngineSettings:
         ),
     )
     # auto keeps float32 keys/values for a 16-bit text model on CPU without the C kernel:
-    # PyTorch's decode attention is 2-5x faster that way, for twice the KV memory.
+    # PyTorch's decode attention is 2-5x faster that way, for twice the KV memory. bfloat16 halves
+    # a float32 model's KV bytes, which decode attention reads from DRAM every step.
     kv_cache_dtype: str = _setting(
         "auto",
         SettingInfo(
-            "auto: the model's dtype, or float32 for a 16-bit model on CPU without the C kernel; model: its dtype",
+            "auto: the model's dtype, or float32 for a 16-bit model on CPU without the C kernel; model: its "
+            "dtype; bfloat16: CPU, keys/values of a float32 model stored in bfloat16",
             flag="--kv-cache-dtype",
             choices=KV_CACHE_DTYPE_CHOICES,
             docs="`auto`: the model's dtype, except that a 16-bit text model on CPU without the C attention "
             "kernel keeps float32 keys/values (faster PyTorch attention, twice the memory); `model`: always "
-            "the model's dtype",
+            "the model's dtype; `bfloat16` (text models on CPU): a float32 model's keys and values are "
+            "rounded to bfloat16 when they are stored, prompts and prefix cache included, and attention reads "
+            "them widened back: half the KV memory and half the bytes each decode step reads, for outputs "
+            "that differ from `auto`'s within bfloat16 rounding",
         ),
     )
     # Off by default: it costs throughput (docs/performance.md) that most deployments would rather have.
@@ -571,6 +576,10 @@ class EngineSettings:
             )
         if self.speculative_model and self.speculative_ngram_tokens > 0:
             raise SettingsError("speculative_model and speculative_ngram_tokens: choose one way to draft tokens")
+        if self.kv_cache_dtype == "bfloat16" and self.batch_invariant:
+            raise SettingsError(
+                "kv_cache_dtype bfloat16 does not run with batch_invariant (its kernel reads the model's dtype)"
+            )
         if self.speculative_model and self.tensor_parallel_size > 1:
             raise SettingsError("speculative_model does not run with tensor_parallel_size > 1")
         if self.device_ids:

@@ -1,5 +1,5 @@
-"""The C decode-attention kernels (bfloat16 and float32 caches) equal float32 attention, and building
-them fails over to PyTorch."""
+"""The C decode-attention kernels (bfloat16 and float32 caches, float32 queries over either) equal
+float32 attention, and building them fails over to PyTorch."""
 
 from __future__ import annotations
 
@@ -131,11 +131,47 @@ def test_float32_kernel_matches_sdpa(
     assert torch.allclose(got, expected, atol=1e-5, rtol=1e-4)
 
 
-def test_mixed_dtypes_never_reach_the_kernel(kernel: DecodeAttentionKernel) -> None:
+_FLOAT32_SHAPES = [
+    (1, 9, 3, 1, 64),
+    (4, 9, 3, 37, 64),
+    (2, 8, 8, 19, 128),
+    (2, 9, 3, 150, 64),
+    (3, 16, 4, 33, 128),
+    (2, 4, 2, 24, 36),
+]
+
+
+@pytest.mark.parametrize(("batch", "heads", "kv_heads", "length", "dim"), _FLOAT32_SHAPES)
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_float32_query_over_a_bfloat16_cache_equals_the_widened_cache(
+    kernel: DecodeAttentionKernel, batch: int, heads: int, kv_heads: int, length: int, dim: int, padded: bool
+) -> None:
+    """kv_cache_dtype bfloat16 under a float32 model: the same sums as over the widened rows, bit
+    for bit (only the storage differs), and within bfloat16 rounding of the float32 cache."""
+    torch.manual_seed(batch * 7 + length)
+    query = torch.randn(batch, heads, 1, dim)
+    key = torch.randn(batch, kv_heads, length + 5, dim)[:, :, :length]
+    value = torch.randn(batch, kv_heads, length + 5, dim)[:, :, :length]
+    keep = torch.ones(batch, length, dtype=torch.bool)
+    if padded and length > 1:
+        keep[-1, : length // 3 + 1] = False
+    narrow_key, narrow_value = key.bfloat16(), value.bfloat16()
+    assert kernel.handles(query, narrow_key, narrow_value)
+    got = kernel.attend(query, narrow_key, narrow_value, keep, dim**-0.5)
+    assert got.dtype == torch.float32 and got.shape == (batch, 1, heads, dim)
+    assert torch.equal(got, kernel.attend(query, narrow_key.float(), narrow_value.float(), keep, dim**-0.5))
+    full = kernel.attend(query, key, value, keep, dim**-0.5)
+    assert torch.allclose(got, full, atol=2e-2, rtol=2e-2)
+    assert not torch.equal(got, full)  # the rounding is real: the cache did hold bfloat16
+
+
+def test_mixed_dtypes_the_kernel_has_no_variant_for_never_reach_it(kernel: DecodeAttentionKernel) -> None:
     query, key = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 5, 16)
     assert not kernel.handles(query.bfloat16(), key, key)  # a bfloat16 model over a float32 cache
     assert not kernel.handles(query.half(), key.half(), key.half())
+    assert not kernel.handles(query, key.bfloat16(), key)
     assert kernel.handles(query.bfloat16(), key.bfloat16(), key.bfloat16())
+    assert kernel.handles(query, key.bfloat16(), key.bfloat16())  # a float32 model, kv_cache_dtype bfloat16
 
 
 def test_the_library_is_built_once_and_reused(tmp_path: Path) -> None:

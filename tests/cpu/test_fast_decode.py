@@ -13,11 +13,18 @@ from tests.fixtures.onednn import BF16_PACK_SKIP
 
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
 # The lean step needs prepacked weights, which bfloat16 has only where oneDNN has its kernels.
-@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=BF16_PACK_SKIP)])
+@pytest.mark.parametrize(
+    ("dtype", "kv_cache_dtype"),
+    [
+        ("float32", "auto"),
+        ("float32", "bfloat16"),  # a bfloat16 cache under a float32 model
+        pytest.param("bfloat16", "auto", marks=BF16_PACK_SKIP),
+    ],
+)
 def test_fast_decode_logits_equal_the_model_forward(
-    family: str, dtype: str, tiny_model_dir: Path, tiny_llama_dir: Path
+    family: str, dtype: str, kv_cache_dtype: str, tiny_model_dir: Path, tiny_llama_dir: Path
 ) -> None:
-    loaded = load_on_cpu(tiny_model_dir if family == "qwen2" else tiny_llama_dir, dtype)
+    loaded = load_on_cpu(tiny_model_dir if family == "qwen2" else tiny_llama_dir, dtype, kv_cache_dtype=kv_cache_dtype)
     fast = loaded.fast_decoder
     assert fast is not None
     prompts = [list(range(3, 40)), list(range(50, 61)), list(range(7, 30, 2))]

@@ -28,7 +28,12 @@ from python_backend.cpu.native.build import bind_functions, build_library
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
-_SYMBOLS = {torch.bfloat16: "triton_chat_decode_attention_bf16", torch.float32: "triton_chat_decode_attention_f32"}
+# (query dtype, cache dtype) -> entry point; the output has the query's dtype.
+_SYMBOLS = {
+    (torch.bfloat16, torch.bfloat16): "triton_chat_decode_attention_bf16",
+    (torch.float32, torch.float32): "triton_chat_decode_attention_f32",
+    (torch.float32, torch.bfloat16): "triton_chat_decode_attention_f32_bf16kv",  # --kv-cache-dtype bfloat16
+}
 
 
 class KernelError(RuntimeError):
@@ -59,18 +64,19 @@ _ARGTYPES = (
 
 class DecodeAttentionKernel:
     """``attend(query, key, value, mask, scaling)`` for one query row per sequence, bfloat16 or
-    float32 cache."""
+    float32 cache (a float32 query may read a bfloat16 cache)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._functions = bind_functions(library, _SYMBOLS, _ARGTYPES)
 
     @staticmethod
     def handles(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
-        """Whether these tensors are in a form the kernel reads: bfloat16 or float32 on CPU, rows contiguous."""
+        """Whether these tensors are in a form the kernel reads: on CPU, rows contiguous, a bfloat16
+        query over a bfloat16 cache or a float32 query over a float32 or bfloat16 cache."""
         return (
             query.device.type == "cpu"
-            and query.dtype == key.dtype == value.dtype
-            and query.dtype in _SYMBOLS
+            and key.dtype == value.dtype
+            and (query.dtype, key.dtype) in _SYMBOLS
             and query.dim() == 4
             and query.shape[2] == 1
             and key.stride(-1) == 1
@@ -91,7 +97,7 @@ class DecodeAttentionKernel:
         query = query.contiguous()
         out = torch.empty((batch, 1, heads, dim), dtype=query.dtype)
         keep = mask.to(torch.uint8).contiguous() if mask is not None else None
-        status = self._functions[query.dtype](
+        status = self._functions[(query.dtype, key.dtype)](
             query.data_ptr(), query.stride(0), query.stride(1),
             key.data_ptr(), key.stride(0), key.stride(1), key.stride(2),
             value.data_ptr(), value.stride(0), value.stride(1), value.stride(2),

@@ -22,11 +22,11 @@ import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import Any, TypeVar
 
 logger = logging.getLogger(__name__)
+
+Key = TypeVar("Key")
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-shared")
 _BUILD_TIMEOUT_S = 120
@@ -92,11 +92,10 @@ def build_library(source: Path, cache_dir: Path | None = None, extra_flags: tupl
         return None
 
 
-def bind_functions(
-    library: ctypes.CDLL, symbols: Mapping[torch.dtype, str], argtypes: Sequence[Any]
-) -> dict[torch.dtype, Any]:
-    """Each dtype's entry point in ``library``, typed: ``argtypes`` as given, an int status returned."""
-    functions: dict[torch.dtype, Any] = {}
+def bind_functions(library: ctypes.CDLL, symbols: Mapping[Key, str], argtypes: Sequence[Any]) -> dict[Key, Any]:
+    """Each key's (a dtype, or dtypes) entry point in ``library``, typed: ``argtypes`` as given, an
+    int status returned."""
+    functions: dict[Key, Any] = {}
     for dtype, symbol in symbols.items():
         function = getattr(library, symbol)
         function.restype = ctypes.c_int

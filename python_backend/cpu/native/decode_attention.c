@@ -8,6 +8,7 @@
  * 16 positions at a time (their horizontal sums share one reduction tree) and, for head sizes 64
  * and 128, the weighted sum of values keeps its accumulators in registers; other sizes take the
  * plain loops, where the G query heads that share a KV head read each key and value row once.
+ * The float32-query variants below (a float32 model's) read a float32 or a bfloat16 cache.
  */
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
@@ -237,6 +238,34 @@ int triton_chat_decode_attention_bf16(
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define HAVE_AVX2_F32 1
+#endif
+
+/* The float32-query kernel reads its cache through these: NARROW is 0 for a float32 cache (a
+ * float32 model's) and 1 for a bfloat16 one (``--kv-cache-dtype bfloat16`` under a float32 model:
+ * half the bytes per step, each element widened exactly). Every caller passes a constant, so each
+ * variant compiles to straight-line loads. */
+static inline __attribute__((always_inline)) const void *advance(const void *base, int64_t count, const int narrow) {
+    return narrow ? (const void *)((const uint16_t *)base + count) : (const void *)((const float *)base + count);
+}
+
+/* Row ``index`` of the cache as float32: in place for a float32 cache, else widened into ``row``.
+ * Both dtypes then go through the same loops, so they sum in the same order. */
+static inline __attribute__((always_inline)) const float *row_f32(const void *base, int64_t index, int64_t dim,
+                                                                  float *row, const int narrow) {
+    if (!narrow) return (const float *)base + index;
+    const uint16_t *bits = (const uint16_t *)base + index;
+    for (int64_t d = 0; d < dim; ++d) row[d] = bf16_to_float(bits[d]);
+    return row;
+}
+
+#ifdef HAVE_AVX2_F32
+static inline __attribute__((always_inline)) __m256 load8(const void *base, int64_t index, const int narrow) {
+    if (narrow) {
+        const __m128i bits = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + index));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+    }
+    return _mm256_loadu_ps((const float *)base + index);
+}
 
 /* Lane j of the result is the sum of the 8 lanes of v[j]. */
 static inline __m256 hsum8x8(const __m256 v[8]) {
@@ -246,59 +275,67 @@ static inline __m256 hsum8x8(const __m256 v[8]) {
     return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
 }
 
+/* The sum of v's 8 lanes, by a fixed tree. */
+static inline float hsum8(__m256 v) {
+    const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
+}
+
 /* scale * q . k for the 8 positions from l (dim a multiple of 8): 8 accumulators, one reduction. */
-static inline void scores8_f32(const float *qrow, const float *kbase, int64_t k_stride_l, int64_t l, int64_t dim,
-                               float scale, float *out) {
+static inline __attribute__((always_inline)) void scores8_f32(const float *qrow, const void *kbase, int64_t k_stride_l,
+                                                              int64_t l, int64_t dim, float scale, float *out,
+                                                              const int narrow) {
     __m256 acc[8];
     for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
     for (int64_t d = 0; d < dim; d += 8) {
         const __m256 qv = _mm256_loadu_ps(qrow + d);
-        for (int j = 0; j < 8; ++j)
-            acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kbase + (l + j) * k_stride_l + d), acc[j]);
+        for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, load8(kbase, (l + j) * k_stride_l + d, narrow), acc[j]);
     }
     _mm256_storeu_ps(out, _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
 }
 
 /* acc[0:dim] = sum over l of p[l] * v[l, 0:dim], CHUNKS = dim / 8 accumulators in registers. */
-static inline __attribute__((always_inline)) void weighted_values_f32_n(const float *p, const float *vbase,
+static inline __attribute__((always_inline)) void weighted_values_f32_n(const float *p, const void *vbase,
                                                                         int64_t v_stride_l, int64_t first,
-                                                                        int64_t length, const int chunks, float *acc) {
+                                                                        int64_t length, const int chunks, float *acc,
+                                                                        const int narrow) {
     __m256 a[16];
     for (int c = 0; c < chunks; ++c) a[c] = _mm256_setzero_ps();
     for (int64_t l = first; l < length; ++l) {
         const __m256 w = _mm256_set1_ps(p[l]);
-        const float *vr = vbase + l * v_stride_l;
-        for (int c = 0; c < chunks; ++c) a[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * c), a[c]);
+        for (int c = 0; c < chunks; ++c) a[c] = _mm256_fmadd_ps(w, load8(vbase, l * v_stride_l + 8 * c, narrow), a[c]);
     }
     for (int c = 0; c < chunks; ++c) _mm256_storeu_ps(acc + 8 * c, a[c]);
 }
 
 /* The same with the chunk count a constant in each branch, so that the compiler unrolls the inner
  * loop instead of testing the count at every position. */
-static inline void weighted_values_f32(const float *p, const float *vbase, int64_t v_stride_l, int64_t first,
-                                       int64_t length, const int chunks, float *acc) {
+static inline __attribute__((always_inline)) void weighted_values_f32(const float *p, const void *vbase,
+                                                                      int64_t v_stride_l, int64_t first, int64_t length,
+                                                                      const int chunks, float *acc, const int narrow) {
     switch (chunks) {
-    case 8: weighted_values_f32_n(p, vbase, v_stride_l, first, length, 8, acc); break;
-    case 16: weighted_values_f32_n(p, vbase, v_stride_l, first, length, 16, acc); break;
-    case 4: weighted_values_f32_n(p, vbase, v_stride_l, first, length, 4, acc); break;
-    default: weighted_values_f32_n(p, vbase, v_stride_l, first, length, chunks, acc); break;
+    case 8: weighted_values_f32_n(p, vbase, v_stride_l, first, length, 8, acc, narrow); break;
+    case 16: weighted_values_f32_n(p, vbase, v_stride_l, first, length, 16, acc, narrow); break;
+    case 4: weighted_values_f32_n(p, vbase, v_stride_l, first, length, 4, acc, narrow); break;
+    default: weighted_values_f32_n(p, vbase, v_stride_l, first, length, chunks, acc, narrow); break;
     }
 }
 #endif
 
-/* The same attention over a float32 cache (a float32 model's). With AVX2 and FMA, and head sizes
- * that are multiples of 8 up to 128, scores are computed 8 positions at a time (one reduction for
- * 8 scores, each block of key rows read from L1 by the G query heads that share it) and each
- * head's weighted sum of values keeps its accumulators in registers; otherwise plain loops that
- * the compiler vectorizes over the head dimension. Two batched matmuls instead read the cache
- * twice and copy the scores between them. */
-int triton_chat_decode_attention_f32(
+/* Attention of float32 queries over a float32 (NARROW 0) or bfloat16 (NARROW 1) cache. With AVX2
+ * and FMA, and head sizes that are multiples of 8 up to 128, scores are computed 8 positions at a
+ * time (one reduction for 8 scores, each block of key rows read from L1 by the G query heads that
+ * share it) and each head's weighted sum of values keeps its accumulators in registers; otherwise
+ * plain loops that the compiler vectorizes over the head dimension. Two batched matmuls instead
+ * read the cache twice and copy the scores between them. */
+static inline __attribute__((always_inline)) int decode_attention_f32q(
     const float *q, int64_t q_stride_b, int64_t q_stride_h,
-    const float *k, int64_t k_stride_b, int64_t k_stride_h, int64_t k_stride_l,
-    const float *v, int64_t v_stride_b, int64_t v_stride_h, int64_t v_stride_l,
+    const void *k, int64_t k_stride_b, int64_t k_stride_h, int64_t k_stride_l,
+    const void *v, int64_t v_stride_b, int64_t v_stride_h, int64_t v_stride_l,
     const uint8_t *mask, int64_t mask_stride_b,
     float *out, int64_t out_stride_b, int64_t out_stride_h,
-    int64_t batch, int64_t heads, int64_t kv_heads, int64_t length, int64_t dim, float scale)
+    int64_t batch, int64_t heads, int64_t kv_heads, int64_t length, int64_t dim, float scale, const int narrow)
 {
     if (dim <= 0 || kv_heads <= 0 || heads % kv_heads || length < 0) return -1;
     const int64_t group = heads / kv_heads;
@@ -307,8 +344,9 @@ int triton_chat_decode_attention_f32(
 
 #pragma omp parallel
     {
-        /* Per thread: scores [group][length], acc [group][dim], each head's maximum and sum. */
-        float *scores = (float *)malloc(sizeof(float) * (size_t)(group * span + group * dim + 2 * group));
+        /* Per thread: scores [group][length], acc [group][dim], each head's maximum and sum, a
+         * widened cache row [dim]. */
+        float *scores = (float *)malloc(sizeof(float) * (size_t)(group * span + group * dim + 2 * group + dim));
         if (scores == NULL) {
 #pragma omp atomic write
             status = -2;
@@ -320,10 +358,11 @@ int triton_chat_decode_attention_f32(
                 float *acc = scores + group * span;
                 float *top = acc + group * dim;
                 float *total = top + group;
+                float *wide = total + group;
                 const uint8_t *keep = mask ? mask + b * mask_stride_b : NULL;
                 const float *qbase = q + b * q_stride_b + kh * group * q_stride_h;
-                const float *kbase = k + b * k_stride_b + kh * k_stride_h;
-                const float *vbase = v + b * v_stride_b + kh * v_stride_h;
+                const void *kbase = advance(k, b * k_stride_b + kh * k_stride_h, narrow);
+                const void *vbase = advance(v, b * v_stride_b + kh * v_stride_h, narrow);
                 for (int64_t g = 0; g < group; ++g) {
                     top[g] = MASKED;
                     memset(acc + g * dim, 0, sizeof(float) * (size_t)dim);
@@ -343,16 +382,18 @@ int triton_chat_decode_attention_f32(
                     const int64_t blocked = first + (length - first) / 8 * 8;
                     for (int64_t l = first; l < blocked; l += 8)
                         for (int64_t g = 0; g < group; ++g)
-                            scores8_f32(qbase + g * q_stride_h, kbase, k_stride_l, l, dim, scale, scores + g * span + l);
+                            scores8_f32(qbase + g * q_stride_h, kbase, k_stride_l, l, dim, scale, scores + g * span + l,
+                                        narrow);
                     for (int64_t g = 0; g < group; ++g) {
                         const float *qr = qbase + g * q_stride_h;
                         float *s = scores + g * span;
                         for (int64_t l = 0; l < first; ++l) s[l] = MASKED;
                         for (int64_t l = blocked; l < length; ++l) {
-                            const float *kr = kbase + l * k_stride_l;
-                            float dot = 0.0f;
-                            for (int64_t d = 0; d < dim; ++d) dot += qr[d] * kr[d];
-                            s[l] = dot * scale;
+                            /* Spelled out, so that both cache dtypes sum in the same order. */
+                            __m256 dot = _mm256_setzero_ps();
+                            for (int64_t d = 0; d < dim; d += 8)
+                                dot = _mm256_fmadd_ps(_mm256_loadu_ps(qr + d), load8(kbase, l * k_stride_l + d, narrow), dot);
+                            s[l] = hsum8(dot) * scale;
                         }
                         float m = MASKED;
                         for (int64_t l = 0; l < length; ++l) {
@@ -368,7 +409,7 @@ int triton_chat_decode_attention_f32(
                         for (int64_t g = 0; g < group; ++g) scores[g * span + l] = MASKED;
                         continue;
                     }
-                    const float *kr = kbase + l * k_stride_l;
+                    const float *kr = row_f32(kbase, l * k_stride_l, dim, wide, narrow);
                     for (int64_t g = 0; g < group; ++g) {
                         const float *qr = qbase + g * q_stride_h;
                         float dot = 0.0f;
@@ -387,12 +428,12 @@ int triton_chat_decode_attention_f32(
                     while (keep && first < length && !keep[first]) ++first;
                     for (int64_t g = 0; g < group; ++g)
                         weighted_values_f32(scores + g * span, vbase, v_stride_l, first, length, (int)(dim / 8),
-                                            acc + g * dim);
+                                            acc + g * dim, narrow);
                 }
 #endif
                 for (int64_t l = 0; l < length && !vector; ++l) {
                     if (keep && !keep[l]) continue;
-                    const float *vr = vbase + l * v_stride_l;
+                    const float *vr = row_f32(vbase, l * v_stride_l, dim, wide, narrow);
                     for (int64_t g = 0; g < group; ++g) {
                         const float p = scores[g * span + l];
                         float *a = acc + g * dim;
@@ -410,4 +451,32 @@ int triton_chat_decode_attention_f32(
         free(scores);
     }
     return status;
+}
+
+/* Returns 0 on success, -1 on bad sizes, -2 when out of memory. */
+int triton_chat_decode_attention_f32(
+    const float *q, int64_t q_stride_b, int64_t q_stride_h,
+    const float *k, int64_t k_stride_b, int64_t k_stride_h, int64_t k_stride_l,
+    const float *v, int64_t v_stride_b, int64_t v_stride_h, int64_t v_stride_l,
+    const uint8_t *mask, int64_t mask_stride_b,
+    float *out, int64_t out_stride_b, int64_t out_stride_h,
+    int64_t batch, int64_t heads, int64_t kv_heads, int64_t length, int64_t dim, float scale)
+{
+    return decode_attention_f32q(q, q_stride_b, q_stride_h, k, k_stride_b, k_stride_h, k_stride_l, v, v_stride_b,
+                                 v_stride_h, v_stride_l, mask, mask_stride_b, out, out_stride_b, out_stride_h, batch,
+                                 heads, kv_heads, length, dim, scale, 0);
+}
+
+/* Float32 queries and output over a bfloat16 cache; returns as above. */
+int triton_chat_decode_attention_f32_bf16kv(
+    const float *q, int64_t q_stride_b, int64_t q_stride_h,
+    const uint16_t *k, int64_t k_stride_b, int64_t k_stride_h, int64_t k_stride_l,
+    const uint16_t *v, int64_t v_stride_b, int64_t v_stride_h, int64_t v_stride_l,
+    const uint8_t *mask, int64_t mask_stride_b,
+    float *out, int64_t out_stride_b, int64_t out_stride_h,
+    int64_t batch, int64_t heads, int64_t kv_heads, int64_t length, int64_t dim, float scale)
+{
+    return decode_attention_f32q(q, q_stride_b, q_stride_h, k, k_stride_b, k_stride_h, k_stride_l, v, v_stride_b,
+                                 v_stride_h, v_stride_l, mask, mask_stride_b, out, out_stride_b, out_stride_h, batch,
+                                 heads, kv_heads, length, dim, scale, 1);
 }
