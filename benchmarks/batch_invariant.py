@@ -14,21 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
+from benchmarks.engine_runs import run_engine
 from benchmarks.traffic import TrafficRequest, Workload, build_requests
-from python_backend.engine.engine import Engine
-from python_backend.engine.sequence import EngineEvent, EngineRequest
-from python_backend.model.loader import load_model
-from python_backend.model.threads import serialize_current_thread
-from python_backend.prompt.chat_template import render_prompt
-from python_backend.protocol.messages import validate_messages
-from python_backend.protocol.params import parse_parameters
 from python_backend.protocol.settings import EngineSettings
 
 
@@ -46,57 +36,12 @@ def run_mode(
     model: str, dtype: str, invariant: bool, concurrency: int, requests: list[TrafficRequest]
 ) -> tuple[ModeRun, list[str]]:
     """The requests through a fresh engine, at most ``concurrency`` at a time; the run and each answer."""
-    threads = serialize_current_thread()  # only the engine thread runs torch in parallel, as served
     settings = EngineSettings(
-        model_path=model,
-        dtype=dtype,
-        max_num_seqs=max(concurrency, 1),
-        torch_threads=threads,
-        batch_invariant=invariant,
+        model_path=model, dtype=dtype, max_num_seqs=max(concurrency, 1), batch_invariant=invariant
     )
-    loaded = load_model(settings)
-    engine = Engine(loaded, settings)
-    engine.start()
-    slots, finished = threading.Semaphore(concurrency), threading.Semaphore(0)
-    texts: dict[int, list[str]] = {}
-    tokens = [0]
-    lock = threading.Lock()
-
-    def make(index: int, request: TrafficRequest) -> EngineRequest:
-        def sink(event: EngineEvent) -> None:
-            with lock:
-                if event.delta is not None:
-                    texts.setdefault(index, []).append(event.delta.text)
-                    if event.delta.usage is not None:
-                        tokens[0] += event.delta.usage.completion_tokens
-            if event.final:
-                slots.release()
-                finished.release()
-
-        raw = {"temperature": 0, "max_tokens": request.max_tokens, "ignore_eos": True}
-        params = parse_parameters(raw, stream=True)
-        prompt = render_prompt(
-            loaded.tokenizer, validate_messages([{"role": "user", "content": request.prompt}]), params
-        )
-        return EngineRequest(f"bench-{index}", prompt, params, sink)
-
-    try:
-        slots.acquire()
-        engine.submit(make(-1, TrafficRequest(None, "warm up", 8)))  # not timed
-        finished.acquire()
-        tokens[0] = 0
-        started = time.perf_counter()
-        for index, request in enumerate(requests):
-            slots.acquire()
-            engine.submit(make(index, request))
-        for _ in requests:
-            finished.acquire()
-        wall = time.perf_counter() - started
-    finally:
-        engine.stop()
-        torch.set_num_threads(threads)
-    run = ModeRun(invariant, concurrency, len(requests), tokens[0], round(wall, 2), round(tokens[0] / wall, 1))
-    return run, ["".join(texts.get(i, [])) for i in range(len(requests))]
+    run = run_engine(settings, requests, concurrency)
+    mode = ModeRun(invariant, concurrency, run.requests, run.output_tokens, run.wall_s, run.output_tokens_per_s)
+    return mode, run.answers
 
 
 def main() -> None:

@@ -1,0 +1,114 @@
+"""Requests through a fresh engine in-process, at most C in flight: the benchmarks' common driver.
+
+Owns ``run_engine`` and ``EngineRun``. No Triton and no HTTP: the figures are the engine's own, so
+two engine settings compare without the serving path's noise. Greedy, outputs forced to their
+length with ``ignore_eos``; one untimed warm-up request first.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from itertools import pairwise
+
+import torch
+
+from benchmarks.traffic import TrafficRequest
+from python_backend.engine.engine import Engine
+from python_backend.engine.sequence import EngineEvent, EngineRequest
+from python_backend.model.loader import load_model
+from python_backend.model.threads import serialize_current_thread
+from python_backend.prompt.chat_template import render_prompt
+from python_backend.protocol.messages import validate_messages
+from python_backend.protocol.params import parse_parameters
+from python_backend.protocol.settings import EngineSettings
+
+
+@dataclass
+class EngineRun:
+    concurrency: int
+    requests: int
+    output_tokens: int
+    wall_s: float
+    output_tokens_per_s: float
+    ttft_ms_p50: float
+    ttft_ms_p99: float
+    itl_ms_p50: float  # over every gap between a request's text deltas
+    itl_ms_p99: float
+    answers: list[str] = field(repr=False)
+
+
+def _percentile(values: list[float], share: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def run_engine(settings: EngineSettings, requests: list[TrafficRequest], concurrency: int) -> EngineRun:
+    """``requests`` through a fresh engine loaded with ``settings``, at most ``concurrency`` in flight."""
+    threads = serialize_current_thread()  # only the engine thread runs torch in parallel, as served
+    if not settings.torch_threads:
+        settings = replace(settings, torch_threads=threads)
+    loaded = load_model(settings)
+    engine = Engine(loaded, settings)
+    engine.start()
+    slots, finished = threading.Semaphore(concurrency), threading.Semaphore(0)
+    texts: dict[int, list[str]] = {}
+    stamps: dict[int, list[float]] = {}
+    submitted: dict[int, float] = {}
+    tokens = [0]
+    lock = threading.Lock()
+
+    def make(index: int, request: TrafficRequest) -> EngineRequest:
+        def sink(event: EngineEvent) -> None:
+            now = time.perf_counter()
+            with lock:
+                if event.delta is not None:
+                    if event.delta.text:
+                        texts.setdefault(index, []).append(event.delta.text)
+                        stamps.setdefault(index, []).append(now)
+                    if event.delta.usage is not None:
+                        tokens[0] += event.delta.usage.completion_tokens
+            if event.final:
+                slots.release()
+                finished.release()
+
+        raw = {"temperature": 0, "max_tokens": request.max_tokens, "ignore_eos": True}
+        params = parse_parameters(raw, stream=True)
+        prompt = render_prompt(
+            loaded.tokenizer, validate_messages([{"role": "user", "content": request.prompt}]), params
+        )
+        return EngineRequest(f"bench-{index}", prompt, params, sink)
+
+    try:
+        slots.acquire()
+        engine.submit(make(-1, TrafficRequest(None, "warm up", 8)))  # not timed
+        finished.acquire()
+        tokens[0] = 0
+        started = time.perf_counter()
+        for index, request in enumerate(requests):
+            slots.acquire()
+            submitted[index] = time.perf_counter()
+            engine.submit(make(index, request))
+        for _ in requests:
+            finished.acquire()
+        wall = time.perf_counter() - started
+    finally:
+        engine.stop()
+        torch.set_num_threads(threads)
+    ttft = [(stamps[i][0] - submitted[i]) * 1e3 for i in submitted if stamps.get(i)]
+    itl = [(b - a) * 1e3 for i in submitted for a, b in pairwise(stamps.get(i, []))]
+    return EngineRun(
+        concurrency=concurrency,
+        requests=len(requests),
+        output_tokens=tokens[0],
+        wall_s=round(wall, 2),
+        output_tokens_per_s=round(tokens[0] / wall, 1),
+        ttft_ms_p50=round(_percentile(ttft, 0.5)),
+        ttft_ms_p99=round(_percentile(ttft, 0.99)),
+        itl_ms_p50=round(_percentile(itl, 0.5), 1),
+        itl_ms_p99=round(_percentile(itl, 0.99), 1),
+        answers=["".join(texts.get(i, [])) for i in range(len(requests))],
+    )
