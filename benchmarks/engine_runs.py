@@ -36,6 +36,9 @@ class EngineRun:
     ttft_ms_p99: float
     itl_ms_p50: float  # over every gap between a request's text deltas
     itl_ms_p99: float
+    # Per request, (last delta - first delta) / (tokens - 1): the time per output token, which
+    # counts every token of a speculative step (ITL counts the step once).
+    tpot_ms_p50: float
     answers: list[str] = field(repr=False)
 
 
@@ -59,6 +62,7 @@ def run_engine(settings: EngineSettings, requests: list[TrafficRequest], concurr
     stamps: dict[int, list[float]] = {}
     submitted: dict[int, float] = {}
     tokens = [0]
+    per_request: dict[int, int] = {}
     lock = threading.Lock()
 
     def make(index: int, request: TrafficRequest) -> EngineRequest:
@@ -71,6 +75,7 @@ def run_engine(settings: EngineSettings, requests: list[TrafficRequest], concurr
                         stamps.setdefault(index, []).append(now)
                     if event.delta.usage is not None:
                         tokens[0] += event.delta.usage.completion_tokens
+                        per_request[index] = event.delta.usage.completion_tokens
             if event.final:
                 slots.release()
                 finished.release()
@@ -100,6 +105,11 @@ def run_engine(settings: EngineSettings, requests: list[TrafficRequest], concurr
         torch.set_num_threads(threads)
     ttft = [(stamps[i][0] - submitted[i]) * 1e3 for i in submitted if stamps.get(i)]
     itl = [(b - a) * 1e3 for i in submitted for a, b in pairwise(stamps.get(i, []))]
+    tpot = [
+        (stamps[i][-1] - stamps[i][0]) * 1e3 / (per_request[i] - 1)
+        for i in submitted
+        if len(stamps.get(i, [])) > 1 and per_request.get(i, 0) > 1
+    ]
     return EngineRun(
         concurrency=concurrency,
         requests=len(requests),
@@ -110,5 +120,6 @@ def run_engine(settings: EngineSettings, requests: list[TrafficRequest], concurr
         ttft_ms_p99=round(_percentile(ttft, 0.99)),
         itl_ms_p50=round(_percentile(itl, 0.5), 1),
         itl_ms_p99=round(_percentile(itl, 0.99), 1),
+        tpot_ms_p50=round(_percentile(tpot, 0.5), 2),
         answers=["".join(texts.get(i, [])) for i in range(len(requests))],
     )

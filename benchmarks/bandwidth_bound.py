@@ -1,0 +1,131 @@
+"""One request at a time against the memory-bandwidth bound measured in the same run.
+
+At concurrency 1 a decode step reads every weight once (and the request's keys and values), so
+its time cannot go below ``bytes read / read bandwidth``. This benchmark measures the machine's
+read bandwidth with the engine's thread count (the best of several sums over a buffer far larger
+than the caches), counts the bytes a step reads from the checkpoint (every tensor at the serving
+dtype's width; the input embedding only where the output head does not share it, since a step
+reads one of its rows), adds the keys and values of the request's context, and runs ``traffic.py``
+distinct prompts one at a time through the engine in-process for each ``--variant`` (as in
+``engine_ab.py``). Prints one JSON line per variant: the bound, ITL p50/p99, the time per output
+token (which counts every token of a speculative step) and its ratio to the bound: at most 1.2 is
+the target, below 1 only with speculative decoding.
+
+    python -m benchmarks.bandwidth_bound --model ~/.cache/triton-chat/models/SmolLM2-135M-Instruct --dtype float32 \\
+        --variant auto: --variant bf16kv:kv_cache_dtype=bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from benchmarks.engine_ab import parse_variant, variant_settings
+from benchmarks.engine_runs import run_engine
+from benchmarks.traffic import Workload, build_requests
+from python_backend.model.threads import serialize_current_thread
+from python_backend.protocol.settings import SettingsError
+
+_WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2}
+_EMBEDDINGS = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight")
+
+
+@dataclass(frozen=True)
+class StepBytes:
+    weights: int  # bytes of weights one decode step reads
+    kv_per_token: int  # bytes of keys and values per context position, all layers
+
+
+def read_bandwidth(megabytes: int = 1024, repeats: int = 5) -> float:
+    """Bytes/s of the best of ``repeats`` sums over a float32 buffer, with torch's current threads."""
+    buffer = torch.ones(megabytes * (1 << 20) // 4, dtype=torch.float32)
+    buffer.sum()  # pages touched before timing
+    best = math.inf
+    for _ in range(repeats):
+        started = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - started)
+    return buffer.numel() * 4 / best
+
+
+def step_bytes(model: Path, dtype: str, kv_width: int) -> StepBytes:
+    """What one decode step of the checkpoint in ``model`` reads, at ``dtype``'s width."""
+    config = json.loads((model / "config.json").read_text())
+    text = config.get("text_config", config)
+    elements, embedding = 0, 0
+    for shard in sorted(model.glob("*.safetensors")):
+        with safe_open(str(shard), framework="pt") as tensors:
+            for name in tensors.keys():  # noqa: SIM118  (safe_open has keys(), no __iter__)
+                count = math.prod(tensors.get_slice(name).get_shape())
+                elements += count
+                if name.endswith(_EMBEDDINGS):
+                    embedding += count
+    if not elements:
+        raise SystemExit(f"{model} has no .safetensors weights to count")
+    tied = bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", True)))
+    read = elements if tied else elements - embedding  # untied: a step reads one embedding row
+    heads = int(text["num_attention_heads"])
+    head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+    kv = 2 * int(text["num_hidden_layers"]) * int(text.get("num_key_value_heads", heads)) * head_dim * kv_width
+    return StepBytes(weights=read * _WIDTH[dtype], kv_per_token=kv)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, type=lambda text: Path(text).expanduser())
+    parser.add_argument("--dtype", default="float32", choices=("bfloat16", "float32"))
+    parser.add_argument("--variant", action="append", type=parse_variant, required=True, help="NAME:key=value,...")
+    parser.add_argument("-n", "--requests", type=int, default=4, help="requests per variant, one at a time")
+    parser.add_argument("--input-len", type=int, default=256, help="prompt words (about tokens)")
+    parser.add_argument("--input-range", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--output-range", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=17)
+    parser.add_argument("--buffer-mb", type=int, default=1024, help="bandwidth buffer (far above the caches)")
+    args = parser.parse_args()
+    workload = Workload("distinct", args.input_len, args.input_range, args.output_len, args.output_range, 0, args.seed)
+    requests = build_requests(workload, args.requests)
+    threads = serialize_current_thread()
+    try:
+        settings = {v.name: variant_settings(v, str(args.model), args.dtype, 1) for v in args.variant}
+    except SettingsError as exc:
+        parser.error(str(exc))
+    for variant in args.variant:
+        chosen = settings[variant.name]
+        torch.set_num_threads(chosen.torch_threads or threads)
+        bandwidth = read_bandwidth(args.buffer_mb)  # measured beside each run: the machine drifts
+        kv_width = 2 if chosen.kv_cache_dtype == "bfloat16" or args.dtype == "bfloat16" else 4
+        bytes_read = step_bytes(args.model, args.dtype, kv_width)
+        # The mean context over a request's decode steps: its prompt (about 1.3 tokens a word
+        # with the chat template) and half its output.
+        context = 1.3 * args.input_len + args.output_len / 2
+        bound_ms = (bytes_read.weights + bytes_read.kv_per_token * context) / bandwidth * 1e3
+        run = run_engine(chosen, requests, concurrency=1)
+        record = {
+            "variant": variant.name,
+            "workload": asdict(workload),
+            "read_bandwidth_gb_s": round(bandwidth / 1e9, 2),
+            "weight_bytes": bytes_read.weights,
+            "kv_bytes_per_token": bytes_read.kv_per_token,
+            "bound_ms": float(f"{bound_ms:.4g}"),
+            "itl_ms_p50": run.itl_ms_p50,
+            "itl_ms_p99": run.itl_ms_p99,
+            "tpot_ms_p50": run.tpot_ms_p50,
+            "ratio": round(run.tpot_ms_p50 / bound_ms, 3),
+            "output_tokens_per_s": run.output_tokens_per_s,
+        }
+        sys.stdout.write(json.dumps(record) + "\n")
+        sys.stdout.flush()
+    torch.set_num_threads(threads)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""benchmarks/bandwidth_bound.py on the tiny model: the bytes a step reads come from the
+checkpoint, and each variant's time per token is set against the bound."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from benchmarks.bandwidth_bound import StepBytes, read_bandwidth, step_bytes
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_step_bytes_count_each_weight_once_at_the_serving_width(tiny_model_dir: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    config = model.config
+    # parameters() yields a tied output head once, which a step reads once.
+    elements = sum(p.numel() for p in model.parameters())
+    if not config.tie_word_embeddings:
+        embedding = model.get_input_embeddings()
+        assert isinstance(embedding, torch.nn.Embedding)
+        elements -= embedding.weight.numel()  # a step reads one row of it
+    per_layer = 2 * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads)
+    expected = StepBytes(weights=elements * 4, kv_per_token=per_layer * config.num_hidden_layers * 4)
+    assert step_bytes(tiny_model_dir, "float32", 4) == expected
+    assert step_bytes(tiny_model_dir, "bfloat16", 2).weights == elements * 2
+
+
+def test_read_bandwidth_is_a_rate() -> None:
+    assert read_bandwidth(megabytes=16, repeats=2) > 1e8  # bytes/s: any machine reads 100 MB/s
+
+
+def test_the_benchmark_reports_the_bound_and_the_ratio_per_variant(tiny_model_dir: Path) -> None:
+    command = [
+        sys.executable, "-m", "benchmarks.bandwidth_bound", "--model", str(tiny_model_dir), "--dtype", "float32",
+        "--variant", "auto:", "--variant", "bf16kv:kv_cache_dtype=bfloat16", "-n", "1", "--input-len", "20",
+        "--input-range", "5", "--output-len", "12", "--buffer-mb", "32",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.strip().splitlines()]
+    assert [line["variant"] for line in lines] == ["auto", "bf16kv"]
+    auto, narrow = lines
+    assert narrow["kv_bytes_per_token"] * 2 == auto["kv_bytes_per_token"]
+    for line in lines:
+        assert line["bound_ms"] > 0 and line["tpot_ms_p50"] > 0
+        assert line["ratio"] == pytest.approx(line["tpot_ms_p50"] / line["bound_ms"], rel=0.05)
