@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -39,7 +40,7 @@ def test_serve_with_bfloat16_keys_and_values(tiny_model_dir: Path, tmp_path: Pat
         _read_until(launcher, f"serving 'tiny' at http://127.0.0.1:{port}/v1", lines)
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
 
-            def ask(index: int) -> list[dict[str, object]]:
+            def ask(index: int) -> list[dict[str, Any]]:
                 body = {
                     "model": "tiny",
                     "messages": [{"role": "user", "content": f"request {index}: " + "tell me more " * (index + 1)}],
