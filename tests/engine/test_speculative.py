@@ -196,3 +196,19 @@ def test_a_batch_above_the_threshold_decodes_plainly_and_answers_the_same(loopin
     alone = run(looping, requests[1:2], **SPECULATIVE, speculative_disable_by_batch_size=1)
     assert_same(run(looping, requests[1:2]), alone)
     assert alone.stats.spec_decode_num_accepted_tokens > 0  # one row: at the threshold, it speculates
+
+
+@pytest.mark.skipif(engine_test_device() != "cpu", reason="kv_cache_dtype bfloat16 is a CPU setting")
+def test_a_bfloat16_cache_speculates_and_answers_as_without(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """--kv-cache-dtype bfloat16: verify steps read the bfloat16 batch cache widened, and the
+    answers equal plain decoding over the same cache."""
+    folder = build_looping_model(tiny_model_dir, tmp_path_factory.mktemp("looping-bf16kv"))
+    loaded = load_model(EngineSettings(model_path=str(folder), dtype="float32", kv_cache_dtype="bfloat16"))
+    assert loaded.kv_dtype == torch.bfloat16
+    requests = [(p, {"temperature": 0, "max_tokens": 32, "ignore_eos": True}) for p in REPETITIVE[:3]]
+    off = run(loaded, requests)
+    on = run(loaded, requests, **SPECULATIVE)
+    assert_same(off, on)
+    assert on.stats.spec_decode_num_accepted_tokens > 0
