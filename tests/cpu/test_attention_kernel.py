@@ -97,20 +97,20 @@ def test_a_score_does_not_depend_on_where_padding_puts_it(kernel: DecodeAttentio
         assert torch.equal(kernel.attend(query, padded_key, padded_value, keep, 0.125), alone)
 
 
-@pytest.mark.parametrize(
-    ("batch", "heads", "kv_heads", "length", "dim"),
-    [
-        (1, 9, 3, 1, 64),
-        (4, 9, 3, 37, 64),
-        (3, 14, 2, 70, 64),
-        (2, 8, 8, 19, 128),
-        (5, 6, 2, 23, 80),
-        # Many 8-position blocks, a partial last one, padding that ends inside a block.
-        (2, 9, 3, 150, 64),
-        (3, 16, 4, 33, 128),
-        (2, 4, 2, 24, 36),  # a head size that is not a multiple of 8: the plain loops
-    ],
-)
+_FLOAT32_SHAPES = [
+    (1, 9, 3, 1, 64),
+    (4, 9, 3, 37, 64),
+    (3, 14, 2, 70, 64),
+    (2, 8, 8, 19, 128),
+    (5, 6, 2, 23, 80),
+    # Many 8-position blocks, a partial last one, padding that ends inside a block.
+    (2, 9, 3, 150, 64),
+    (3, 16, 4, 33, 128),
+    (2, 4, 2, 24, 36),  # a head size that is not a multiple of 8: the plain loops
+]
+
+
+@pytest.mark.parametrize(("batch", "heads", "kv_heads", "length", "dim"), _FLOAT32_SHAPES)
 @pytest.mark.parametrize("padded", [False, True])
 def test_float32_kernel_matches_sdpa(
     kernel: DecodeAttentionKernel, batch: int, heads: int, kv_heads: int, length: int, dim: int, padded: bool
@@ -129,16 +129,6 @@ def test_float32_kernel_matches_sdpa(
     got, _ = decode_attention(module, query, key, value, mask if padded else None, scaling=dim**-0.5, kernel=kernel)
     assert got.dtype == torch.float32 and got.shape == (batch, 1, heads, dim)
     assert torch.allclose(got, expected, atol=1e-5, rtol=1e-4)
-
-
-_FLOAT32_SHAPES = [
-    (1, 9, 3, 1, 64),
-    (4, 9, 3, 37, 64),
-    (2, 8, 8, 19, 128),
-    (2, 9, 3, 150, 64),
-    (3, 16, 4, 33, 128),
-    (2, 4, 2, 24, 36),
-]
 
 
 @pytest.mark.parametrize(("batch", "heads", "kv_heads", "length", "dim"), _FLOAT32_SHAPES)
