@@ -31,8 +31,8 @@ import torch
 from safetensors import safe_open
 
 from benchmarks.engine_ab import parse_variant, variant_settings
-from benchmarks.engine_runs import run_engine
-from benchmarks.traffic import Workload, build_requests
+from benchmarks.engine_runs import add_workload_arguments, run_engine, workload_from
+from benchmarks.traffic import build_requests
 from python_backend.protocol.settings import SettingsError
 
 _WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -97,14 +97,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=("bfloat16", "float32"))
     parser.add_argument("--variant", action="append", type=parse_variant, required=True, help="NAME:key=value,...")
     parser.add_argument("-n", "--requests", type=int, default=4, help="requests per variant, one at a time")
-    parser.add_argument("--input-len", type=int, default=256, help="prompt words (about tokens)")
-    parser.add_argument("--input-range", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--output-range", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=17)
+    add_workload_arguments(parser, output_range=0)
     parser.add_argument("--buffer-mb", type=int, default=1024, help="bandwidth buffer (far above the caches)")
     args = parser.parse_args()
-    workload = Workload("distinct", args.input_len, args.input_range, args.output_len, args.output_range, 0, args.seed)
+    workload = workload_from(args)
     requests = build_requests(workload, args.requests)
     threads = torch.get_num_threads()  # the engine's count (run_engine gives it to the engine thread)
     try:

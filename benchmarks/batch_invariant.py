@@ -17,8 +17,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.engine_runs import run_engine
-from benchmarks.traffic import TrafficRequest, Workload, build_requests
+from benchmarks.engine_runs import add_workload_arguments, run_engine, workload_from
+from benchmarks.traffic import TrafficRequest, build_requests
 from python_backend.protocol.settings import EngineSettings
 
 
@@ -50,13 +50,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--concurrency", default="1,16", help="comma-separated C values")
     parser.add_argument("--requests", type=int, default=16)
-    parser.add_argument("--input-len", type=int, default=256, help="prompt words (about tokens)")
-    parser.add_argument("--input-range", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--output-range", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=17)
+    add_workload_arguments(parser)
     args = parser.parse_args()
-    workload = Workload("distinct", args.input_len, args.input_range, args.output_len, args.output_range, 0, args.seed)
+    workload = workload_from(args)
     requests = build_requests(workload, args.requests)
     levels = [int(c) for c in args.concurrency.split(",")]
     for invariant in (False, True):

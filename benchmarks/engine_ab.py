@@ -22,8 +22,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.engine_runs import EngineRun, run_engine
-from benchmarks.traffic import Workload, build_requests
+from benchmarks.engine_runs import EngineRun, add_workload_arguments, run_engine, workload_from
+from benchmarks.traffic import build_requests
 from python_backend.protocol.settings import EngineSettings, SettingsError
 
 
@@ -65,15 +65,11 @@ def main() -> None:
     parser.add_argument("-c", "--concurrency", action="append", type=int, help="requests in flight (repeatable)")
     parser.add_argument("-n", "--requests", type=int, help="requests per run (default 2*C)")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--input-len", type=int, default=256, help="prompt words (about tokens)")
-    parser.add_argument("--input-range", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--output-range", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=17)
+    add_workload_arguments(parser)
     args = parser.parse_args()
     if len(args.variant) < 2:
         parser.error("give at least two --variant: the first is the reference")
-    workload = Workload("distinct", args.input_len, args.input_range, args.output_len, args.output_range, 0, args.seed)
+    workload = workload_from(args)
     for concurrency in args.concurrency or [16]:
         requests = build_requests(workload, args.requests or 2 * concurrency)
         try:

@@ -1,12 +1,13 @@
 """Requests through a fresh engine in-process, at most C in flight: the benchmarks' common driver.
 
-Owns ``run_engine`` and ``EngineRun``. No Triton and no HTTP: the figures are the engine's own, so
+Owns ``run_engine``, ``EngineRun`` and the distinct workload's command-line arguments. No Triton and no HTTP: the figures are the engine's own, so
 two engine settings compare without the serving path's noise. Greedy, outputs forced to their
 length with ``ignore_eos``; one untimed warm-up request first.
 """
 
 from __future__ import annotations
 
+import argparse
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -14,7 +15,7 @@ from itertools import pairwise
 
 import torch
 
-from benchmarks.traffic import TrafficRequest
+from benchmarks.traffic import TrafficRequest, Workload
 from python_backend.engine.engine import Engine
 from python_backend.engine.sequence import EngineEvent, EngineRequest
 from python_backend.model.loader import load_model
@@ -40,6 +41,20 @@ class EngineRun:
     # counts every token of a speculative step (ITL counts the step once).
     tpot_ms_p50: float
     answers: list[str] = field(repr=False)
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser, output_range: int = 64) -> None:
+    """``traffic.py``'s distinct-mix lengths and seed, as every in-process benchmark takes them."""
+    parser.add_argument("--input-len", type=int, default=256, help="prompt words (about tokens)")
+    parser.add_argument("--input-range", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--output-range", type=int, default=output_range)
+    parser.add_argument("--seed", type=int, default=17)
+
+
+def workload_from(args: argparse.Namespace) -> Workload:
+    """The distinct workload ``add_workload_arguments`` parsed."""
+    return Workload("distinct", args.input_len, args.input_range, args.output_len, args.output_range, 0, args.seed)
 
 
 def _percentile(values: list[float], share: float) -> float:
