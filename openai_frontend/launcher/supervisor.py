@@ -78,12 +78,17 @@ class Supervisor:
         watched = set(self.triton.model_processes())
         hang = _HangClock()
         next_probe = time.monotonic() + PROBE_INTERVAL_S
-        while not self.stop.wait(WATCH_INTERVAL_S):
-            draining = self.drain is not None and self.drain.draining
-            if draining and self.drain is not None and self.drain.expired() and self.drain.done():
+        while True:
+            stopping = self.stop.wait(WATCH_INTERVAL_S)
+            # Asked also when told to stop: the frontend exits within a tick of the deadline,
+            # often before this loop's next look, and the graceful stop would then hold the exit.
+            if self._drain_cut():
                 logger.info("drain deadline passed: stopping tritonserver now")
                 self.triton.stop(timeout=DEADLINE_STOP_S)
                 return
+            if stopping:
+                return
+            draining = self.drain is not None and self.drain.draining
             reason = self._lost(watched)
             # No probes while draining: readiness is 503 already, and a probe (up to its
             # timeout) would delay seeing the deadline.
@@ -101,6 +106,10 @@ class Supervisor:
             hang = _HangClock()
             next_probe = time.monotonic() + PROBE_INTERVAL_S
             logger.info("tritonserver restarted (pid %s); the model is ready again", self.triton.pid)
+
+    def _drain_cut(self) -> bool:
+        """The drain's deadline has passed and the frontend is done waiting for what it cut."""
+        return self.drain is not None and self.drain.draining and self.drain.expired() and self.drain.done()
 
     def _lost(self, watched: set[int]) -> str | None:
         """Why the server must be restarted now, if its process or the model's is gone."""

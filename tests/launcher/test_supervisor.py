@@ -200,3 +200,55 @@ def test_once_the_drain_deadline_has_passed_tritonserver_is_stopped_at_once() ->
     thread.join(5)
     assert not thread.is_alive()
     assert triton.stop_timeouts == [supervisor.DEADLINE_STOP_S] and triton.restarts == 0 and fatal == []
+
+
+class _StoppableTriton(FakeTriton):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stop_timeouts: list[float] = []
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        self.stop_timeouts.append(timeout)
+        return -9
+
+
+class _OverDrain:
+    """A drain whose deadline passed and whose frontend finished waiting (``over``), or not."""
+
+    draining = True
+
+    def __init__(self, over: bool) -> None:
+        self.over = over
+
+    def expired(self) -> bool:
+        return self.over
+
+    def done(self) -> bool:
+        return self.over
+
+
+def _stopped_before_its_next_look(monkeypatch: Any, drain: _OverDrain) -> _StoppableTriton:
+    """Tell a supervisor to stop before its watch interval runs out; what it did to tritonserver."""
+    monkeypatch.setattr(supervisor, "WATCH_INTERVAL_S", 600.0)
+    triton = _StoppableTriton()
+    watcher = Supervisor(
+        cast(TritonServerProcess, triton), Path("/repo"), {}, "m", 5.0, lambda: None, drain=drain
+    )  # fmt: skip
+    thread = threading.Thread(target=watcher.run, daemon=True)
+    thread.start()
+    watcher.stop.set()
+    thread.join(5)
+    assert not thread.is_alive()
+    return triton
+
+
+def test_a_frontend_that_exits_at_the_deadline_still_gets_tritonserver_stopped_at_once(monkeypatch: Any) -> None:
+    # The frontend stops within a tick of the deadline, usually before the supervisor's next look:
+    # being told to stop then must not turn the stop into the graceful one (seconds of unload).
+    triton = _stopped_before_its_next_look(monkeypatch, _OverDrain(over=True))
+    assert triton.stop_timeouts == [supervisor.DEADLINE_STOP_S]
+
+
+def test_a_drain_that_finished_in_time_leaves_the_graceful_stop_to_the_launcher(monkeypatch: Any) -> None:
+    triton = _stopped_before_its_next_look(monkeypatch, _OverDrain(over=False))
+    assert triton.stop_timeouts == []
