@@ -92,6 +92,16 @@ static inline __m512 hsum16(const __m512 v[16]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], 0x88), _mm512_shuffle_f32x4(y[0], y[1], 0xDD));
 }
 
+/* A cache row (64 bfloat16 values, two cache lines) this many rows ahead is asked for early: the
+ * loops below read rows in order, and from DRAM the hardware prefetcher alone left each core
+ * waiting (1.93 against 1.72 ms a layer at 64 rows of 545 positions on an AMX Xeon). A prefetch
+ * past the window's end is harmless: it never faults. */
+#define PREFETCH_ROWS 16
+static inline void prefetch_row(const uint16_t *row) {
+    _mm_prefetch((const char *)row, _MM_HINT_T0);
+    _mm_prefetch((const char *)row + 64, _MM_HINT_T0);
+}
+
 /* scale * q . k for positions [l, l + count) (count <= 16), dim a multiple of 32. */
 static inline void scores_block(const uint16_t *qrow, const uint16_t *kbase, int64_t k_stride_l, int64_t l,
                                 int64_t count, int64_t dim, float scale, float *out) {
@@ -100,6 +110,7 @@ static inline void scores_block(const uint16_t *qrow, const uint16_t *kbase, int
         __m512 a = _mm512_setzero_ps();
         if (j < count) {
             const uint16_t *kr = kbase + (l + j) * k_stride_l;
+            prefetch_row(kr + PREFETCH_ROWS * k_stride_l);
             for (int64_t d = 0; d < dim; d += 32)
                 a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(qrow + d)),
                                      (__m512bh)_mm512_loadu_si512((const void *)(kr + d)));
@@ -110,23 +121,44 @@ static inline void scores_block(const uint16_t *qrow, const uint16_t *kbase, int
     _mm512_mask_storeu_ps(out, (__mmask16)((1u << count) - 1u), sums);
 }
 
-/* acc[0:dim] += p[l] * v[l, 0:dim] over l, with CHUNKS = dim / 16 float32 accumulators held in
- * registers (the compiler unrolls this for each constant CHUNKS it is called with). */
-static inline void weighted_values(const float *p, const uint16_t *vbase, int64_t v_stride_l, int64_t length,
-                                   const int chunks, float *acc) {
-    __m512 a[8];
-    for (int c = 0; c < chunks; ++c) a[c] = _mm512_setzero_ps();
-    for (int64_t l = 0; l < length; ++l) {
-        if (p[l] == 0.0f) continue; /* masked (or underflowed): adds nothing */
-        const __m512 w = _mm512_set1_ps(p[l]);
-        const uint16_t *vr = vbase + l * v_stride_l;
-        for (int c = 0; c < chunks; ++c) {
-            const __m256i bits = _mm256_loadu_si256((const __m256i *)(vr + 16 * c));
-            const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-            a[c] = _mm512_fmadd_ps(w, v, a[c]);
+/* acc[g][0:dim] += p[g][l] * v[l, 0:dim] over l >= first, for the G query heads that share one KV
+ * head: each value row is read and widened once for up to PER heads, whose PER * CHUNKS float32
+ * accumulators stay in registers (CHUNKS = dim / 16; the compiler unrolls this for each constant
+ * pair it is called with). Per head the products are summed in the same order as one head at a
+ * time, so the result does not depend on how many heads share the pass. */
+static inline __attribute__((always_inline)) void weighted_values(const float *p, int64_t p_stride,
+                                                                  const uint16_t *vbase, int64_t v_stride_l,
+                                                                  int64_t first, int64_t length, int64_t group,
+                                                                  const int chunks, const int per, float *acc,
+                                                                  int64_t acc_stride) {
+    for (int64_t g0 = 0; g0 < group; g0 += per) {
+        const int64_t heads = group - g0 < per ? group - g0 : per;
+        __m512 a[24];
+        for (int i = 0; i < per * chunks; ++i) a[i] = _mm512_setzero_ps();
+        for (int64_t l = first; l < length; ++l) {
+            int any = 0;
+            for (int h = 0; h < per; ++h) any |= h < heads && p[(g0 + h) * p_stride + l] != 0.0f;
+            if (!any) continue; /* masked (or underflowed) for every head: adds nothing */
+            const uint16_t *vr = vbase + l * v_stride_l;
+            prefetch_row(vr + PREFETCH_ROWS * v_stride_l);
+            __m512 row[8];
+            for (int c = 0; c < chunks; ++c) {
+                const __m256i bits = _mm256_loadu_si256((const __m256i *)(vr + 16 * c));
+                row[c] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+            }
+            for (int h = 0; h < per; ++h) {
+                if (h >= heads) break;
+                const float weight = p[(g0 + h) * p_stride + l];
+                if (weight == 0.0f) continue;
+                const __m512 w = _mm512_set1_ps(weight);
+                for (int c = 0; c < chunks; ++c) a[h * chunks + c] = _mm512_fmadd_ps(w, row[c], a[h * chunks + c]);
+            }
+        }
+        for (int h = 0; h < per; ++h) {
+            if (h >= heads) break;
+            for (int c = 0; c < chunks; ++c) _mm512_storeu_ps(acc + (g0 + h) * acc_stride + 16 * c, a[h * chunks + c]);
         }
     }
-    for (int c = 0; c < chunks; ++c) _mm512_storeu_ps(acc + 16 * c, a[c]);
 }
 #endif
 
@@ -172,9 +204,13 @@ int triton_chat_decode_attention_bf16(
                     memset(acc + g * dim, 0, sizeof(float) * (size_t)dim);
                 }
                 const uint16_t *kbase = k + b * k_stride_b + kh * k_stride_h;
+                int64_t first = 0;
+                while (keep && first < length && !keep[first]) ++first;
 #ifdef HAVE_DPBF16
                 if (dim % 32 == 0) {
-                    for (int64_t l = 0; l < length; l += 16) {
+                    /* A row's left padding is never read: its keys are skipped, not scored (each
+                     * score's reduction tree is the same wherever its block starts). */
+                    for (int64_t l = first; l < length; l += 16) {
                         const int64_t count = length - l < 16 ? length - l : 16;
                         for (int64_t g = 0; g < group; ++g)
                             scores_block(qrows[g], kbase, k_stride_l, l, count, dim, scale, scores + g * length + l);
@@ -182,9 +218,18 @@ int triton_chat_decode_attention_bf16(
                     for (int64_t g = 0; g < group; ++g) {
                         float *s = scores + g * length;
                         float m = MASKED;
-                        for (int64_t l = 0; l < length; ++l) {
-                            if (keep && !keep[l]) s[l] = MASKED;
-                            else if (s[l] > m) m = s[l];
+                        for (int64_t l = 0; l < first; ++l) s[l] = MASKED;
+                        /* Branch-free, so that it vectorizes; the maximum is exact in any order. */
+                        if (keep) {
+#pragma omp simd reduction(max : m)
+                            for (int64_t l = first; l < length; ++l) {
+                                const float x = keep[l] ? s[l] : MASKED;
+                                s[l] = x;
+                                m = x > m ? x : m;
+                            }
+                        } else {
+#pragma omp simd reduction(max : m)
+                            for (int64_t l = first; l < length; ++l) m = s[l] > m ? s[l] : m;
                         }
                         top[g] = m;
                     }
@@ -205,11 +250,11 @@ int triton_chat_decode_attention_bf16(
                 for (int64_t g = 0; g < group; ++g) total[g] = softmax_weights(scores + g * length, length, top[g]);
                 const uint16_t *vbase = v + b * v_stride_b + kh * v_stride_h;
 #ifdef HAVE_DPBF16
-                if (dim == 64 || dim == 128) {
-                    for (int64_t g = 0; g < group; ++g) {
-                        if (dim == 64) weighted_values(scores + g * length, vbase, v_stride_l, length, 4, acc + g * dim);
-                        else weighted_values(scores + g * length, vbase, v_stride_l, length, 8, acc + g * dim);
-                    }
+                /* Left padding weighs exactly 0 (softmax of MASKED): start after it. */
+                if (dim == 64) {
+                    weighted_values(scores, length, vbase, v_stride_l, first, length, group, 4, 6, acc, dim);
+                } else if (dim == 128) {
+                    weighted_values(scores, length, vbase, v_stride_l, first, length, group, 8, 3, acc, dim);
                 } else
 #endif
                 for (int64_t l = 0; l < length; ++l) {
