@@ -188,7 +188,9 @@ int triton_chat_decode_attention_bf16(
 #pragma omp atomic write
             status = -2;
         }
-#pragma omp for collapse(2) schedule(static)
+        /* Dynamic: rows differ in length (their padding is skipped), and the running batch keeps
+         * them roughly oldest first, so equal halves of the rows are far from equal halves of the work. */
+#pragma omp for collapse(2) schedule(dynamic, 1)
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t kh = 0; kh < kv_heads; ++kh) {
                 if (scores == NULL) continue;
@@ -396,7 +398,9 @@ static inline __attribute__((always_inline)) int decode_attention_f32q(
 #pragma omp atomic write
             status = -2;
         }
-#pragma omp for collapse(2) schedule(static)
+        /* Dynamic: rows differ in length (their padding is skipped), and the running batch keeps
+         * them roughly oldest first, so equal halves of the rows are far from equal halves of the work. */
+#pragma omp for collapse(2) schedule(dynamic, 1)
         for (int64_t b = 0; b < batch; ++b) {
             for (int64_t kh = 0; kh < kv_heads; ++kh) {
                 if (scores == NULL) continue;
