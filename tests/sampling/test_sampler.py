@@ -34,6 +34,16 @@ def test_greedy_top_k_1_and_tiny_top_p_all_pick_the_argmax() -> None:
     assert [p.token_id for p in picks] == best
 
 
+def test_greedy_takes_the_first_of_tied_maxima_in_any_row_count() -> None:
+    # Ties are common in bfloat16 logits: the lowest token id wins, alone and in a batch.
+    logits = torch.zeros(64, 49152, dtype=torch.bfloat16)
+    logits[:, [30000, 700, 49000]] = 3.0
+    logits[5, 12] = 3.0
+    for rows in (1, 64):
+        picks = sample(logits[:rows], [row(temperature=0.0)] * rows)
+        assert [p.token_id for p in picks] == [12 if i == 5 else 700 for i in range(rows)]
+
+
 def test_top_k_limits_the_candidates() -> None:
     logits = torch.arange(50, dtype=torch.float32).unsqueeze(0)
     picks = {sample(logits, [row(seed=s, top_k=3, temperature=5.0)])[0].token_id for s in range(200)}
