@@ -4,10 +4,11 @@ Owns ``FastDecoder``. A decode step through transformers' modules spends about 5
 SmolLM2-135M (30 layers, 12 % of the step at batch 16) in module dispatch, keyword plumbing, mask
 construction and per-layer wrappers that a one-token step does not need. This module runs the
 same operations in the same order on the model's own submodules and weights: the embedding, the
-rotary embedding module (so every rope scaling the model supports is kept), the RMSNorm modules,
-the prepacked projections (``cpu/linear.py``), the running batch's cache and the decode attention
-(``attention.py``, or the C kernel). Its logits are bit-identical to the stock forward pass, which
-the tests check in float32 and bfloat16.
+rotary embedding module (so every rope scaling the model supports is kept), the RMSNorm modules
+(``fused_norm.py``'s kernel, which also takes the residual add before each norm), the prepacked
+projections (``cpu/linear.py``), the running batch's cache and the decode attention
+(``attention.py``, or the C kernel). Its logits are bit-identical to the model's own forward pass
+(whose norms are the same modules), which the tests check in float32 and bfloat16.
 
 It is used only where that equality is known to hold: exactly the ``LlamaDecoderLayer`` or
 ``Qwen2DecoderLayer`` classes, full attention in every layer (no sliding window), SiLU MLPs, every
@@ -33,6 +34,7 @@ import torch
 from transformers.models.llama.modeling_llama import rotate_half
 
 from python_backend.cpu.attention import one_row_attention
+from python_backend.cpu.fused_norm import FusedRMSNorm
 from python_backend.cpu.fused_projections import FusedProjections, ProjectionSlice, merge_eligible_layer_types
 from python_backend.cpu.linear import PackedLinear
 from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel
@@ -88,6 +90,19 @@ def prompt_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         )
         out = sdpa(query, key, value, attn_mask=visible, scale=scale)
     return out[0].transpose(0, 1).reshape(count, -1)
+
+
+def _add_norm(
+    norm: torch.nn.Module, hidden: torch.Tensor, delta: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``norm(hidden + delta)``, ``hidden + delta``): the residual add and the norm after it, in
+    one pass where the norm is the kernel's (the sum rounds as PyTorch's add rounds it)."""
+    if delta is None:
+        return norm(hidden), hidden
+    if type(norm) is FusedRMSNorm:
+        return norm.add_norm(hidden, delta)
+    summed = hidden + delta
+    return norm(summed), summed
 
 
 @dataclass(frozen=True)
@@ -201,9 +216,10 @@ class FastDecoder:
         hidden = self._decoder.embed_tokens(input_ids)  # [1, N, H]: every token of the step
         cos, sin = self._decoder.rotary_emb(hidden, position_ids)
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [1, N, 1, D]: per token, every head
+        pending: torch.Tensor | None = None  # the last MLP's output, added in the next norm's pass
         for index, layer in enumerate(self._layers):
-            residual = hidden
-            merged = layer.qkv.apply_unchecked(layer.input_norm(hidden))
+            normed, hidden = _add_norm(layer.input_norm, hidden, pending)
+            merged = layer.qkv.apply_unchecked(normed)
             query_key = merged[..., : layer.qk_width].view(1, count, -1, layer.head_dim)
             # Queries and keys rotate together: the rotation is element-wise per head, so one
             # pass over both heads' columns gives exactly the two separate results, in half the ops.
@@ -225,10 +241,11 @@ class FastDecoder:
                 parts.append(prompt_attention(query, keys, values, layer.scaling))
                 offset = end
             attended = torch.cat(parts).unsqueeze(0) if len(parts) > 1 else parts[0].unsqueeze(0)
-            hidden = residual + layer.o.apply_unchecked(attended)
-            residual = hidden
-            gate, up = layer.gate_up.split(layer.gate_up.apply_unchecked(layer.post_norm(hidden)))
-            hidden = residual + layer.down.apply_unchecked(torch.nn.functional.silu(gate) * up)
+            normed, hidden = _add_norm(layer.post_norm, hidden, layer.o.apply_unchecked(attended))
+            gate, up = layer.gate_up.split(layer.gate_up.apply_unchecked(normed))
+            pending = layer.down.apply_unchecked(torch.nn.functional.silu(gate) * up)
+        if pending is not None:
+            hidden = hidden + pending
         # Only the rows whose next token is sampled go through the norm and the output head.
         picked, ends, offset = list(range(rows)), [], rows
         for segment in segments:

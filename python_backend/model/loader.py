@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from python_backend.cpu.attention import use_decode_attention
 from python_backend.cpu.batch_invariant import InvariantAttend, install_batch_invariant, use_invariant_attention
 from python_backend.cpu.fast_decode import FastDecoder
+from python_backend.cpu.fused_norm import build_norm_kernel, fuse_norms
 from python_backend.cpu.linear import pack_linears, prepack_supported
 from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel, build_kernel
 from python_backend.cpu.native.invariant_attention import InvariantAttentionKernel, build_invariant_kernel
@@ -218,6 +219,10 @@ def load_model(settings: EngineSettings) -> LoadedModel:
         pack_linears(model, base.get_decoder(), base.get_output_embeddings())
         if cpu_text and not adapters:
             attend = InvariantAttend(invariant) if invariant is not None else None
+            norms = build_norm_kernel() if kernel is not None and invariant is None else None
+            if norms is not None:
+                # Before the lean step takes the modules: both forwards must run the same norms.
+                fuse_norms(base.get_decoder(), norms)
             fast = FastDecoder.build(base, kernel, attend)  # None where it would not equal the model's forward
     if invariant is not None:
         install_batch_invariant(model, base.get_decoder(), base.get_output_embeddings())

@@ -490,11 +490,12 @@ class EngineSettings:
     cpu_native_attention: bool = _setting(
         True,
         SettingInfo(
-            "on CPU, do not build the C decode-attention kernel for bfloat16 and float32 models (PyTorch's is slower)",
+            "on CPU, do not build the C decode-attention and RMSNorm kernels for bfloat16 and float32 models "
+            "(PyTorch's are slower)",
             flag="--no-cpu-native-attention",
             docs="CPU, bfloat16 and float32 text models: build the C decode-attention kernel with the machine's C "
-            "compiler (once, into `<cache>/native/`) and use it; without a compiler the engine logs it "
-            "and uses PyTorch's attention",
+            "compiler (once, into `<cache>/native/`) and use it, and for Llama/Qwen2 models the one-pass RMSNorm "
+            "kernel (with the residual add before it); without a compiler the engine logs it and uses PyTorch's",
         ),
     )
     # Off by default: it made no difference beyond the noise on a 2-core machine, and two model
