@@ -36,6 +36,7 @@ from transformers.models.llama.modeling_llama import rotate_half
 from python_backend.cpu.attention import one_row_attention
 from python_backend.cpu.fused_norm import FusedRMSNorm
 from python_backend.cpu.fused_projections import FusedProjections, ProjectionSlice, merge_eligible_layer_types
+from python_backend.cpu.fused_rope import RopeKernel
 from python_backend.cpu.linear import PackedLinear
 from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel
 from python_backend.engine.kv_cache import BatchCache
@@ -140,17 +141,28 @@ def _merged(projections: tuple[Any, ...]) -> FusedProjections | None:
 class FastDecoder:
     """``logits(input_ids, position_ids, cache, keep)`` for one new token per running sequence."""
 
-    def __init__(self, decoder: Any, head: torch.nn.Module, layers: list[_Layer], attend: Attend, mixes: bool = True):
+    def __init__(
+        self,
+        decoder: Any,
+        head: torch.nn.Module,
+        layers: list[_Layer],
+        attend: Attend,
+        mixes: bool = True,
+        rope: RopeKernel | None = None,
+    ):
         self._decoder = decoder
         self._head = head
         self._layers = layers
         self._attend = attend
+        self._rope = rope  # the one-pass rotary embedding (fused_rope.py), or None: PyTorch's
         # Prompt segments attend through SDPA: not with a model whose attention must stay its own
         # (the batch-invariant mode's one kernel for prefill and decode).
         self.mixes = mixes
 
     @staticmethod
-    def build(model: Any, kernel: DecodeAttentionKernel | None, attend: Attend | None = None) -> FastDecoder | None:
+    def build(
+        model: Any, kernel: DecodeAttentionKernel | None, attend: Attend | None = None, rope: RopeKernel | None = None
+    ) -> FastDecoder | None:
         """The lean step for ``model`` (a transformers causal LM), or None where it would not be exact.
 
         ``attend``: the attention the model's forward uses for one query row, when it is not the
@@ -192,7 +204,18 @@ class FastDecoder:
                     scaling=float(attention.scaling),
                 )  # fmt: skip
             )
-        return FastDecoder(decoder, head, layers, attend or partial(one_row_attention, kernel=kernel), attend is None)
+        attend_one = attend or partial(one_row_attention, kernel=kernel)
+        return FastDecoder(decoder, head, layers, attend_one, attend is None, rope)
+
+    @property
+    def rotates_natively(self) -> bool:
+        """Whether queries and keys are rotated by the C kernel (``fused_rope.py``)."""
+        return self._rope is not None
+
+    def _rotate(self, query_key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self._rope is not None and self._rope.handles(query_key, cos, sin):
+            return self._rope.rotate(query_key, cos, sin)
+        return (query_key * cos) + (rotate_half(query_key) * sin)
 
     def logits(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: BatchCache, keep: torch.Tensor | None
@@ -223,7 +246,7 @@ class FastDecoder:
             query_key = merged[..., : layer.qk_width].view(1, count, -1, layer.head_dim)
             # Queries and keys rotate together: the rotation is element-wise per head, so one
             # pass over both heads' columns gives exactly the two separate results, in half the ops.
-            query_key = (query_key * cos) + (rotate_half(query_key) * sin)  # [1, N, heads, D]
+            query_key = self._rotate(query_key, cos, sin)  # [1, N, heads, D]
             value = merged[..., layer.qk_width :].view(1, count, -1, layer.head_dim)
             heads = layer.query_heads
             parts = []

@@ -23,6 +23,7 @@ from python_backend.cpu.attention import use_decode_attention
 from python_backend.cpu.batch_invariant import InvariantAttend, install_batch_invariant, use_invariant_attention
 from python_backend.cpu.fast_decode import FastDecoder
 from python_backend.cpu.fused_norm import build_norm_kernel, fuse_norms
+from python_backend.cpu.fused_rope import build_rope_kernel
 from python_backend.cpu.linear import pack_linears, prepack_supported
 from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel, build_kernel
 from python_backend.cpu.native.invariant_attention import InvariantAttentionKernel, build_invariant_kernel
@@ -223,7 +224,8 @@ def load_model(settings: EngineSettings) -> LoadedModel:
             if norms is not None:
                 # Before the lean step takes the modules: both forwards must run the same norms.
                 fuse_norms(base.get_decoder(), norms)
-            fast = FastDecoder.build(base, kernel, attend)  # None where it would not equal the model's forward
+            rope = build_rope_kernel() if norms is not None else None
+            fast = FastDecoder.build(base, kernel, attend, rope)  # None where it would not equal the model's forward
     if invariant is not None:
         install_batch_invariant(model, base.get_decoder(), base.get_output_embeddings())
     draft = None
