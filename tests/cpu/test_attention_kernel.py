@@ -175,6 +175,22 @@ def test_the_library_is_built_once_and_reused(tmp_path: Path) -> None:
     assert libraries[0].stat().st_mtime_ns == stamp
 
 
+def test_a_changed_header_rebuilds_the_library(tmp_path: Path) -> None:
+    source_dir, cache = tmp_path / "src", tmp_path / "cache"
+    source_dir.mkdir()
+    (source_dir / "value.h").write_text("#define VALUE 1\n")
+    source = source_dir / "probe.c"
+    source.write_text('#include "value.h"\nint triton_chat_probe(void) { return VALUE; }\n')
+    first = build.build_library(source, cache)
+    if first is None:
+        pytest.skip("no C compiler")
+    assert first.triton_chat_probe() == 1
+    (source_dir / "value.h").write_text("#define VALUE 2\n")
+    second = build.build_library(source, cache)
+    assert second is not None and second.triton_chat_probe() == 2
+    assert len(list(cache.glob("probe-*.so"))) == 2
+
+
 def test_without_a_compiler_the_kernel_is_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

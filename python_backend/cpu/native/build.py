@@ -63,7 +63,8 @@ def build_library(source: Path, cache_dir: Path | None = None, extra_flags: tupl
         logger.warning("no C compiler found (CC, cc, gcc): %s is not built", what)
         return None
     try:
-        text = source.read_bytes()
+        # The folder's headers too: a library is stale when a header it includes changed.
+        text = b"".join(path.read_bytes() for path in (source, *sorted(source.parent.glob("*.h"))))
     except OSError as exc:  # an install without its package data
         logger.warning("%s is not built: its source is missing (%s)", what, exc)
         return None

@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 /* Masked positions score this (finite: the file is built with -ffast-math, which assumes no
  * infinities, so that expf vectorizes); exp(MASKED - max) is exactly 0 in float32. */
 #define MASKED (-1.0e30f)
@@ -40,20 +42,6 @@ static inline float softmax_weights(float *s, int64_t length, float top) {
     return sum;
 }
 
-static inline float bf16_to_float(uint16_t bits) {
-    uint32_t wide = (uint32_t)bits << 16;
-    float value;
-    memcpy(&value, &wide, sizeof value);
-    return value;
-}
-
-static inline uint16_t float_to_bf16(float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu)) return 0x7fc0; /* NaN */
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
 
 /* q . k over dim bfloat16 elements, accumulated in float32. */
 static inline float dot_bf16(const uint16_t *a, const uint16_t *b, int64_t dim) {

@@ -21,25 +21,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #define LANES 16
 typedef float lanes_t __attribute__((vector_size(LANES * sizeof(float))));
 typedef uint32_t wide_bits_t __attribute__((vector_size(LANES * sizeof(uint32_t))));
 typedef uint16_t bf16_bits_t __attribute__((vector_size(LANES * sizeof(uint16_t))));
 
-static inline float bf16_to_float(uint16_t bits) {
-    uint32_t wide = (uint32_t)bits << 16;
-    float value;
-    memcpy(&value, &wide, sizeof value);
-    return value;
-}
-
-static inline uint16_t float_to_bf16(float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu)) return 0x7fc0; /* NaN */
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
 
 /* LANES consecutive elements as float32 (bfloat16 widened exactly: its bits are float32's top half). */
 static inline lanes_t lanes_f32(const float *p) {

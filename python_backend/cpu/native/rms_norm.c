@@ -13,20 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float bf16_to_float(uint16_t bits) {
-    uint32_t wide = (uint32_t)bits << 16;
-    float value;
-    memcpy(&value, &wide, sizeof value);
-    return value;
-}
-
-/* Nearest even, NaN to the quiet NaN, as PyTorch rounds; branch-free, so that loops vectorize. */
-static inline uint16_t float_to_bf16(float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    return (uint16_t)((bits & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);
-}
+#include "bf16.h"
 
 /* Rows worth a parallel region: below this many elements the team's wake-up costs more. */
 #define PARALLEL_ELEMENTS 16384

@@ -10,22 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float bf16_to_float(uint16_t bits) {
-    uint32_t wide = (uint32_t)bits << 16;
-    float value;
-    memcpy(&value, &wide, sizeof value);
-    return value;
-}
-
-/* Nearest even, NaN to the quiet NaN, as PyTorch rounds; branch-free, so that loops vectorize. */
-static inline float round_bf16(float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    const uint32_t rounded = ((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16) << 16;
-    bits = (bits & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : rounded;
-    memcpy(&value, &bits, sizeof value);
-    return value;
-}
+#include "bf16.h"
 
 #define PARALLEL_ELEMENTS 16384
 #define MAX_DIM 1024
@@ -46,10 +31,7 @@ int triton_chat_rope_bf16(const uint16_t *x, int64_t x_stride, const uint16_t *c
                 const float rotated = d < half ? -bf16_to_float(xr[d + half]) : bf16_to_float(xr[d - half]);
                 const float sum = round_bf16(bf16_to_float(xr[d]) * bf16_to_float(c[d])) +
                                   round_bf16(rotated * bf16_to_float(s[d]));
-                uint32_t bits;
-                const float narrow = round_bf16(sum);
-                memcpy(&bits, &narrow, sizeof bits);
-                o[d] = (uint16_t)(bits >> 16);
+                o[d] = float_to_bf16(sum);
             }
         }
     }
