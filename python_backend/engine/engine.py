@@ -92,7 +92,7 @@ class Engine:
         self._scheduler = Scheduler(admission, settings.max_num_seqs, settings.max_num_batched_tokens)
         self._delivery = Delivery(self._scheduler, loaded.tokenizer, settings.stream_interval)
         self._running: list[Sequence] = []  # in KV-batch row order
-        self._kv = KVBatch(loaded.kv_dtype)
+        self._kv = KVBatch(loaded.kv_dtype, settings.max_num_seqs)
         self._prefix = PrefixCache(self.limits.prefix_cache_tokens)
         self._prefiller = Prefiller(loaded, self._prefix)
         self._wake = threading.Event()

@@ -37,9 +37,12 @@ class GrowableLayer(DynamicLayer):
     spare room makes rare (amortised, like a list's append).
     """
 
-    def __init__(self, storage_dtype: torch.dtype | None = None, **kwargs: object) -> None:
+    def __init__(self, storage_dtype: torch.dtype | None = None, reserve_rows: int = 0, **kwargs: object) -> None:
         super().__init__(**kwargs)
         self._storage_dtype = storage_dtype  # None: the dtype of the first states written
+        # Rows the first buffer has room for. Room costs no memory until a row is written (the
+        # pages of an untouched row are never faulted in), and every growth copies every row.
+        self._reserve_rows = reserve_rows
         self._buf_k: torch.Tensor | None = None
         self._buf_v: torch.Tensor | None = None
         self._rows = 0
@@ -56,7 +59,7 @@ class GrowableLayer(DynamicLayer):
         if buf is not None and rows <= buf.shape[0] and left <= self._start and self._end + right <= buf.shape[2]:
             return
         if buf is None:
-            row_capacity = rows
+            row_capacity = max(rows, self._reserve_rows)
         elif rows > buf.shape[0]:
             row_capacity = max(rows, int(buf.shape[0] * _GROWTH) + 1)
         else:
@@ -161,9 +164,10 @@ class GrowableLayer(DynamicLayer):
 class BatchCache(Cache):
     """A cache of ``GrowableLayer``s; one per prefill, and one for the running batch."""
 
-    def __init__(self, storage_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, storage_dtype: torch.dtype | None = None, reserve_rows: int = 0) -> None:
         super().__init__(layer_class_to_replicate=GrowableLayer)
         self.storage_dtype = storage_dtype
+        self.reserve_rows = reserve_rows  # each layer's first buffer's rows (GrowableLayer)
 
     def layer_states(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         out = []
@@ -175,7 +179,7 @@ class BatchCache(Cache):
 
     def set_layer_states(self, states: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         while len(self.layers) < len(states):
-            self.layers.append(GrowableLayer(self.storage_dtype))
+            self.layers.append(GrowableLayer(self.storage_dtype, self.reserve_rows))
         for layer, (keys, values) in zip(self.layers, states, strict=True):
             if not isinstance(layer, GrowableLayer):
                 raise TypeError(f"unsupported cache layer {type(layer).__name__}")
@@ -204,9 +208,10 @@ def left_pad(tensor: torch.Tensor, amount: int) -> torch.Tensor:
 class KVBatch:
     """The running batch's cache with per-row left padding."""
 
-    def __init__(self, storage_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, storage_dtype: torch.dtype | None = None, reserve_rows: int = 0) -> None:
         self.storage_dtype = storage_dtype
-        self.cache = BatchCache(storage_dtype)
+        self.reserve_rows = reserve_rows  # the most rows it is expected to hold (max_num_seqs)
+        self.cache = BatchCache(storage_dtype, reserve_rows)
         self.pad: list[int] = []
         self._holes: torch.Tensor | None = None  # [rows, length] bool, True = rejected position
 
@@ -240,7 +245,7 @@ class KVBatch:
         new_states = [(k[:, :, pad:], v[:, :, pad:]) for k, v in states]
         new_len = new_states[0][0].shape[-2]
         if not self.pad:
-            self.cache = BatchCache(self.storage_dtype)
+            self.cache = BatchCache(self.storage_dtype, self.reserve_rows)
             self.cache.set_layer_states(_repeated(new_states, copies, dtype))
             self.pad = [0] * copies
             self._holes = None
@@ -265,7 +270,7 @@ class KVBatch:
         if rows == list(range(self.rows)):
             return rows
         if not rows:
-            self.cache = BatchCache(self.storage_dtype)
+            self.cache = BatchCache(self.storage_dtype, self.reserve_rows)
             self.pad = []
             self._holes = None
             return []

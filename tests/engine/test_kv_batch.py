@@ -84,3 +84,23 @@ def test_a_join_and_a_leave_copy_no_other_row() -> None:
     assert kv.keep([0, 2, 3, 4, 5]) == [0, 5, 2, 3, 4]  # the last row fills the place of the one that left
     assert _buffer(kv) == buffer  # every change happened in place
     assert [r[:2] for r in _rows(kv)] == [[0.0, 1.0], [400.0, 401.0], [200.0, 201.0], [600.0, 601.0], [300.0, 301.0]]
+
+
+def test_rows_join_up_to_the_reserve_without_moving_the_batch() -> None:
+    # The running batch reserves max_num_seqs rows: a join below that copies no row, however many
+    # joined before it; past the reserve the buffer grows as before, the rows still exact.
+    kv = KVBatch(reserve_rows=8)
+    kv.add_states(_row([1.0, 2.0, 3.0]), 1)
+    buffer = _buffer(kv)
+    for i in range(7):
+        kv.add_states(_row([10.0 * (i + 1) + j for j in range(2)]), 1)  # shorter: padded in place
+    assert _buffer(kv) == buffer and kv.rows == 8
+    kv.add_states(_row([90.0, 91.0]), 1)
+    assert _buffer(kv) != buffer
+    assert [r[0] for r in _rows(kv)] == [1.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 90.0]
+    assert kv.keep([]) == [] and kv.rows == 0
+    kv.add_states(_row([5.0]), 1)  # an emptied batch starts again with its reserve
+    buffer = _buffer(kv)
+    for i in range(7):
+        kv.add_states(_row([6.0 + i]), 1)
+    assert _buffer(kv) == buffer and [r[0] for r in _rows(kv)] == [5.0 + i for i in range(8)]
