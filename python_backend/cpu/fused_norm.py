@@ -96,20 +96,18 @@ def build_norm_kernel(cache_dir: Path | None = None) -> NormKernel | None:
     return NormKernel(library)
 
 
-class FusedRMSNorm(torch.nn.Module):
-    """A Llama/Qwen2 RMSNorm run by ``NormKernel``; ``add_norm`` adds the residual first."""
-
-    weight: torch.nn.Parameter
+class FusedRMSNorm(LlamaRMSNorm):
+    """A Llama/Qwen2 RMSNorm (the two compute alike) run by ``NormKernel``; ``add_norm`` adds the
+    residual first. Inputs the kernel does not take get transformers' own forward."""
 
     def __init__(self, norm: LlamaRMSNorm | Qwen2RMSNorm, kernel: NormKernel) -> None:
-        super().__init__()
+        super().__init__(norm.weight.shape[0], float(norm.variance_epsilon))
         self.weight = norm.weight
-        self.variance_epsilon = float(norm.variance_epsilon)
         self._kernel = kernel
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if not self._kernel.handles(hidden, self.weight):
-            return _reference(hidden, self.weight, self.variance_epsilon)
+            return super().forward(hidden)
         return self._kernel.norm(hidden, self.weight, self.variance_epsilon)[0]
 
     def add_norm(self, hidden: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,17 +118,6 @@ class FusedRMSNorm(torch.nn.Module):
         normed, total = self._kernel.norm(hidden, self.weight, self.variance_epsilon, delta)
         assert total is not None  # a delta was given (an invariant, not input)
         return normed, total
-
-    def extra_repr(self) -> str:
-        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
-
-
-def _reference(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' RMSNorm, for the inputs the kernel does not take."""
-    dtype = hidden.dtype
-    wide = hidden.to(torch.float32)
-    wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * wide.to(dtype)
 
 
 def fuse_norms(decoder: torch.nn.Module, kernel: NormKernel) -> int:
