@@ -267,16 +267,17 @@ class FastDecoder:
             normed, hidden = _add_norm(layer.post_norm, hidden, layer.o.apply_unchecked(attended))
             gate, up = layer.gate_up.split(layer.gate_up.apply_unchecked(normed))
             pending = layer.down.apply_unchecked(torch.nn.functional.silu(gate) * up)
-        if pending is not None:
-            hidden = hidden + pending
-        # Only the rows whose next token is sampled go through the norm and the output head.
+        # Only the rows whose next token is sampled get the last residual add, the norm and the
+        # output head.
         picked, ends, offset = list(range(rows)), [], rows
         for segment in segments:
             offset += len(segment.input_ids)
             ends.append(len(picked) if segment.want_logits else None)
             if segment.want_logits:
                 picked.append(offset - 1)
-        logits = self._head(self._decoder.norm(hidden[:, picked]))[0]  # [picked, vocab]
+        last = pending[:, picked] if pending is not None else None
+        normed, _ = _add_norm(self._decoder.norm, hidden[:, picked], last)
+        logits = self._head(normed)[0]  # [picked, vocab]
         return MixedLogits(
             logits[:rows] if decode is not None else None,
             [logits[at : at + 1] if at is not None else None for at in ends],
