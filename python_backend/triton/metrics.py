@@ -93,30 +93,36 @@ class MetricsReporter:
             family = pb_utils.MetricFamily(name=name, description=description, kind=pb_utils.MetricFamily.COUNTER)
             self._families.append(family)
             self._counters.append((family.Metric(labels=labels), field))
+        self._sent: dict[str, float] = {}  # the value each gauge was last set to
+        self._counted: dict[str, int] = {}  # each counter's total so far
+        # Once before the model is ready, so that a scrape right after readiness already sees the
+        # budget (a fast first request could otherwise finish before the timer's first update).
+        self._publish()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="triton-chat-metrics", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        sent: dict[str, float] = {}
-        counted: dict[str, int] = {}
         while not self._stop.wait(_METRICS_PERIOD_S):
-            stats = self._engine.stats()
-            try:
-                for gauge, field in self._gauges:
-                    value = float(getattr(stats, field))
-                    if sent.get(field) != value:
-                        gauge.set(value)
-                        sent[field] = value
-                if self._preparer is not None:
-                    counts = self._preparer()
-                    for counter, field in self._counters:
-                        total = int(getattr(counts, field))
-                        if total != counted.get(field, 0):
-                            counter.increment(total - counted.get(field, 0))
-                            counted[field] = total
-            except Exception:  # metrics are best effort; serving goes on
-                logger.exception("updating metrics failed")
+            self._publish()
+
+    def _publish(self) -> None:
+        stats = self._engine.stats()
+        try:
+            for gauge, field in self._gauges:
+                value = float(getattr(stats, field))
+                if self._sent.get(field) != value:
+                    gauge.set(value)
+                    self._sent[field] = value
+            if self._preparer is not None:
+                counts = self._preparer()
+                for counter, field in self._counters:
+                    total = int(getattr(counts, field))
+                    if total != self._counted.get(field, 0):
+                        counter.increment(total - self._counted.get(field, 0))
+                        self._counted[field] = total
+        except Exception:  # metrics are best effort; serving goes on
+            logger.exception("updating metrics failed")
 
     def stop(self) -> None:
         self._stop.set()
