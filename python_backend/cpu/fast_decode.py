@@ -72,10 +72,34 @@ class MixedLogits:
     segments: list[torch.Tensor | None]  # [1, vocab] per segment that wanted logits, else None
 
 
-def prompt_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float) -> torch.Tensor:
+def causal_rows(count: int, total: int) -> torch.Tensor:
+    """[count, total] uint8: row t sees positions up to its own, ``total - count + t``."""
+    return torch.ones(count, total, dtype=torch.uint8).tril_(total - count)
+
+
+def prompt_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scale: float,
+    kernel: DecodeAttentionKernel | None = None,
+    visible: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Causal attention of ``query`` [1, H, T, D], the last T of ``key``/``value`` [1, KV, P + T, D]'s
-    positions; returns [T, H * D]."""
+    positions; returns [T, H * D].
+
+    With ``kernel`` and ``visible`` (``causal_rows(T, P + T)``), each query row is one row of the
+    decode-attention kernel over the segment's keys and values, shared at a batch stride of 0, its
+    mask ending at its own position: the kernel skips the masked tail, reads the segment's keys
+    from cache for every row, and neither copies the KV heads per query head nor builds a mask per
+    layer, where PyTorch's CPU SDPA was 3-4x slower at 300-2,000 positions (docs/performance.md).
+    """
     heads, count = query.shape[1], query.shape[2]
+    if kernel is not None and visible is not None:
+        rows = query[0].transpose(0, 1).unsqueeze(2)  # [T, H, 1, D]
+        shared = (count, -1, -1, -1)
+        if kernel.handles(rows, key.expand(shared), value.expand(shared)):
+            return kernel.attend(rows, key.expand(shared), value.expand(shared), visible, scale).view(count, -1)
     past = key.shape[2] - count
     groups = heads // key.shape[1]
     if groups > 1:
@@ -149,6 +173,7 @@ class FastDecoder:
         attend: Attend,
         mixes: bool = True,
         rope: RopeKernel | None = None,
+        prompt_kernel: DecodeAttentionKernel | None = None,
     ):
         self._decoder = decoder
         self._head = head
@@ -158,6 +183,7 @@ class FastDecoder:
         # Prompt segments attend through SDPA: not with a model whose attention must stay its own
         # (the batch-invariant mode's one kernel for prefill and decode).
         self.mixes = mixes
+        self._prompt_kernel = prompt_kernel  # prompt segments' attention (prompt_attention), or None: SDPA
 
     @staticmethod
     def build(
@@ -205,7 +231,7 @@ class FastDecoder:
                 )  # fmt: skip
             )
         attend_one = attend or partial(one_row_attention, kernel=kernel)
-        return FastDecoder(decoder, head, layers, attend_one, attend is None, rope)
+        return FastDecoder(decoder, head, layers, attend_one, attend is None, rope, kernel if attend is None else None)
 
     @property
     def rotates_natively(self) -> bool:
@@ -240,6 +266,11 @@ class FastDecoder:
         cos, sin = self._decoder.rotary_emb(hidden, position_ids)
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [1, N, 1, D]: per token, every head
         pending: torch.Tensor | None = None  # the last MLP's output, added in the next norm's pass
+        # Each segment's causal mask, once for every layer (only the kernel reads it).
+        visible = [
+            causal_rows(len(s.input_ids), s.start + len(s.input_ids)) if self._prompt_kernel is not None else None
+            for s in segments
+        ]
         for index, layer in enumerate(self._layers):
             normed, hidden = _add_norm(layer.input_norm, hidden, pending)
             merged = layer.qkv.apply_unchecked(normed)
@@ -256,12 +287,12 @@ class FastDecoder:
                 keys, values = decode.cache.update(key, row_value, index)
                 parts.append(self._attend(query, keys, values, decode.keep, layer.scaling).reshape(rows, -1))
             offset = rows
-            for segment in segments:
+            for segment, rows_visible in zip(segments, visible, strict=True):
                 end = offset + len(segment.input_ids)
                 query = query_key[:, offset:end, :heads].transpose(1, 2)  # [1, H, T, D]
                 key, seg_value = query_key[:, offset:end, heads:].transpose(1, 2), value[:, offset:end].transpose(1, 2)
                 keys, values = segment.cache.update(key, seg_value, index)
-                parts.append(prompt_attention(query, keys, values, layer.scaling))
+                parts.append(prompt_attention(query, keys, values, layer.scaling, self._prompt_kernel, rows_visible))
                 offset = end
             attended = torch.cat(parts).unsqueeze(0) if len(parts) > 1 else parts[0].unsqueeze(0)
             normed, hidden = _add_norm(layer.post_norm, hidden, layer.o.apply_unchecked(attended))

@@ -11,6 +11,7 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from python_backend.cpu.attention import decode_attention
+from python_backend.cpu.fast_decode import causal_rows, prompt_attention
 from python_backend.cpu.native import attention_kernel, build
 from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel, build_kernel
 
@@ -217,3 +218,30 @@ def test_a_missing_source_gives_none(
     with caplog.at_level(logging.WARNING):
         assert build_kernel(tmp_path) is None
     assert "source is missing" in caplog.text
+
+
+@pytest.mark.parametrize(("count", "past", "dim"), [(1, 0, 64), (37, 0, 64), (20, 45, 64), (18, 7, 128), (9, 4, 80)])
+@pytest.mark.parametrize(
+    "dtypes", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32), (torch.float32, torch.bfloat16)]
+)
+def test_prompt_rows_through_the_kernel_equal_causal_sdpa(
+    kernel: DecodeAttentionKernel, count: int, past: int, dim: int, dtypes: tuple[torch.dtype, torch.dtype]
+) -> None:
+    """A prompt segment's causal attention by the kernel (its rows sharing the segment's keys and
+    values, each mask ending at its own position) equals SDPA's, and each row equals a decode step
+    over exactly its visible prefix, bit for bit: the masked tail is skipped, not scored."""
+    query_dtype, cache_dtype = dtypes
+    torch.manual_seed(count * 31 + past)
+    query = torch.randn(1, 9, count, dim).to(query_dtype)
+    key = torch.randn(1, 3, past + count, dim).to(cache_dtype)
+    value = torch.randn(1, 3, past + count, dim).to(cache_dtype)
+    visible = causal_rows(count, past + count)
+    got = prompt_attention(query, key, value, dim**-0.5, kernel, visible)
+    assert got.dtype == query_dtype and got.shape == (count, 9 * dim)
+    expected = prompt_attention(query.float(), key.float(), value.float(), dim**-0.5)  # SDPA
+    tolerance = 1e-2 if torch.bfloat16 in dtypes else 1e-5
+    assert torch.allclose(got.float(), expected, atol=tolerance, rtol=tolerance)
+    for t in (0, count // 2, count - 1):
+        end = past + t + 1
+        alone = kernel.attend(query[:, :, t : t + 1], key[:, :, :end], value[:, :, :end], None, dim**-0.5)
+        assert torch.equal(got[t], alone.reshape(-1))

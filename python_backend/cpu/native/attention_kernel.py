@@ -91,7 +91,8 @@ class DecodeAttentionKernel:
         mask: torch.Tensor | None,
         scaling: float,
     ) -> torch.Tensor:
-        """``query`` [B, H, 1, D], ``key``/``value`` [B, KV, L, D], ``mask`` [B, L] bool or None; returns [B, 1, H, D]."""
+        """``query`` [B, H, 1, D], ``key``/``value`` [B, KV, L, D], ``mask`` [B, L] bool or uint8 (non-zero: attend)
+        or None; returns [B, 1, H, D]. Masked runs at the start and the end of a row are not read."""
         batch, heads, _, dim = query.shape
         kv_heads, length = key.shape[1], key.shape[2]
         query = query.contiguous()

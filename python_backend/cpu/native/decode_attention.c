@@ -2,6 +2,9 @@
  *
  * out[b, h, :] = softmax(scale * q[b, h, :] . k[b, h / group, l, :]) @ v[b, h / group, l, :]
  * over the positions l < length where mask[b, l] is non-zero (mask may be NULL: all positions).
+ * Masked runs at either end of a row are skipped, not scored: a decode row's left padding, and
+ * the causal tail of a prompt's query row (the rows of one prompt share its keys and values,
+ * with a batch stride of 0, and each row's mask ends at its own position).
  * Keys and values are read in place from the cache's strided views and widened to float32 row by
  * row; scores, softmax and sums are float32; the output is rounded to bfloat16 (nearest even).
  * Work is split over (sequence, KV head) pairs with OpenMP. With AVX512-BF16, scores are computed
@@ -194,14 +197,17 @@ int triton_chat_decode_attention_bf16(
                     memset(acc + g * dim, 0, sizeof(float) * (size_t)dim);
                 }
                 const uint16_t *kbase = k + b * k_stride_b + kh * k_stride_h;
-                int64_t first = 0;
+                /* Only [first, stop) is read: a decode row's left padding, a prompt row's causal
+                 * tail (prompt_attention.py's rows end where their position does). */
+                int64_t first = 0, stop = length;
                 while (keep && first < length && !keep[first]) ++first;
+                while (keep && stop > first && !keep[stop - 1]) --stop;
 #ifdef HAVE_DPBF16
                 if (dim % 32 == 0) {
                     /* A row's left padding is never read: its keys are skipped, not scored (each
                      * score's reduction tree is the same wherever its block starts). */
-                    for (int64_t l = first; l < length; l += 16) {
-                        const int64_t count = length - l < 16 ? length - l : 16;
+                    for (int64_t l = first; l < stop; l += 16) {
+                        const int64_t count = stop - l < 16 ? stop - l : 16;
                         for (int64_t g = 0; g < group; ++g)
                             scores_block(qrows[g], kbase, k_stride_l, l, count, dim, scale, scores + g * length + l);
                     }
@@ -212,20 +218,20 @@ int triton_chat_decode_attention_bf16(
                         /* Branch-free, so that it vectorizes; the maximum is exact in any order. */
                         if (keep) {
 #pragma omp simd reduction(max : m)
-                            for (int64_t l = first; l < length; ++l) {
+                            for (int64_t l = first; l < stop; ++l) {
                                 const float x = keep[l] ? s[l] : MASKED;
                                 s[l] = x;
                                 m = x > m ? x : m;
                             }
                         } else {
 #pragma omp simd reduction(max : m)
-                            for (int64_t l = first; l < length; ++l) m = s[l] > m ? s[l] : m;
+                            for (int64_t l = first; l < stop; ++l) m = s[l] > m ? s[l] : m;
                         }
                         top[g] = m;
                     }
                 } else
 #endif
-                for (int64_t l = 0; l < length; ++l) {
+                for (int64_t l = 0; l < stop; ++l) {
                     if (keep && !keep[l]) {
                         for (int64_t g = 0; g < group; ++g) scores[g * length + l] = MASKED;
                         continue;
@@ -237,17 +243,18 @@ int triton_chat_decode_attention_bf16(
                         if (dot > top[g]) top[g] = dot;
                     }
                 }
-                for (int64_t g = 0; g < group; ++g) total[g] = softmax_weights(scores + g * length, length, top[g]);
+                /* Past ``stop`` every position is masked: it would weigh exactly 0. */
+                for (int64_t g = 0; g < group; ++g) total[g] = softmax_weights(scores + g * length, stop, top[g]);
                 const uint16_t *vbase = v + b * v_stride_b + kh * v_stride_h;
 #ifdef HAVE_DPBF16
                 /* Left padding weighs exactly 0 (softmax of MASKED): start after it. */
                 if (dim == 64) {
-                    weighted_values(scores, length, vbase, v_stride_l, first, length, group, 4, 6, acc, dim);
+                    weighted_values(scores, length, vbase, v_stride_l, first, stop, group, 4, 6, acc, dim);
                 } else if (dim == 128) {
-                    weighted_values(scores, length, vbase, v_stride_l, first, length, group, 8, 3, acc, dim);
+                    weighted_values(scores, length, vbase, v_stride_l, first, stop, group, 8, 3, acc, dim);
                 } else
 #endif
-                for (int64_t l = 0; l < length; ++l) {
+                for (int64_t l = 0; l < stop; ++l) {
                     if (keep && !keep[l]) continue;
                     const uint16_t *vr = vbase + l * v_stride_l;
 #pragma omp simd
@@ -404,6 +411,10 @@ static inline __attribute__((always_inline)) int decode_attention_f32q(
                     top[g] = MASKED;
                     memset(acc + g * dim, 0, sizeof(float) * (size_t)dim);
                 }
+                /* Only [first, stop) is read, as in the bfloat16 kernel. */
+                int64_t first = 0, stop = length;
+                while (keep && first < length && !keep[first]) ++first;
+                while (keep && stop > first && !keep[stop - 1]) --stop;
 #ifdef HAVE_AVX2_F32
                 /* Blocks of 8 positions per query head: the block's key rows stay in L1 for the
                  * G heads that read them, and one reduction serves 8 scores. */
@@ -413,10 +424,7 @@ static inline __attribute__((always_inline)) int decode_attention_f32q(
 #endif
 #ifdef HAVE_AVX2_F32
                 if (vector) {
-                    /* A row's left padding is never read: its keys are skipped, not scored. */
-                    int64_t first = 0;
-                    while (keep && first < length && !keep[first]) ++first;
-                    const int64_t blocked = first + (length - first) / 8 * 8;
+                    const int64_t blocked = first + (stop - first) / 8 * 8;
                     for (int64_t l = first; l < blocked; l += 8)
                         for (int64_t g = 0; g < group; ++g)
                             scores8_f32(qbase + g * q_stride_h, kbase, k_stride_l, l, dim, scale, scores + g * span + l,
@@ -425,7 +433,7 @@ static inline __attribute__((always_inline)) int decode_attention_f32q(
                         const float *qr = qbase + g * q_stride_h;
                         float *s = scores + g * span;
                         for (int64_t l = 0; l < first; ++l) s[l] = MASKED;
-                        for (int64_t l = blocked; l < length; ++l) {
+                        for (int64_t l = blocked; l < stop; ++l) {
                             /* Spelled out, so that both cache dtypes sum in the same order. */
                             __m256 dot = _mm256_setzero_ps();
                             for (int64_t d = 0; d < dim; d += 8)
@@ -433,7 +441,7 @@ static inline __attribute__((always_inline)) int decode_attention_f32q(
                             s[l] = hsum8(dot) * scale;
                         }
                         float m = MASKED;
-                        for (int64_t l = 0; l < length; ++l) {
+                        for (int64_t l = 0; l < stop; ++l) {
                             if (keep && !keep[l]) s[l] = MASKED;
                             else if (s[l] > m) m = s[l];
                         }
@@ -441,7 +449,7 @@ static inline __attribute__((always_inline)) int decode_attention_f32q(
                     }
                 }
 #endif
-                for (int64_t l = 0; l < length && !vector; ++l) {
+                for (int64_t l = 0; l < stop && !vector; ++l) {
                     if (keep && !keep[l]) {
                         for (int64_t g = 0; g < group; ++g) scores[g * span + l] = MASKED;
                         continue;
@@ -457,18 +465,16 @@ static inline __attribute__((always_inline)) int decode_attention_f32q(
                         if (dot > top[g]) top[g] = dot;
                     }
                 }
-                for (int64_t g = 0; g < group; ++g) total[g] = softmax_weights(scores + g * span, length, top[g]);
+                for (int64_t g = 0; g < group; ++g) total[g] = softmax_weights(scores + g * span, stop, top[g]);
 #ifdef HAVE_AVX2_F32
                 if (vector) {
                     /* Left padding weighs exactly 0 (softmax of MASKED): start after it. */
-                    int64_t first = 0;
-                    while (keep && first < length && !keep[first]) ++first;
                     for (int64_t g = 0; g < group; ++g)
-                        weighted_values_f32(scores + g * span, vbase, v_stride_l, first, length, (int)(dim / 8),
+                        weighted_values_f32(scores + g * span, vbase, v_stride_l, first, stop, (int)(dim / 8),
                                             acc + g * dim, narrow);
                 }
 #endif
-                for (int64_t l = 0; l < length && !vector; ++l) {
+                for (int64_t l = 0; l < stop && !vector; ++l) {
                     if (keep && !keep[l]) continue;
                     const float *vr = row_f32(vbase, l * v_stride_l, dim, wide, narrow);
                     for (int64_t g = 0; g < group; ++g) {
