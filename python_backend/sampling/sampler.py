@@ -118,8 +118,40 @@ def take_rows(tensor: torch.Tensor, indexes: list[int]) -> torch.Tensor:
     return tensor if len(indexes) == tensor.shape[0] else tensor[indexes]
 
 
+def _plain_greedy(row: RowSampling) -> bool:
+    """Whether the row's token is the argmax of its raw logits, bar suppressed ids."""
+    return (
+        row.temperature <= 0.0
+        and row.top_logprobs is None
+        and not row.has_penalties
+        and row.grammar is None
+        and not row.logit_bias
+    )
+
+
+def _greedy_unprocessed(logits: torch.Tensor, rows: list[RowSampling]) -> list[SampledToken]:
+    """Greedy tokens read off ``logits`` in their own dtype, with no widened or masked copy.
+
+    Masking ids to -inf cannot move the first maximum unless it is one of them, so only a row
+    whose maximum is suppressed is masked and searched again: the tokens are those of the general
+    path, without its two [rows, vocab] float32 copies (25 MB a step at 64 rows of a 49k vocabulary).
+    """
+    best = torch.max(logits, dim=1).indices.tolist()
+    out = []
+    for i, row in enumerate(rows):
+        token = int(best[i])
+        if token in row.suppress_ids:
+            masked = logits[i].float()
+            masked[list(row.suppress_ids)] = float("-inf")
+            token = int(torch.max(masked, dim=0).indices)
+        out.append(SampledToken(token, 0.0, []))
+    return out
+
+
 def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[SampledToken]:
     """One token per row of ``logits`` ([rows, vocab], any float dtype)."""
+    if all(_plain_greedy(r) for r in rows):
+        return _greedy_unprocessed(logits, rows)
     raw = logits.float()
     want_logprobs = any(r.top_logprobs is not None for r in rows)
     logprobs = torch.log_softmax(raw, dim=1) if want_logprobs else None

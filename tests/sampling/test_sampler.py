@@ -44,6 +44,22 @@ def test_greedy_takes_the_first_of_tied_maxima_in_any_row_count() -> None:
         assert [p.token_id for p in picks] == [12 if i == 5 else 700 for i in range(rows)]
 
 
+def test_plain_greedy_rows_pick_what_rows_with_other_rules_pick() -> None:
+    # Plain greedy rows take the argmax of the raw logits, masking only a row whose maximum is
+    # suppressed; a row asking for logprobs goes through the widened, masked copy. Both must agree,
+    # suppressed maxima, ties among the rest and bfloat16 included.
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(8, 300, generator=generator).to(torch.bfloat16)
+    logits[:, 7] = 9.0  # every row's maximum, suppressed in the odd rows
+    logits[1, [40, 20]] = 8.0  # tied runners-up: the lower id wins
+    suppress = [(7, 2) if i % 2 else () for i in range(8)]
+    plain = sample(logits, [row(temperature=0.0, suppress_ids=s) for s in suppress])
+    general = sample(logits, [row(temperature=0.0, suppress_ids=s, top_logprobs=0) for s in suppress])
+    assert [p.token_id for p in plain] == [p.token_id for p in general]
+    assert [p.token_id for p in plain][:2] == [7, 20]
+    assert all(p.token_id != 7 for p in plain[1::2])
+
+
 def test_top_k_limits_the_candidates() -> None:
     logits = torch.arange(50, dtype=torch.float32).unsqueeze(0)
     picks = {sample(logits, [row(seed=s, top_k=3, temperature=5.0)])[0].token_id for s in range(200)}
