@@ -39,6 +39,7 @@ from python_backend.cpu.fused_projections import FusedProjections, ProjectionSli
 from python_backend.cpu.fused_rope import RopeKernel
 from python_backend.cpu.linear import PackedLinear
 from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel
+from python_backend.cpu.prompt_attention import PromptAttentionKernel
 from python_backend.engine.kv_cache import BatchCache
 
 # (query [B, H, 1, D], keys, values [B, KV, L, D], keep [B, L] or None, scale) -> [B, 1, H, D]
@@ -84,6 +85,7 @@ def prompt_attention(
     scale: float,
     kernel: DecodeAttentionKernel | None = None,
     visible: torch.Tensor | None = None,
+    tiles: PromptAttentionKernel | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``query`` [1, H, T, D], the last T of ``key``/``value`` [1, KV, P + T, D]'s
     positions; returns [T, H * D].
@@ -92,8 +94,12 @@ def prompt_attention(
     decode-attention kernel over the segment's keys and values, shared at a batch stride of 0, its
     mask ending at its own position: the kernel skips the masked tail, reads the segment's keys
     from cache for every row, and neither copies the KV heads per query head nor builds a mask per
-    layer, where PyTorch's CPU SDPA was 3-4x slower at 300-2,000 positions (docs/performance.md).
+    layer, where PyTorch's CPU SDPA was 2x slower at 300-500 positions. ``tiles``
+    (``prompt_attention.py``), where it takes these tensors, is faster still (1.4-1.9x the decode
+    kernel's rows, docs/performance.md).
     """
+    if tiles is not None and tiles.handles(query, key, value):
+        return tiles.attend(query, key, value, scale)
     heads, count = query.shape[1], query.shape[2]
     if kernel is not None and visible is not None:
         rows = query[0].transpose(0, 1).unsqueeze(2)  # [T, H, 1, D]
@@ -174,6 +180,7 @@ class FastDecoder:
         mixes: bool = True,
         rope: RopeKernel | None = None,
         prompt_kernel: DecodeAttentionKernel | None = None,
+        prompt_tiles: PromptAttentionKernel | None = None,
     ):
         self._decoder = decoder
         self._head = head
@@ -183,11 +190,18 @@ class FastDecoder:
         # Prompt segments attend through SDPA: not with a model whose attention must stay its own
         # (the batch-invariant mode's one kernel for prefill and decode).
         self.mixes = mixes
-        self._prompt_kernel = prompt_kernel  # prompt segments' attention (prompt_attention), or None: SDPA
+        # Prompt segments' attention (prompt_attention): the tiled kernel, else the decode kernel's
+        # rows, else SDPA.
+        self._prompt_kernel = prompt_kernel
+        self._prompt_tiles = prompt_tiles
 
     @staticmethod
     def build(
-        model: Any, kernel: DecodeAttentionKernel | None, attend: Attend | None = None, rope: RopeKernel | None = None
+        model: Any,
+        kernel: DecodeAttentionKernel | None,
+        attend: Attend | None = None,
+        rope: RopeKernel | None = None,
+        prompt: PromptAttentionKernel | None = None,
     ) -> FastDecoder | None:
         """The lean step for ``model`` (a transformers causal LM), or None where it would not be exact.
 
@@ -231,7 +245,10 @@ class FastDecoder:
                 )  # fmt: skip
             )
         attend_one = attend or partial(one_row_attention, kernel=kernel)
-        return FastDecoder(decoder, head, layers, attend_one, attend is None, rope, kernel if attend is None else None)
+        own = attend is None  # the batch-invariant mode's attention covers prompts too
+        return FastDecoder(
+            decoder, head, layers, attend_one, own, rope, kernel if own else None, prompt if own else None
+        )
 
     @property
     def rotates_natively(self) -> bool:
@@ -292,7 +309,11 @@ class FastDecoder:
                 query = query_key[:, offset:end, :heads].transpose(1, 2)  # [1, H, T, D]
                 key, seg_value = query_key[:, offset:end, heads:].transpose(1, 2), value[:, offset:end].transpose(1, 2)
                 keys, values = segment.cache.update(key, seg_value, index)
-                parts.append(prompt_attention(query, keys, values, layer.scaling, self._prompt_kernel, rows_visible))
+                parts.append(
+                    prompt_attention(
+                        query, keys, values, layer.scaling, self._prompt_kernel, rows_visible, self._prompt_tiles
+                    )
+                )
                 offset = end
             attended = torch.cat(parts).unsqueeze(0) if len(parts) > 1 else parts[0].unsqueeze(0)
             normed, hidden = _add_norm(layer.post_norm, hidden, layer.o.apply_unchecked(attended))

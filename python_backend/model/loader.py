@@ -27,6 +27,7 @@ from python_backend.cpu.fused_rope import build_rope_kernel
 from python_backend.cpu.linear import pack_linears, prepack_supported
 from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel, build_kernel
 from python_backend.cpu.native.invariant_attention import InvariantAttentionKernel, build_invariant_kernel
+from python_backend.cpu.prompt_attention import build_prompt_kernel
 from python_backend.model.device import place, synchronize
 from python_backend.model.draft import DraftLoadError, DraftModel, load_draft
 from python_backend.model.lora import attach_adapters, parse_lora_modules
@@ -225,7 +226,10 @@ def load_model(settings: EngineSettings) -> LoadedModel:
                 # Before the lean step takes the modules: both forwards must run the same norms.
                 fuse_norms(base.get_decoder(), norms)
             rope = build_rope_kernel() if norms is not None else None
-            fast = FastDecoder.build(base, kernel, attend, rope)  # None where it would not equal the model's forward
+            prompt = build_prompt_kernel() if norms is not None else None
+            fast = FastDecoder.build(
+                base, kernel, attend, rope, prompt
+            )  # None where it would not equal the model's forward
     if invariant is not None:
         install_batch_invariant(model, base.get_decoder(), base.get_output_embeddings())
     draft = None

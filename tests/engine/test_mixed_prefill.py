@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from python_backend.cpu.fast_decode import DecodeRows, PromptSegment
+from python_backend.cpu.prompt_attention import PromptAttentionKernel, build_prompt_kernel
 from python_backend.engine.kv_cache import BatchCache
 from python_backend.model.loader import LoadedModel
 from tests.engine.test_generation import decode, generate_greedy
 from tests.fixtures.engine_driver import Driver, copy_batch, load_on_cpu, make_engine, running_batch
+from tests.fixtures.tiny_models import build_tiny_chat_model
 
 
 def _prefilled(loaded: LoadedModel, tokens: list[int]) -> BatchCache:
@@ -133,3 +135,41 @@ def test_speculation_and_batch_invariance_keep_prefill_separate(tiny_loaded: Loa
         assert not engine._mixes
     finally:
         engine.stop()
+
+
+def test_bfloat16_prompt_segments_attend_through_the_tiled_kernel(
+    tmp_path: Path, tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In bfloat16 a mixed step's prompt segments go to the tiled kernel (where the CPU has
+    AVX512-BF16) and their logits agree with the model's own forward within bfloat16 rounding."""
+    tiles = build_prompt_kernel()
+    if tiles is None:
+        pytest.skip("no C compiler or no AVX512-BF16: prompts attend through the decode kernel")
+    # Heads of 64 (the kernel takes multiples of 32; the shared tiny models' are 16), 2 per KV head.
+    shape = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1}
+    loaded = load_on_cpu(build_tiny_chat_model(tmp_path, "llama", tiny_tokenizer, shape=shape), "bfloat16")
+    fast = loaded.fast_decoder
+    assert fast is not None
+    calls: list[int] = []
+    original = PromptAttentionKernel.attend
+
+    def counted(self: PromptAttentionKernel, query: torch.Tensor, *args: Any) -> torch.Tensor:
+        calls.append(query.shape[2])
+        return original(self, query, *args)
+
+    monkeypatch.setattr(PromptAttentionKernel, "attend", counted)
+    fresh, continued = list(range(70, 101)), list(range(5, 40))
+    with torch.inference_mode():
+        expected = [loaded.model(input_ids=torch.tensor([p])).logits[:, -1].float() for p in (fresh, continued)]
+        calls.clear()
+        segments = [
+            PromptSegment(fresh, 0, BatchCache(), True),
+            PromptSegment(continued[20:], 20, _prefilled(loaded, continued[:20]), True),
+        ]
+        out = fast.mixed_logits(None, segments)
+    layers = len(loaded.model.model.layers)
+    assert sorted(set(calls)) == [15, 31] and len(calls) == 2 * layers
+    for got, want in zip(out.segments, expected, strict=True):
+        assert got is not None
+        assert torch.allclose(got.float(), want, atol=0.1, rtol=0.05)
+        assert int(got.float().argmax()) == int(want.argmax())
