@@ -357,16 +357,21 @@ class Engine:
         group.cached_tokens = hit.tokens
         self._add_sequences(group, hit.states)
 
-    def _add_sequences(self, group: RequestGroup, states: LayerStates, pad: int = 0, rope_delta: int = 0) -> None:
-        """The request's sequences join the running batch with these prompt keys/values."""
+    def _add_sequences(
+        self, group: RequestGroup, states: LayerStates, pad: int = 0, rope_delta: int = 0, own: BatchCache | None = None
+    ) -> None:
+        """The request's sequences join the running batch with these prompt keys/values; ``own``:
+        the prefill's cache holding just them, which an empty batch takes without a copy."""
         group.sequences = new_sequences(self._loaded, group, rope_delta)
-        self._kv.add_states(states, group.candidates, pad=pad)
+        if own is None or group.candidates != 1 or pad or not self._kv.adopt(own):
+            self._kv.add_states(states, group.candidates, pad=pad)
         self._running.extend(group.sequences)
 
     def _start_sequences(self, done: Prefilled) -> None:
         """After its prefill: the request joins the batch and samples its first token."""
         group, logits, request = done.group, done.logits, done.group.request
-        self._add_sequences(group, KVBatch.row_states(done.cache, done.row), done.pad, done.rope_delta)
+        states = KVBatch.row_states(done.cache, done.row)
+        self._add_sequences(group, states, done.pad, done.rope_delta, own=done.cache)
         if request.params.use_beam_search:
             eos = frozenset() if request.params.ignore_eos else self._loaded.eos_token_ids
             group.beam = BeamSearch(group.candidates, group.max_new_tokens, eos)

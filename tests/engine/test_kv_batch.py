@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from python_backend.engine.kv_cache import GrowableLayer, KVBatch
+from python_backend.engine.kv_cache import BatchCache, GrowableLayer, KVBatch
 
 HEADS, DIM = 2, 3
 
@@ -104,3 +104,38 @@ def test_rows_join_up_to_the_reserve_without_moving_the_batch() -> None:
     for i in range(7):
         kv.add_states(_row([6.0 + i]), 1)
     assert _buffer(kv) == buffer and [r[0] for r in _rows(kv)] == [5.0 + i for i in range(8)]
+
+
+def _prefill_cache(values: list[float]) -> BatchCache:
+    """A prompt's own one-row cache, written through ``update`` as a prefill writes it."""
+    cache = BatchCache()
+    for layer, (keys, values_) in enumerate(_row(values)):
+        cache.update(keys, values_, layer)
+    return cache
+
+
+def test_an_empty_batch_adopts_a_prompt_cache_and_grows_to_its_reserve() -> None:
+    kv = KVBatch(reserve_rows=8)
+    cache = _prefill_cache([1.0, 2.0, 3.0])
+    prompt_buffer = int(cache.layers[0].keys.untyped_storage().data_ptr())  # type: ignore[union-attr]
+    assert kv.adopt(cache)
+    assert _buffer(kv) == prompt_buffer and _rows(kv) == [[1.0, 2.0, 3.0]]  # no copy
+    assert not kv.adopt(_prefill_cache([7.0]))  # only an empty batch adopts
+    _step(kv, [4.0])
+    kv.add_states(_row([10.0, 11.0]), 1)  # the first growth makes room for the reserve ...
+    buffer = _buffer(kv)
+    for i in range(6):
+        kv.add_states(_row([20.0 + i]), 1)  # ... so the next joins copy no row
+    assert _buffer(kv) == buffer and kv.rows == 8
+    _step(kv, [5.0] * 8)
+    assert _rows(kv)[:3] == [[1.0, 2.0, 3.0, 4.0, 5.0], [10.0, 11.0, 5.0], [20.0, 5.0]]
+    assert kv.keep([1, 2]) == [2, 1] and _rows(kv) == [[20.0, 5.0], [10.0, 11.0, 5.0]]
+
+
+def test_a_batch_does_not_adopt_a_cache_of_several_rows_or_another_dtype() -> None:
+    two = BatchCache()
+    keys = torch.ones(2, HEADS, 3, DIM)
+    two.update(keys, keys, 0)
+    assert not KVBatch().adopt(two)
+    assert not KVBatch(torch.bfloat16).adopt(_prefill_cache([1.0, 2.0]))
+    assert not KVBatch().adopt(BatchCache())  # no layers
