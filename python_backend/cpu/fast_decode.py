@@ -187,11 +187,10 @@ class FastDecoder:
         self._layers = layers
         self._attend = attend
         self._rope = rope  # the one-pass rotary embedding (fused_rope.py), or None: PyTorch's
-        # Prompt segments attend through SDPA: not with a model whose attention must stay its own
-        # (the batch-invariant mode's one kernel for prefill and decode).
+        # Prompt segments attend through prompt_attention: not with a model whose attention must
+        # stay its own (the batch-invariant mode's one kernel for prefill and decode).
         self.mixes = mixes
-        # Prompt segments' attention (prompt_attention): the tiled kernel, else the decode kernel's
-        # rows, else SDPA.
+        # prompt_attention's kernels: the tiled one, else the decode kernel's rows, else SDPA.
         self._prompt_kernel = prompt_kernel
         self._prompt_tiles = prompt_tiles
 
