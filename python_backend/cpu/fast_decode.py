@@ -40,7 +40,7 @@ from python_backend.cpu.fused_rope import RopeKernel
 from python_backend.cpu.linear import PackedLinear
 from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel
 from python_backend.cpu.prompt_attention import PromptAttentionKernel
-from python_backend.engine.kv_cache import BatchCache
+from python_backend.engine.batch_cache import BatchCache
 
 # (query [B, H, 1, D], keys, values [B, KV, L, D], keep [B, L] or None, scale) -> [B, 1, H, D]
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float], torch.Tensor]

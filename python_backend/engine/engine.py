@@ -26,11 +26,12 @@ import torch
 
 from python_backend.cpu.fast_decode import DecodeRows
 from python_backend.engine.admission import Admission
+from python_backend.engine.batch_cache import BatchCache
 from python_backend.engine.beam_search import BeamSearch
 from python_backend.engine.beam_steps import beam_advance
 from python_backend.engine.cancel_watch import CancelWatcher, Watched
 from python_backend.engine.delivery import Delivery, deliver
-from python_backend.engine.kv_cache import BatchCache, KVBatch
+from python_backend.engine.kv_cache import KVBatch
 from python_backend.engine.limits import Limits
 from python_backend.engine.liveness import EngineHealth, EngineStats, Heartbeat
 from python_backend.engine.prefill import INTERNAL_ERROR, OpenSegment, Prefilled, Prefiller, PrefillResult

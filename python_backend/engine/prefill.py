@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from python_backend.cpu.fast_decode import PromptSegment
-from python_backend.engine.kv_cache import BatchCache, KVBatch, left_pad
+from python_backend.engine.batch_cache import BatchCache
+from python_backend.engine.kv_cache import KVBatch, left_pad
 from python_backend.engine.prefix_cache import LayerStates, PrefixCache, PrefixHit
 from python_backend.engine.prompt_scores import HeadInput, PromptScorer
 from python_backend.engine.request import EngineRequest, RequestGroup, rows_needed

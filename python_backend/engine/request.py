@@ -20,8 +20,8 @@ from python_backend.protocol.prompt_logprobs import PromptLogprobs
 from python_backend.text.output_plan import OutputPlan
 
 if TYPE_CHECKING:  # execution-side types: they import torch, which the scheduler must not
+    from python_backend.engine.batch_cache import BatchCache
     from python_backend.engine.beam_search import BeamSearch
-    from python_backend.engine.kv_cache import BatchCache
     from python_backend.engine.prefix_cache import PrefixHit
     from python_backend.engine.sequence import Sequence
     from python_backend.prompt.multimodal.processor import MediaInputs

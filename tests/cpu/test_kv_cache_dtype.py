@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from python_backend.cpu.native.attention_kernel import build_kernel
-from python_backend.engine.kv_cache import BatchCache, KVBatch
+from python_backend.engine.batch_cache import BatchCache
+from python_backend.engine.kv_cache import KVBatch
 from python_backend.engine.limits import Limits
 from python_backend.model.loader import LoadedModel, ModelLoadError
 from python_backend.protocol.settings import EngineSettings, SettingsError

@@ -6,7 +6,8 @@ import random
 
 import torch
 
-from python_backend.engine.kv_cache import BatchCache, GrowableLayer, KVBatch
+from python_backend.engine.batch_cache import BatchCache, GrowableLayer
+from python_backend.engine.kv_cache import KVBatch
 
 HEADS, DIM = 2, 3
 

@@ -10,7 +10,7 @@ import torch
 
 from python_backend.cpu.fast_decode import DecodeRows, PromptSegment
 from python_backend.cpu.prompt_attention import PromptAttentionKernel, build_prompt_kernel
-from python_backend.engine.kv_cache import BatchCache
+from python_backend.engine.batch_cache import BatchCache
 from python_backend.model.loader import LoadedModel
 from tests.engine.test_generation import decode, generate_greedy
 from tests.fixtures.engine_driver import Driver, copy_batch, load_on_cpu, make_engine, running_batch

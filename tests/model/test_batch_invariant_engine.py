@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from python_backend.engine.kv_cache import BatchCache, KVBatch
+from python_backend.engine.batch_cache import BatchCache
+from python_backend.engine.kv_cache import KVBatch
 from python_backend.model.loader import LoadedModel
 from python_backend.prompt.chat_template import render_prompt
 from python_backend.protocol.params import parse_parameters
