@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from python_backend.cpu.native.attention_kernel import KernelError
 from python_backend.cpu.native.build import bind_functions, build_library
 
 logger = logging.getLogger(__name__)
@@ -33,10 +34,6 @@ _ARGTYPES = (
     ctypes.c_float,  # scale
 )
 MAX_DIM = 256  # prompt_attention.c's
-
-
-class KernelError(RuntimeError):
-    """The kernel refused its arguments (a shape it does not handle, or no memory)."""
 
 
 def _pairs_aligned(tensor: torch.Tensor) -> bool:

@@ -227,9 +227,8 @@ def load_model(settings: EngineSettings) -> LoadedModel:
                 fuse_norms(base.get_decoder(), norms)
             rope = build_rope_kernel() if norms is not None else None
             prompt = build_prompt_kernel() if norms is not None else None
-            fast = FastDecoder.build(
-                base, kernel, attend, rope, prompt
-            )  # None where it would not equal the model's forward
+            # None where it would not equal the model's forward.
+            fast = FastDecoder.build(base, kernel, attend, rope, prompt)
     if invariant is not None:
         install_batch_invariant(model, base.get_decoder(), base.get_output_embeddings())
     draft = None
