@@ -69,6 +69,34 @@ def test_kernel_matches_float32_attention(
     assert torch.allclose(got.float(), expected, atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("dim", [64, 96, 128, 256])
+def test_a_maximum_that_rises_late_and_holes_in_the_mask_match_float32_attention(
+    kernel: DecodeAttentionKernel, dim: int
+) -> None:
+    """The softmax is kept online, block by block: a far larger score in a late block rescales what
+    was summed before it, and masked positions inside a row (a whole block of them, and garbage
+    in their cache rows) weigh nothing."""
+    torch.manual_seed(dim)
+    length = 90
+    query = torch.randn(2, 6, 1, dim).bfloat16()
+    key, value = _cache_view(2, 2, length, dim), _cache_view(2, 2, length, dim)
+    key[:, :, 70] = query[:, ::3, 0] * 4  # a score far above the rest, in the fifth block
+    keep = torch.ones(2, length, dtype=torch.bool)
+    keep[0, 20:40] = False  # a whole 16-position block and more, inside the row
+    keep[1, 5:9] = False
+    keep[1, 80:] = False
+    key[0, :, 20:40] = float("nan")
+    value[0, :, 20:40] = float("nan")
+    module = _Module(3)
+    expected, _ = sdpa_attention_forward(
+        module, query.float(), key.float().nan_to_num(), value.float().nan_to_num(), keep[:, None, None, :],
+        scaling=dim**-0.5,
+    )  # fmt: skip
+    got = kernel.attend(query, key, value, keep, dim**-0.5)
+    assert torch.isfinite(got.float()).all()
+    assert torch.allclose(got.float(), expected, atol=1e-2, rtol=1e-2)
+
+
 def test_a_row_with_every_position_masked_gets_zeros(kernel: DecodeAttentionKernel) -> None:
     torch.manual_seed(7)
     query = torch.randn(2, 9, 1, 64).bfloat16()

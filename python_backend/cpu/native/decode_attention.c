@@ -7,13 +7,15 @@
  * with a batch stride of 0, and each row's mask ends at its own position).
  * Keys and values are read in place from the cache's strided views and widened to float32 row by
  * row; scores, softmax and sums are float32; the output is rounded to bfloat16 (nearest even).
- * Work is split over (sequence, KV head) pairs with OpenMP. With AVX512-BF16, scores are computed
- * 16 positions at a time (their horizontal sums share one reduction tree) and, for head sizes 64
- * and 128, the weighted sum of values keeps its accumulators in registers; other sizes take the
- * plain loops, where the G query heads that share a KV head read each key and value row once.
+ * Work is split over (sequence, KV head) pairs with OpenMP. With AVX512-BF16 and a head size that
+ * is a multiple of 32 (up to 256), each pair takes one pass over its positions, 16 at a time, with
+ * the softmax kept online (``attend_online``): keys and values stream through once, interleaved,
+ * and no score array is written and read back. That halved the kernel's time (docs/performance.md).
+ * Other sizes take two passes of plain loops (scores, then the weighted sum), where the G query
+ * heads that share a KV head read each key and value row once.
  * The float32-query variants below (a float32 model's) read a float32 or a bfloat16 cache.
  */
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define HAVE_DPBF16 1
 #endif
@@ -64,94 +66,7 @@ static inline float dot_bf16(const uint16_t *a, const uint16_t *b, int64_t dim) 
     return sum;
 }
 
-#ifdef HAVE_DPBF16
-/* Lane j of the result is the sum of the 16 lanes of v[j], by one fixed tree (pairs within each
- * 128-bit lane, then lanes): 16 sums for about 3 instructions each instead of ~8 for one
- * _mm512_reduce_add_ps. Every score goes through this same tree, whichever block it falls in, so
- * a position's score never depends on where the batch's padding puts it. */
-static inline __m512 hsum16(const __m512 v[16]) {
-    __m512 t[8], u[4], y[2];
-    for (int i = 0; i < 8; ++i)
-        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; ++i) {
-        const __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
-        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-    }
-    for (int i = 0; i < 2; ++i)
-        y[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], 0x88), _mm512_shuffle_f32x4(y[0], y[1], 0xDD));
-}
-
-/* A cache row (64 bfloat16 values, two cache lines) this many rows ahead is asked for early: the
- * loops below read rows in order, and from DRAM the hardware prefetcher alone left each core
- * waiting (1.93 against 1.72 ms a layer at 64 rows of 545 positions on an AMX Xeon). A prefetch
- * past the window's end is harmless: it never faults. */
-#define PREFETCH_ROWS 16
-static inline void prefetch_row(const uint16_t *row) {
-    _mm_prefetch((const char *)row, _MM_HINT_T0);
-    _mm_prefetch((const char *)row + 64, _MM_HINT_T0);
-}
-
-/* scale * q . k for positions [l, l + count) (count <= 16), dim a multiple of 32. */
-static inline void scores_block(const uint16_t *qrow, const uint16_t *kbase, int64_t k_stride_l, int64_t l,
-                                int64_t count, int64_t dim, float scale, float *out) {
-    __m512 acc[16];
-    for (int64_t j = 0; j < 16; ++j) {
-        __m512 a = _mm512_setzero_ps();
-        if (j < count) {
-            const uint16_t *kr = kbase + (l + j) * k_stride_l;
-            prefetch_row(kr + PREFETCH_ROWS * k_stride_l);
-            for (int64_t d = 0; d < dim; d += 32)
-                a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(qrow + d)),
-                                     (__m512bh)_mm512_loadu_si512((const void *)(kr + d)));
-        }
-        acc[j] = a;
-    }
-    const __m512 sums = _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(scale));
-    _mm512_mask_storeu_ps(out, (__mmask16)((1u << count) - 1u), sums);
-}
-
-/* acc[g][0:dim] += p[g][l] * v[l, 0:dim] over l >= first, for the G query heads that share one KV
- * head: each value row is read and widened once for up to PER heads, whose PER * CHUNKS float32
- * accumulators stay in registers (CHUNKS = dim / 16; the compiler unrolls this for each constant
- * pair it is called with). Per head the products are summed in the same order as one head at a
- * time, so the result does not depend on how many heads share the pass. */
-static inline __attribute__((always_inline)) void weighted_values(const float *p, int64_t p_stride,
-                                                                  const uint16_t *vbase, int64_t v_stride_l,
-                                                                  int64_t first, int64_t length, int64_t group,
-                                                                  const int chunks, const int per, float *acc,
-                                                                  int64_t acc_stride) {
-    for (int64_t g0 = 0; g0 < group; g0 += per) {
-        const int64_t heads = group - g0 < per ? group - g0 : per;
-        __m512 a[24];
-        for (int i = 0; i < per * chunks; ++i) a[i] = _mm512_setzero_ps();
-        for (int64_t l = first; l < length; ++l) {
-            int any = 0;
-            for (int h = 0; h < per; ++h) any |= h < heads && p[(g0 + h) * p_stride + l] != 0.0f;
-            if (!any) continue; /* masked (or underflowed) for every head: adds nothing */
-            const uint16_t *vr = vbase + l * v_stride_l;
-            prefetch_row(vr + PREFETCH_ROWS * v_stride_l);
-            __m512 row[8];
-            for (int c = 0; c < chunks; ++c) {
-                const __m256i bits = _mm256_loadu_si256((const __m256i *)(vr + 16 * c));
-                row[c] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-            }
-            for (int h = 0; h < per; ++h) {
-                if (h >= heads) break;
-                const float weight = p[(g0 + h) * p_stride + l];
-                if (weight == 0.0f) continue;
-                const __m512 w = _mm512_set1_ps(weight);
-                for (int c = 0; c < chunks; ++c) a[h * chunks + c] = _mm512_fmadd_ps(w, row[c], a[h * chunks + c]);
-            }
-        }
-        for (int h = 0; h < per; ++h) {
-            if (h >= heads) break;
-            for (int c = 0; c < chunks; ++c) _mm512_storeu_ps(acc + (g0 + h) * acc_stride + 16 * c, a[h * chunks + c]);
-        }
-    }
-}
-#endif
+#include "online_attention.h"
 
 /* Returns 0 on success, -1 on bad sizes, -2 when out of memory. */
 int triton_chat_decode_attention_bf16(
@@ -170,11 +85,15 @@ int triton_chat_decode_attention_bf16(
     {
         /* Per thread: each query head's row address [group], scores [group][length],
          * acc [group][dim], a widened value row [dim], each head's maximum and sum [group]. */
-        const size_t floats = (size_t)(group * (length > 0 ? length : 1) + group * dim + dim + 2 * group);
-        /* The query-row addresses come first, where malloc's alignment suits pointers. */
-        void *block = malloc(sizeof(const uint16_t *) * (size_t)group + sizeof(float) * floats);
+        size_t floats = (size_t)(group * (length > 0 ? length : 1) + group * dim + dim + 2 * group);
+#ifdef HAVE_DPBF16
+        if (online_floats(group, dim) > floats) floats = online_floats(group, dim);
+#endif
+        /* The query- and output-row addresses come first, where malloc's alignment suits pointers. */
+        void *block = malloc(2 * sizeof(void *) * (size_t)group + sizeof(float) * floats);
         const uint16_t **qrows = (const uint16_t **)block;
-        float *scores = block ? (float *)(qrows + group) : NULL;
+        uint16_t **orows = block ? (uint16_t **)(qrows + group) : NULL;
+        float *scores = block ? (float *)(orows + group) : NULL;
         if (scores == NULL) {
 #pragma omp atomic write
             status = -2;
@@ -203,33 +122,13 @@ int triton_chat_decode_attention_bf16(
                 while (keep && first < length && !keep[first]) ++first;
                 while (keep && stop > first && !keep[stop - 1]) --stop;
 #ifdef HAVE_DPBF16
-                if (dim % 32 == 0) {
-                    /* A row's left padding is never read: its keys are skipped, not scored (each
-                     * score's reduction tree is the same wherever its block starts). */
-                    for (int64_t l = first; l < stop; l += 16) {
-                        const int64_t count = stop - l < 16 ? stop - l : 16;
-                        for (int64_t g = 0; g < group; ++g)
-                            scores_block(qrows[g], kbase, k_stride_l, l, count, dim, scale, scores + g * length + l);
-                    }
-                    for (int64_t g = 0; g < group; ++g) {
-                        float *s = scores + g * length;
-                        float m = MASKED;
-                        for (int64_t l = 0; l < first; ++l) s[l] = MASKED;
-                        /* Branch-free, so that it vectorizes; the maximum is exact in any order. */
-                        if (keep) {
-#pragma omp simd reduction(max : m)
-                            for (int64_t l = first; l < stop; ++l) {
-                                const float x = keep[l] ? s[l] : MASKED;
-                                s[l] = x;
-                                m = x > m ? x : m;
-                            }
-                        } else {
-#pragma omp simd reduction(max : m)
-                            for (int64_t l = first; l < stop; ++l) m = s[l] > m ? s[l] : m;
-                        }
-                        top[g] = m;
-                    }
-                } else
+                if (dim % 32 == 0 && dim <= 256) {
+                    for (int64_t g = 0; g < group; ++g)
+                        orows[g] = out + b * out_stride_b + (kh * group + g) * out_stride_h;
+                    attend_online(qrows, group, kbase, k_stride_l, v + b * v_stride_b + kh * v_stride_h, v_stride_l,
+                                  keep, first, stop, dim, scale, scores, orows);
+                    continue;
+                }
 #endif
                 for (int64_t l = 0; l < stop; ++l) {
                     if (keep && !keep[l]) {
@@ -246,14 +145,6 @@ int triton_chat_decode_attention_bf16(
                 /* Past ``stop`` every position is masked: it would weigh exactly 0. */
                 for (int64_t g = 0; g < group; ++g) total[g] = softmax_weights(scores + g * length, stop, top[g]);
                 const uint16_t *vbase = v + b * v_stride_b + kh * v_stride_h;
-#ifdef HAVE_DPBF16
-                /* Left padding weighs exactly 0 (softmax of MASKED): start after it. */
-                if (dim == 64) {
-                    weighted_values(scores, length, vbase, v_stride_l, first, stop, group, 4, 6, acc, dim);
-                } else if (dim == 128) {
-                    weighted_values(scores, length, vbase, v_stride_l, first, stop, group, 8, 3, acc, dim);
-                } else
-#endif
                 for (int64_t l = 0; l < stop; ++l) {
                     if (keep && !keep[l]) continue;
                     const uint16_t *vr = vbase + l * v_stride_l;
