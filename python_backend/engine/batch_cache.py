@@ -22,8 +22,9 @@ class GrowableLayer(DynamicLayer):
     The live window is rows ``[0, rows)`` and positions ``[start, end)`` of the buffer. A decode step
     appends at ``end``; a row joins in a spare row (``add_rows``), and a longer one moves ``start``
     left into spare room; rows leave by moving the last rows into their place (``keep_rows``).
-    None of these copies the other rows: only a growth past the buffer's room does, which the
-    spare room makes rare (amortised, like a list's append).
+    None of these copies the other rows: only reaching the buffer's end does (the window moves back
+    inside the buffer where it fits, else the buffer grows), which the spare room makes rare
+    (amortised, like a list's append).
     """
 
     def __init__(self, storage_dtype: torch.dtype | None = None, reserve_rows: int = 0, **kwargs: object) -> None:
@@ -47,6 +48,11 @@ class GrowableLayer(DynamicLayer):
         buf = self._buf_k
         if buf is not None and rows <= buf.shape[0] and left <= self._start and self._end + right <= buf.shape[2]:
             return
+        # Spare room on the left only where rows have needed it (the running batch's joins).
+        new_start = left + _MIN_SPARE if left > self._start else max(left, min(self._start, _MIN_SPARE))
+        needed = self.length + right
+        if buf is not None and rows <= buf.shape[0] and self._shift(new_start, needed):
+            return
         if buf is None:
             row_capacity = max(rows, self._reserve_rows)
         elif rows > buf.shape[0]:
@@ -54,9 +60,6 @@ class GrowableLayer(DynamicLayer):
             row_capacity = max(rows, int(buf.shape[0] * _GROWTH) + 1, self._reserve_rows)
         else:
             row_capacity = buf.shape[0]
-        # Spare room on the left only where rows have needed it (the running batch's joins).
-        new_start = left + _MIN_SPARE if left > self._start else max(left, min(self._start, _MIN_SPARE))
-        needed = self.length + right
         capacity = new_start + max(needed + _MIN_SPARE, int(needed * _GROWTH))
         shape = (row_capacity, like.shape[1], capacity, like.shape[3])
         dtype = self._storage_dtype or like.dtype
@@ -69,6 +72,34 @@ class GrowableLayer(DynamicLayer):
         self._end = new_start + self.length
         self._start = new_start
         self._buf_k, self._buf_v = new_k, new_v
+
+    def _shift(self, new_start: int, needed: int) -> bool:
+        """Move the window to ``new_start`` inside the buffer when that leaves room for ``needed``
+        positions and the usual spare; False when only a bigger buffer will do.
+
+        The running batch's window slides right (rows that leave trim its left, every step appends
+        on its right), so at a steady length it reaches the buffer's end again and again. Moving it
+        back copies what a growth would copy, but into pages already in memory, where a new buffer's
+        pages are each faulted in and zeroed by the kernel on first write (docs/performance.md).
+        """
+        assert self._buf_k is not None and self._buf_v is not None  # only called with a buffer
+        spare = max(_MIN_SPARE, int(needed * (_GROWTH - 1)))
+        gap = abs(new_start - self._start)
+        if new_start + needed + spare > self._buf_k.shape[2] or gap < spare:
+            return False
+        length = self.length
+        if self._rows and length:
+            # Chunks no longer than the gap never overlap their source; moving left, the lowest
+            # positions go first (moving right, the highest), so no chunk overwrites one still to move.
+            offsets = list(range(0, length, gap))
+            for offset in offsets if new_start < self._start else reversed(offsets):
+                count = min(gap, length - offset)
+                src = slice(self._start + offset, self._start + offset + count)
+                dst = slice(new_start + offset, new_start + offset + count)
+                self._buf_k[: self._rows, :, dst] = self._buf_k[: self._rows, :, src]
+                self._buf_v[: self._rows, :, dst] = self._buf_v[: self._rows, :, src]
+        self._start, self._end = new_start, new_start + length
+        return True
 
     def _views(self) -> None:
         assert self._buf_k is not None and self._buf_v is not None  # invariant after _reserve, not input

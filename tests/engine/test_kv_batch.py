@@ -107,6 +107,31 @@ def test_rows_join_up_to_the_reserve_without_moving_the_batch() -> None:
     assert _buffer(kv) == buffer and [r[0] for r in _rows(kv)] == [5.0 + i for i in range(8)]
 
 
+def test_a_window_that_slides_right_moves_back_inside_its_buffer() -> None:
+    # Rows leave from the left as others keep decoding: the window slides right past the buffer's
+    # end many times over, and each time it moves back inside the same buffer, rows exact.
+    kv = KVBatch(reserve_rows=4)
+    kv.add_states(_row([float(j) for j in range(300)]), 1)
+    kv.add_states(_row([1000.0 + j for j in range(10)]), 1)
+    buffer = _buffer(kv)
+    layer = kv.cache.layers[0]
+    assert isinstance(layer, GrowableLayer) and layer.keys is not None
+    capacity = layer.keys.untyped_storage().nbytes()
+    expected = [[float(j) for j in range(300)], [1000.0 + j for j in range(10)]]
+    assert kv.keep([1]) == [1]  # the long row leaves: the window's left is trimmed
+    expected = expected[1:]
+    for step in range(3 * capacity // (HEADS * DIM * 4)):
+        if step % 50 == 49:  # now and then a short row joins and the oldest leaves
+            row = [2000.0 + step + j for j in range(5)]
+            kv.add_states(_row(row), 1)
+            assert kv.keep([1]) == [1]
+            expected = [row]
+        _step(kv, [float(step)])
+        expected[0].append(float(step))
+        assert _rows(kv) == expected
+    assert _buffer(kv) == buffer
+
+
 def _prefill_cache(values: list[float]) -> BatchCache:
     """A prompt's own one-row cache, written through ``update`` as a prefill writes it."""
     cache = BatchCache()
