@@ -109,12 +109,7 @@ int triton_chat_decode_attention_bf16(
                 float *top = row + dim;
                 float *total = top + group;
                 const uint8_t *keep = mask ? mask + b * mask_stride_b : NULL;
-                for (int64_t g = 0; g < group; ++g) {
-                    qrows[g] = q + b * q_stride_b + (kh * group + g) * q_stride_h;
-                    top[g] = MASKED;
-                    total[g] = 0.0f;
-                    memset(acc + g * dim, 0, sizeof(float) * (size_t)dim);
-                }
+                for (int64_t g = 0; g < group; ++g) qrows[g] = q + b * q_stride_b + (kh * group + g) * q_stride_h;
                 const uint16_t *kbase = k + b * k_stride_b + kh * k_stride_h;
                 /* Only [first, stop) is read: a decode row's left padding, a prompt row's causal
                  * tail (prompt_attention.py's rows end where their position does). */
@@ -130,6 +125,12 @@ int triton_chat_decode_attention_bf16(
                     continue;
                 }
 #endif
+                /* Two passes: the online path above keeps its own sums. */
+                for (int64_t g = 0; g < group; ++g) {
+                    top[g] = MASKED;
+                    total[g] = 0.0f;
+                    memset(acc + g * dim, 0, sizeof(float) * (size_t)dim);
+                }
                 for (int64_t l = 0; l < stop; ++l) {
                     if (keep && !keep[l]) {
                         for (int64_t g = 0; g < group; ++g) scores[g * length + l] = MASKED;
