@@ -116,11 +116,11 @@ def test_a_window_that_slides_right_moves_back_inside_its_buffer() -> None:
     buffer = _buffer(kv)
     layer = kv.cache.layers[0]
     assert isinstance(layer, GrowableLayer) and layer.keys is not None
-    capacity = layer.keys.untyped_storage().nbytes()
+    positions = layer.keys.untyped_storage().nbytes() // (4 * HEADS * DIM * 4)  # 4 reserve rows, float32
     expected = [[float(j) for j in range(300)], [1000.0 + j for j in range(10)]]
     assert kv.keep([1]) == [1]  # the long row leaves: the window's left is trimmed
     expected = expected[1:]
-    for step in range(3 * capacity // (HEADS * DIM * 4)):
+    for step in range(3 * positions):
         if step % 50 == 49:  # now and then a short row joins and the oldest leaves
             row = [2000.0 + step + j for j in range(5)]
             kv.add_states(_row(row), 1)
