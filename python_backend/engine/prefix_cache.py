@@ -115,7 +115,11 @@ class PrefixCache:
             self._entries.move_to_end(key)
             return
         chain = _chain_keys(namespace, key[1], size)
-        entry = _Entry(namespace, key[1], [(k.contiguous().clone(), v.contiguous().clone()) for k, v in states], chain)
+        # One dense copy each: the states are windows of a prefill's buffer (not contiguous),
+        # which ``contiguous()`` would copy once more before a clone.
+        dense = torch.contiguous_format
+        copies = [(k.clone(memory_format=dense), v.clone(memory_format=dense)) for k, v in states]
+        entry = _Entry(namespace, key[1], copies, chain)
         # An entry this one extends (an earlier turn of the same conversation) is redundant now.
         # Only the newest holder of each block is checked: that is where the earlier turn is.
         newest = (self._index[k][-1] for k in chain if k in self._index)

@@ -51,6 +51,25 @@ def test_the_inserted_states_are_copies() -> None:
     assert hit is not None and torch.equal(hit.states[0][0], states[0][0])
 
 
+def test_a_window_of_a_larger_buffer_is_stored_as_a_dense_copy() -> None:
+    # A prefill's keys/values are a window of its buffer's spare positions: the entry holds just
+    # the window, dense, and does not follow later writes to the buffer.
+    cache = PrefixCache(capacity_tokens=1000)
+    stored = list(range(40))
+    buffers = [(torch.zeros(1, HEADS, 64, DIM), torch.zeros(1, HEADS, 64, DIM)) for _ in range(LAYERS)]
+    for (k_buf, v_buf), (k, v) in zip(buffers, states_for(stored), strict=True):
+        k_buf[:, :, 8:48], v_buf[:, :, 8:48] = k, v
+    cache.insert(stored, [(k[:, :, 8:48], v[:, :, 8:48]) for k, v in buffers])
+    for k_buf, v_buf in buffers:
+        k_buf.fill_(float("nan"))
+        v_buf.fill_(float("nan"))
+    hit = cache.lookup(stored + [1])
+    assert hit is not None and hit.tokens == len(stored)
+    for (keys, values), (k, v) in zip(hit.states, states_for(stored), strict=True):
+        assert torch.equal(keys, k) and torch.equal(values, v)
+    assert cache.bytes_held == LAYERS * 2 * HEADS * len(stored) * DIM * 4  # the window, not the buffer
+
+
 def test_adapters_have_separate_namespaces() -> None:
     cache = PrefixCache(capacity_tokens=1000)
     stored = list(range(40))
