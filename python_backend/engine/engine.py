@@ -58,6 +58,9 @@ logger = logging.getLogger(__name__)
 # An idle loop sleeps until submit(), cancel() or stop() wakes it; the timeout only bounds how
 # long a missed wake-up could last, so it can be long and cost nothing when no request comes.
 _IDLE_WAIT_S = 0.5
+# on_idle waits this long after the last step, so a client sending one request after another
+# (closed-loop, one at a time) does not get it between every two of them.
+IDLE_HOOK_DELAY_S = 1.0
 _SHUTDOWN = shutting_down()
 _LOOP_FAILED = engine_failed()
 
@@ -73,13 +76,17 @@ class Engine:
         after_pass: Callable[[], None] | None = None,
         ranks: StepSync | None = None,
         thread_policy: TunerPolicy | None = None,
+        on_idle: Callable[[], object] | None = None,
     ) -> None:
         """``compute_cpus``: where to pin the engine thread's team (default: chosen here, on CPU).
         ``after_pass``: called on the engine thread after each pass that may have sent events
         (cancellations, a prefill, a decode step), so a transport can send them as one burst.
         ``ranks``: this rank's tensor-parallel group (``step_sync.py``); None on one device.
-        ``thread_policy``: how the team size is tuned on CPU (``thread_tuner.py``; default policy)."""
+        ``thread_policy``: how the team size is tuned on CPU (``thread_tuner.py``; default policy).
+        ``on_idle``: called on the engine thread once each time it has been idle ``IDLE_HOOK_DELAY_S``
+        after a step (within one ``_IDLE_WAIT_S`` more)."""
         self._after_pass = after_pass or (lambda: None)
+        self._on_idle = on_idle or (lambda: None)
         self._loaded = loaded
         self._settings = settings
         self._ranks = ranks
@@ -228,6 +235,7 @@ class Engine:
             deliver(group.request, EngineEvent(group.request.request_id, error=error, final=True))
 
     def _run_steps(self) -> None:
+        idle_since: float | None = None  # since the last request left, until on_idle has run
         while not self._stopping.is_set():
             self._heartbeat.beat()
             if self._ranks is None:
@@ -238,6 +246,9 @@ class Engine:
             if self._speculator is not None:
                 self._speculator.retain(self._running)
             if not (self._scheduler.has_prefill_work or self._running):
+                if idle_since is not None and time.monotonic() - idle_since >= IDLE_HOOK_DELAY_S:
+                    idle_since = None
+                    self._on_idle()
                 if self._ranks is None or self._ranks.leads:  # a follower waits in step()
                     self._wake.wait(_IDLE_WAIT_S)
                 self._wake.clear()
@@ -252,6 +263,7 @@ class Engine:
                 with self._team.decode(len(self._running)):
                     self._decode_step()
             self._after_pass()
+            idle_since = time.monotonic()  # the end of the latest step
 
     def _speculates_now(self) -> bool:
         return self._speculator is not None and self._speculator.speculates(len(self._running))
