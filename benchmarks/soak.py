@@ -166,7 +166,9 @@ def _wait_idle(base_url: str, launcher_pid: int) -> dict[str, float]:
             **_gauges(httpx.get(engine, timeout=10).text, ENGINE_GAUGES),
         }
         if not any(gauges.values()) or time.monotonic() > deadline:
-            time.sleep(1.0)  # a second more: the stub's gauges refresh every 0.2 s, buffers settle
+            # The stub's gauges refresh every 0.2 s; the engine gives its kept heap back 1-1.5 s
+            # after its last step (engine.IDLE_HOOK_DELAY_S): an idle server's memory is after that.
+            time.sleep(2.5)
             return gauges
         time.sleep(0.5)
 

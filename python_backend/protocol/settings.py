@@ -526,6 +526,20 @@ class EngineSettings:
             "`triton_chat_compute_threads` gauge",
         ),
     )
+    # On by default: fewer page faults and less system time under load (docs/performance.md),
+    # and an idle server still gives its memory back.
+    cpu_keep_freed_memory: bool = _setting(
+        True,
+        SettingInfo(
+            "on CPU, let glibc return freed memory to the system at once (its defaults)",
+            flag="--no-cpu-keep-freed-memory",
+            docs="CPU: have glibc's allocator in the model's process serve blocks up to 32 MiB from its heap and "
+            "keep freed memory while requests run, so that the buffers a step allocates again and again do "
+            "not fault in fresh pages each time; what it kept goes back to the system when the engine goes "
+            "idle. Nothing changes where the environment already sets `MALLOC_*_` variables or `glibc.malloc` "
+            "tunables",
+        ),
+    )
     # auto keeps float32 keys/values for a 16-bit text model on CPU without the C kernel:
     # PyTorch's decode attention is 2-5x faster that way, for twice the KV memory. bfloat16 halves
     # a float32 model's KV bytes, which decode attention reads from DRAM every step.

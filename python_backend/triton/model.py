@@ -28,6 +28,7 @@ import triton_python_backend_utils as pb_utils
 from python_backend.engine.engine import Engine
 from python_backend.engine.liveness import health_problem
 from python_backend.engine.sequence import EngineEvent, EngineRequest
+from python_backend.model.allocator import keep_freed_memory, release_freed_memory
 from python_backend.model.loader import load_model
 from python_backend.model.threads import confine_serving_threads, pinned_cpus, serialize_current_thread
 from python_backend.parallel.ranks import RankGroup
@@ -117,6 +118,8 @@ class TritonPythonModel:
             "<think>" if self._formats.reasoning else "none",
         )
         self._grammars = GrammarCompiler(loaded.tokenizer, loaded.vocab_size, settings.max_response_format_bytes)
+        # Kept under load, given back when the engine goes idle (model/allocator.py).
+        keeps = loaded.device.type == "cpu" and settings.cpu_keep_freed_memory and keep_freed_memory()
         cpus = pinned_cpus(settings.torch_threads, loaded.device.type == "cpu", settings.cpu_bind_threads)
         if cpus is not None:
             confine_serving_threads(cpus[0])
@@ -124,7 +127,14 @@ class TritonPythonModel:
         self._channels = ChannelRegistry()
         self._sender = ResponseSender(self._channels)
         ranks = self._ranks.sync if self._ranks is not None else None
-        self._engine = Engine(loaded, settings, compute_cpus=cpus, after_pass=self._sender.pass_ended, ranks=ranks)
+        self._engine = Engine(
+            loaded,
+            settings,
+            compute_cpus=cpus,
+            after_pass=self._sender.pass_ended,
+            ranks=ranks,
+            on_idle=release_freed_memory if keeps else None,
+        )
         self._engine.start()
         self._preparer = RequestPreparer(
             self._decode,

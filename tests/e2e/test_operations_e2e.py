@@ -4,6 +4,7 @@ and SSE keep-alives while a request waits in the queue."""
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 import threading
@@ -186,3 +187,11 @@ def test_json_log_lines_from_the_launcher_and_the_frontend(triton_server: Triton
     # The request's lines carry its id; the launcher's, logged outside any request, none.
     assert [e.get("request_id") for e in entries if "GET /v1/models" in e["message"]] == ["e2e-logged.1"]
     assert all("request_id" not in e for e in entries if e["logger"] == "openai_frontend.launcher")
+
+
+def test_the_model_process_on_cpu_keeps_freed_memory(triton_server: TritonHandle) -> None:
+    """cpu_keep_freed_memory (on by default) reaches the model's process: its log says the heap policy."""
+    if triton_server.settings.device != "cpu" or platform.libc_ver()[0] != "glibc":
+        pytest.skip("the policy applies to a model on CPU, with glibc")
+    log = triton_server.process.log_path.read_text(errors="replace")
+    assert "glibc heap: blocks under 32 MiB from the heap, freed memory kept" in log
