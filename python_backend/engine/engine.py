@@ -235,7 +235,7 @@ class Engine:
             deliver(group.request, EngineEvent(group.request.request_id, error=error, final=True))
 
     def _run_steps(self) -> None:
-        idle_since: float | None = None  # since the last request left, until on_idle has run
+        idle_since: float | None = None  # the end of the latest step, until on_idle has run
         while not self._stopping.is_set():
             self._heartbeat.beat()
             if self._ranks is None:

@@ -87,8 +87,7 @@ def keep_freed_memory(policy: HeapPolicy | None = None, environ: Mapping[str, st
 def release_freed_memory() -> bool:
     """Return the heap's free memory to the kernel (glibc's ``malloc_trim``); True if any was.
 
-    For the moment the engine goes idle, after ``keep_freed_memory``: it walks every arena once,
-    a few milliseconds on a heap of some GiB.
+    For the moment the engine goes idle, after ``keep_freed_memory``; it walks every arena once.
     """
     if platform.libc_ver()[0] != "glibc":
         return False
