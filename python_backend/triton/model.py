@@ -118,9 +118,10 @@ class TritonPythonModel:
             "<think>" if self._formats.reasoning else "none",
         )
         self._grammars = GrammarCompiler(loaded.tokenizer, loaded.vocab_size, settings.max_response_format_bytes)
+        on_cpu = loaded.device.type == "cpu"
         # Kept under load, given back when the engine goes idle (model/allocator.py).
-        keeps = loaded.device.type == "cpu" and settings.cpu_keep_freed_memory and keep_freed_memory()
-        cpus = pinned_cpus(settings.torch_threads, loaded.device.type == "cpu", settings.cpu_bind_threads)
+        keeps = on_cpu and settings.cpu_keep_freed_memory and keep_freed_memory()
+        cpus = pinned_cpus(settings.torch_threads, on_cpu, settings.cpu_bind_threads)
         if cpus is not None:
             confine_serving_threads(cpus[0])
             logger.info("compute threads pinned to CPUs %s; the stub's other threads share CPU %d", cpus, cpus[0])
