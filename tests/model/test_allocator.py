@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from python_backend.model.allocator import keep_freed_memory, user_tuned
 from python_backend.protocol.settings import EngineSettings
 
 ROOT = Path(__file__).resolve().parents[2]
+PAGES = 3 * (24 << 20) // resource.getpagesize()  # one round's pages
 
 # A step's worth of buffers: three 24 MiB blocks allocated, written and freed, round after round.
 # glibc's defaults return them to the kernel on each free (the top of the heap is trimmed), so
@@ -57,9 +59,8 @@ def test_buffers_freed_by_one_step_are_reused_by_the_next_without_page_faults() 
     assert kept["applied"] is True
     faults = kept["faults"]
     assert isinstance(faults, list)
-    pages = 3 * (24 << 20) // 4096
-    assert faults[0] >= pages // 2  # the first round writes fresh memory
-    assert all(later < pages // 20 for later in faults[1:]), faults
+    assert faults[0] >= PAGES // 2  # the first round writes fresh memory
+    assert all(later < PAGES // 20 for later in faults[1:]), faults
 
 
 @glibc_only
@@ -67,7 +68,7 @@ def test_without_it_each_round_faults_its_buffers_in_again() -> None:
     """The cost the policy removes, so that the test above cannot pass on a heap that always reuses."""
     faults = _rounds("default")["faults"]
     assert isinstance(faults, list)
-    assert sum(faults[1:]) >= 3 * (3 * (24 << 20) // 4096) // 2, faults
+    assert sum(faults[1:]) >= 3 * PAGES // 2, faults
 
 
 @glibc_only
