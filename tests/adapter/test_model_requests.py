@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from python_backend.engine import engine as engine_module
+from python_backend.engine import steps as steps_module
 from python_backend.protocol import contract
 from tests.adapter.model_driver import Served, chat_request, control_request, delta_of, ended_once, error_of, text_of
 
@@ -69,7 +69,7 @@ def test_invalid_parameters_are_one_error_that_names_them(serve: Callable[..., S
 def test_a_step_that_raises_ends_its_request_with_an_internal_error(
     serve: Callable[..., Served], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = engine_module.sample
+    real = steps_module.sample
     calls = [0]
 
     def sample_then_fail(*args: Any, **kwargs: Any) -> Any:
@@ -78,7 +78,7 @@ def test_a_step_that_raises_ends_its_request_with_an_internal_error(
             raise RuntimeError("injected decode failure")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "sample", sample_then_fail)
+    monkeypatch.setattr(steps_module, "sample", sample_then_fail)
     served = serve()
     request = chat_request("broken", stream=True, parameters={"max_tokens": 8, "ignore_eos": True})
     served.execute(request)
@@ -100,7 +100,7 @@ def test_a_failed_engine_loop_fails_its_requests_and_the_probe(
     def broken_step(self: Any) -> None:
         raise RuntimeError("injected loop failure")
 
-    monkeypatch.setattr(engine_module.Engine, "_decode_step", broken_step)
+    monkeypatch.setattr(steps_module.StepRunner, "decode_step", broken_step)
     served = serve()
     request = chat_request("doomed", parameters={"max_tokens": 8})
     served.execute(request)

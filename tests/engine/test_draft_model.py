@@ -139,7 +139,7 @@ def test_draft_caches_do_not_outlive_their_rows_under_load(self_drafted: LoadedM
         for answer in [first, *others]:
             assert answer.wait().error is None
         assert engine.stats().spec_decode_num_draft_tokens > 0  # the first row was drafted alone
-        speculator = engine._speculator
+        speculator = engine._steps.speculator
         assert speculator is not None
         deadline = time.monotonic() + 10
         while speculator._proposer.rows and time.monotonic() < deadline:  # type: ignore[attr-defined]

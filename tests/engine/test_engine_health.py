@@ -40,13 +40,13 @@ def test_a_loop_that_stops_making_progress_is_reported_stalled(tiny_loaded, monk
     engine = make_engine(tiny_loaded)
     driver = Driver(engine, tiny_loaded)
     release = threading.Event()
-    real_step = engine._decode_step
+    real_step = engine._steps.decode_step
 
     def stuck_step() -> None:  # a forward pass that never returns (a deadlock in native code)
         release.wait(30)
         real_step()
 
-    monkeypatch.setattr(engine, "_decode_step", stuck_step)
+    monkeypatch.setattr(engine._steps, "decode_step", stuck_step)
     try:
         run = driver.submit("hello", temperature=0, max_tokens=3)
         time.sleep(0.3)
@@ -67,14 +67,14 @@ def test_a_failed_loop_ends_every_request_and_refuses_new_ones(tiny_loaded, monk
     engine = make_engine(tiny_loaded, max_num_seqs=1)
     driver = Driver(engine, tiny_loaded)
     armed = threading.Event()
-    real_step = engine._decode_step
+    real_step = engine._steps.decode_step
 
     def broken_step() -> None:  # a bug outside the per-request guards of prefill and decode
         if armed.is_set():
             raise RuntimeError("bookkeeping bug")
         real_step()
 
-    monkeypatch.setattr(engine, "_decode_step", broken_step)
+    monkeypatch.setattr(engine._steps, "decode_step", broken_step)
     try:
         runs = [driver.submit(f"r{i}", temperature=0, max_tokens=200, ignore_eos=True) for i in range(3)]
         deadline = time.monotonic() + 10

@@ -184,13 +184,13 @@ def test_batched_prefill_of_different_lengths_matches_generate(tiny_loaded) -> N
         # Queued before the loop starts, so the first step prefills all four in one forward pass.
         # The pass is observed, not timed: the first forward the engine makes carries four rows.
         shapes: list[tuple[int, ...]] = []
-        forward = engine._forward
+        forward = engine._steps.forward
 
         def counting_forward(adapters, cache, **inputs):  # type: ignore[no-untyped-def]
             shapes.append(tuple(inputs["input_ids"].shape))
             return forward(adapters, cache, **inputs)
 
-        engine._forward = counting_forward  # type: ignore[method-assign]
+        engine._steps.forward = counting_forward  # type: ignore[method-assign]
         runs = [driver.submit(p, temperature=0, max_tokens=12, ignore_eos=True) for p in prompts]
         engine.start()
         assert [r.wait().text() for r in runs] == expected

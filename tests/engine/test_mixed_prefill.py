@@ -120,19 +120,19 @@ def test_speculation_and_batch_invariance_keep_prefill_separate(tiny_loaded: Loa
     for settings in ({"speculative_ngram_tokens": 3}, {"mixed_prefill": False}):
         engine = make_engine(tiny_loaded, **settings)
         try:
-            assert not engine._mixes_now()
+            assert not engine._steps.mixes_now()
         finally:
             engine.stop()
     engine = make_engine(tiny_loaded)
     try:
-        assert engine._mixes
+        assert engine._steps.mixes
     finally:
         engine.stop()
     invariant = load_on_cpu(tiny_llama_dir, "float32", batch_invariant=True)
     assert invariant.fast_decoder is not None and not invariant.fast_decoder.mixes
     engine = make_engine(invariant)
     try:
-        assert not engine._mixes
+        assert not engine._steps.mixes
     finally:
         engine.stop()
 
