@@ -1,7 +1,8 @@
 /* The one-pass decode attention of ``decode_attention.c`` for AVX512-BF16 CPUs: ``attend_online``
  * takes one (sequence, KV head) pair over its positions 16 at a time, keeping the softmax online, and
- * the helpers it is built from (scores of a block, a vector exp, the weighted sum of a block's value
- * rows). Included by ``decode_attention.c`` only, after it defines HAVE_DPBF16 and MASKED.
+ * the helpers it is built from (scores of a block, the weighted sum of a block's value rows; the
+ * vector exp is ``vector_exp.h``'s). Included by ``decode_attention.c`` only, after it defines
+ * HAVE_DPBF16 and MASKED.
  */
 #ifndef TRITON_CHAT_ONLINE_ATTENTION_H
 #define TRITON_CHAT_ONLINE_ATTENTION_H
@@ -13,6 +14,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "vector_exp.h"
 
 /* Lane j of the result is the sum of the 16 lanes of v[j], by one fixed tree (pairs within each
  * 128-bit lane, then lanes): 16 sums for about 3 instructions each instead of ~8 for one
@@ -61,25 +63,6 @@ static inline __m512 scores_block(const uint16_t *qrow, const uint16_t *kbase, i
         acc[j] = a;
     }
     return _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(scale));
-}
-
-/* exp(x) for float32 lanes, x <= 0 (a score minus its running maximum): Cody-Waite reduction and
- * a degree-6 polynomial (Cephes' expf), within 2 ulp; below -87 it gives about 1e-38, not 0, so
- * masked lanes are zeroed by the caller. */
-static inline __m512 exp_ps(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(y, n);
 }
 
 /* acc[g][:] += sum over the live positions j of the block of p[g][j] * v[l + j, :], for PER query

@@ -9,7 +9,8 @@
  * work item takes up to VECTORS query vectors (several rows of the G query heads that share a KV
  * head) and computes their scores 16 positions at a time, one key load serving every vector and
  * no horizontal sums; the softmax weights are rounded to bfloat16 and multiplied into the values
- * in the same pair layout, as SDPA's bfloat16 kernels do. Scores, softmax and sums are float32.
+ * in the same pair layout, as SDPA's bfloat16 kernels do. Scores, softmax and sums are float32;
+ * the softmax runs 16 positions at a time with ``vector_exp.h``'s exp.
  * Work items are handed out longest first (the last rows see the most positions).
  */
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
@@ -22,6 +23,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "vector_exp.h"
 
 /* Query vectors per work item: their score accumulators and the key vector fill the registers. */
 #define VECTORS 12
@@ -64,6 +66,27 @@ static void score_tiles(const uint32_t *const *qp, const uint32_t *kp, int64_t l
     default: break;
     }
 #undef TILES
+}
+
+/* w[0:end16] = bfloat16(exp(s[l] - max)) over the ``visible`` first scores and 0 past them (end16, a
+ * multiple of 16, covers every score written); returns the sum of the unrounded exps. */
+static inline float softmax_row(const float *s, uint16_t *w, int64_t visible, int64_t end16) {
+    __m512 top = _mm512_set1_ps(-1.0e30f);
+    int64_t l = 0;
+    for (; l + 16 <= visible; l += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(s + l));
+    const __mmask16 tail = (__mmask16)((1u << (visible - l)) - 1u);
+    if (tail) top = _mm512_mask_max_ps(top, tail, top, _mm512_maskz_loadu_ps(tail, s + l));
+    const __m512 high = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+    __m512 sum = _mm512_setzero_ps();
+    for (l = 0; l < end16; l += 16) {
+        const __mmask16 live = l + 16 <= visible ? (__mmask16)0xFFFF
+                               : l < visible     ? (__mmask16)((1u << (visible - l)) - 1u)
+                                                 : (__mmask16)0;
+        const __m512 e = _mm512_maskz_mov_ps(live, exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + l), high)));
+        sum = _mm512_add_ps(sum, e);
+        _mm256_storeu_si256((__m256i *)(w + l), (__m256i)_mm512_cvtneps_pbh(e));
+    }
+    return _mm512_reduce_add_ps(sum);
 }
 
 /* acc[j][0:dim] = sum over position pairs m < pairs of weights[j][2m:2m+2] . v[2m:2m+2][0:dim]
@@ -183,20 +206,8 @@ int triton_chat_prompt_attention_bf16(
             const int64_t end = past + t0 + rows; /* the last row's positions; every tile ends by lpad */
             const int64_t end16 = (end + 15) / 16 * 16;
             score_tiles(qp, kp + kh * pairs * lpad, lpad, end, pairs, scale, scores, lpad, n);
-            for (int j = 0; j < n; ++j) {
-                float *s = scores + j * lpad;
-                uint16_t *w = weights + j * lpad;
-                float top = s[0];
-                for (int64_t l = 1; l < visible[j]; ++l) top = s[l] > top ? s[l] : top;
-                float sum = 0.0f;
-                for (int64_t l = 0; l < visible[j]; ++l) {
-                    const float e = expf(s[l] - top);
-                    sum += e;
-                    w[l] = float_to_bf16(e);
-                }
-                for (int64_t l = visible[j]; l < end16; ++l) w[l] = 0;
-                totals[j] = sum;
-            }
+            for (int j = 0; j < n; ++j)
+                totals[j] = softmax_row(scores + j * lpad, weights + j * lpad, visible[j], end16);
             weighted_values((const uint32_t *)weights, lpad / 2, vp + kh * (lpad / 2) * dim, end16 / 2, dim, n, totals,
                             outs);
         }
