@@ -27,6 +27,8 @@ def tiles() -> PromptAttentionKernel:
         (16, 1, 64, 11, 3),  # 16 heads per KV head: two passes over the heads
         (8, 8, 128, 19, 30),  # no grouping, head size 128
         (4, 2, 96, 5, 2),  # head size 96
+        (8, 2, 32, 29, 5),  # head size 32: twelve vectors per pass over the values
+        (2, 1, 256, 7, 3),  # head size 256: one vector per pass
     ],
 )
 def test_the_kernel_equals_causal_sdpa(

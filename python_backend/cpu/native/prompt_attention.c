@@ -89,32 +89,72 @@ static inline float softmax_row(const float *s, uint16_t *w, int64_t visible, in
     return _mm512_reduce_add_ps(sum);
 }
 
-/* acc[j][0:dim] = sum over position pairs m < pairs of weights[j][2m:2m+2] . v[2m:2m+2][0:dim]
- * for ``count`` vectors, ``vp`` the KV head's values as [lpad / 2][dim] pairs; then each row is
- * divided by its total and rounded into ``outs[j]``. */
+/* sums[j * dim : (j + 1) * dim] = sum over position pairs m < pairs of weights[j][2m:2m+2] .
+ * v[2m:2m+2][0:dim] for n vectors (rows ``w_stride`` apart), ``vp`` the KV head's values as
+ * [pairs][dim] pairs, dim = 16 * chunks. ``chunks`` and ``n`` are constants in each caller, so
+ * that the n * chunks accumulators live in registers: indexed by run-time counts they went
+ * through the stack, and this product took two thirds of the kernel's time. */
+static inline __attribute__((always_inline)) void values_tile(const uint32_t *weights, int64_t w_stride,
+                                                              const uint32_t *vp, int64_t pairs, float *sums,
+                                                              const int chunks, const int n) {
+    __m512 acc[VALUE_ACCUMULATORS];
+    for (int i = 0; i < n * chunks; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t m = 0; m < pairs; ++m) {
+        const uint32_t *row = vp + m * 16 * chunks;
+        for (int j = 0; j < n; ++j) {
+            const __m512bh w = (__m512bh)_mm512_set1_epi32((int)weights[j * w_stride + m]);
+            for (int c = 0; c < chunks; ++c)
+                acc[j * chunks + c] =
+                    _mm512_dpbf16_ps(acc[j * chunks + c], w, (__m512bh)_mm512_loadu_si512((const void *)(row + 16 * c)));
+        }
+    }
+    for (int i = 0; i < n * chunks; ++i) _mm512_storeu_ps(sums + 16 * i, acc[i]);
+}
+
+/* values_tile for any chunks and n (n * chunks <= VALUE_ACCUMULATORS): specialised for head sizes
+ * 32, 64 and 128; other sizes take the same sums with run-time counts. */
+static void values_sums(const uint32_t *weights, int64_t w_stride, const uint32_t *vp, int64_t pairs, int64_t chunks,
+                        int n, float *sums) {
+#define VALUES(C, N)                                                \
+    case (C) * 32 + (N):                                            \
+        values_tile(weights, w_stride, vp, pairs, sums, (C), (N)); \
+        return;
+    switch (chunks * 32 + n) {
+        VALUES(2, 1) VALUES(2, 2) VALUES(2, 3) VALUES(2, 4) VALUES(2, 5) VALUES(2, 6)
+        VALUES(2, 7) VALUES(2, 8) VALUES(2, 9) VALUES(2, 10) VALUES(2, 11) VALUES(2, 12)
+        VALUES(4, 1) VALUES(4, 2) VALUES(4, 3) VALUES(4, 4) VALUES(4, 5) VALUES(4, 6)
+        VALUES(8, 1) VALUES(8, 2) VALUES(8, 3)
+    default: break;
+    }
+#undef VALUES
+    for (int i = 0; i < n * (int)chunks * 16; ++i) sums[i] = 0.0f;
+    for (int64_t m = 0; m < pairs; ++m) {
+        const uint32_t *row = vp + m * 16 * chunks;
+        for (int j = 0; j < n; ++j) {
+            const __m512bh w = (__m512bh)_mm512_set1_epi32((int)weights[j * w_stride + m]);
+            for (int64_t c = 0; c < chunks; ++c) {
+                float *sum = sums + 16 * (j * chunks + c);
+                const __m512bh values = (__m512bh)_mm512_loadu_si512((const void *)(row + 16 * c));
+                _mm512_storeu_ps(sum, _mm512_dpbf16_ps(_mm512_loadu_ps(sum), w, values));
+            }
+        }
+    }
+}
+
+/* out[j][0:dim] = the weighted values of ``count`` vectors (``values_sums``), each divided by its
+ * total and rounded into ``outs[j]``. */
 static void weighted_values(const uint32_t *weights, int64_t w_stride, const uint32_t *vp, int64_t pairs, int64_t dim,
                             int count, const float *totals, uint16_t *const *outs) {
     const int64_t chunks = dim / 16;
     const int per = chunks < VALUE_ACCUMULATORS ? (int)(VALUE_ACCUMULATORS / chunks) : 1;
+    float sums[VALUE_ACCUMULATORS * 16];
     for (int j0 = 0; j0 < count; j0 += per) {
         const int n = count - j0 < per ? count - j0 : per;
-        __m512 acc[VALUE_ACCUMULATORS > MAX_DIM / 16 ? VALUE_ACCUMULATORS : MAX_DIM / 16];
-        for (int i = 0; i < n * chunks; ++i) acc[i] = _mm512_setzero_ps();
-        for (int64_t m = 0; m < pairs; ++m) {
-            __m512bh w[VALUE_ACCUMULATORS];
-            for (int j = 0; j < n; ++j) w[j] = (__m512bh)_mm512_set1_epi32((int)weights[(j0 + j) * w_stride + m]);
-            const uint32_t *row = vp + m * dim;
-            for (int64_t c = 0; c < chunks; ++c) {
-                const __m512bh values = (__m512bh)_mm512_loadu_si512((const void *)(row + 16 * c));
-                for (int j = 0; j < n; ++j) acc[j * chunks + c] = _mm512_dpbf16_ps(acc[j * chunks + c], w[j], values);
-            }
-        }
+        values_sums(weights + j0 * w_stride, w_stride, vp, pairs, chunks, n, sums);
         for (int j = 0; j < n; ++j) {
-            float wide[MAX_DIM];
-            for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(wide + 16 * c, acc[j * chunks + c]);
             const float inv = totals[j0 + j] > 0.0f ? 1.0f / totals[j0 + j] : 0.0f;
             uint16_t *o = outs[j0 + j];
-            for (int64_t d = 0; d < dim; ++d) o[d] = float_to_bf16(wide[d] * inv);
+            for (int64_t d = 0; d < dim; ++d) o[d] = float_to_bf16(sums[j * dim + d] * inv);
         }
     }
 }
