@@ -112,7 +112,7 @@ static inline __attribute__((always_inline)) void values_tile(const uint32_t *we
 }
 
 /* values_tile for any chunks and n (n * chunks <= VALUE_ACCUMULATORS): specialised for head sizes
- * 32, 64 and 128; other sizes take the same sums with run-time counts. */
+ * 32, 64 and 128; other sizes take the same function with run-time counts. */
 static void values_sums(const uint32_t *weights, int64_t w_stride, const uint32_t *vp, int64_t pairs, int64_t chunks,
                         int n, float *sums) {
 #define VALUES(C, N)                                                \
@@ -127,18 +127,7 @@ static void values_sums(const uint32_t *weights, int64_t w_stride, const uint32_
     default: break;
     }
 #undef VALUES
-    for (int i = 0; i < n * (int)chunks * 16; ++i) sums[i] = 0.0f;
-    for (int64_t m = 0; m < pairs; ++m) {
-        const uint32_t *row = vp + m * 16 * chunks;
-        for (int j = 0; j < n; ++j) {
-            const __m512bh w = (__m512bh)_mm512_set1_epi32((int)weights[j * w_stride + m]);
-            for (int64_t c = 0; c < chunks; ++c) {
-                float *sum = sums + 16 * (j * chunks + c);
-                const __m512bh values = (__m512bh)_mm512_loadu_si512((const void *)(row + 16 * c));
-                _mm512_storeu_ps(sum, _mm512_dpbf16_ps(_mm512_loadu_ps(sum), w, values));
-            }
-        }
-    }
+    values_tile(weights, w_stride, vp, pairs, sums, (int)chunks, n); /* run-time counts: the stack */
 }
 
 /* out[j][0:dim] = the weighted values of ``count`` vectors (``values_sums``), each divided by its
