@@ -17,7 +17,6 @@
 #include <immintrin.h>
 #define HAVE_DPBF16 1
 #endif
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
