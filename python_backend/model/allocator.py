@@ -1,6 +1,6 @@
-"""How the C heap of a process that serves a model on CPU keeps the memory it frees.
+"""How a process that serves a model keeps its memory: the C heap, and Python's collector.
 
-Owns ``keep_freed_memory`` and ``release_freed_memory``. PyTorch's CPU tensors come from glibc's
+Owns ``keep_freed_memory``, ``release_freed_memory`` and ``freeze_startup_objects``. PyTorch's CPU tensors come from glibc's
 ``malloc``, which by default maps large blocks (from 128 KiB, a threshold it raises up to 32 MiB as
 blocks are freed) with ``mmap`` and unmaps them on ``free``, and trims the heap's free top. A
 serving step allocates and frees the same sizes again and again (a prompt's keys and values, the
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 import os
 import platform
@@ -96,3 +97,18 @@ def release_freed_memory() -> bool:
 
 def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def freeze_startup_objects() -> int:
+    """Take every object alive now out of the cyclic collector's reach; returns how many are.
+
+    For the end of a serving process's start-up. The model's modules, the tokenizer and the
+    libraries' imports are a few hundred thousand objects that live as long as the process, and
+    each full collection walks all of them: a pause of every running sequence that grows with the
+    model's code, not with the work (docs/performance.md, "Python's collector"). Frozen, a full
+    collection walks only what was created since, as in vLLM's engine. Cycles already garbage are
+    collected first; ``gc.unfreeze`` (at shutdown) gives the rest back to the collector.
+    """
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
+import gc
 import json
 import logging
 import signal
@@ -28,7 +29,7 @@ import triton_python_backend_utils as pb_utils
 from python_backend.engine.engine import Engine
 from python_backend.engine.liveness import health_problem
 from python_backend.engine.sequence import EngineEvent, EngineRequest
-from python_backend.model.allocator import keep_freed_memory, release_freed_memory
+from python_backend.model.allocator import freeze_startup_objects, keep_freed_memory, release_freed_memory
 from python_backend.model.loader import load_model
 from python_backend.model.threads import confine_serving_threads, pinned_cpus, serialize_current_thread
 from python_backend.parallel.ranks import RankGroup
@@ -151,7 +152,8 @@ class TritonPythonModel:
         logger.info("%d preparer threads", self._preparer.workers)
         self._metrics = MetricsReporter(self._engine, loaded.name, pb_utils, instance, self._preparer.stats)
         _die_fast_on_crash()  # last: after every import that may install a handler of its own
-        logger.info("triton-chat model '%s' ready", loaded.name)
+        frozen = freeze_startup_objects()  # full collections skip what lives as long as the process
+        logger.info("triton-chat model '%s' ready (%d start-up objects frozen)", loaded.name, frozen)
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
@@ -300,3 +302,4 @@ class TritonPythonModel:
         if self._ranks is not None:
             self._ranks.close()
         self._sender.stop()  # ends the open channels too, on its own thread
+        gc.unfreeze()  # what start-up froze can be collected again once it is let go

@@ -7,6 +7,7 @@ model before counting finals: the sender thread has stopped then, so nothing mor
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,21 @@ def test_a_whole_response_is_one_final_response_with_all_its_text(serve: Callabl
     delta = delta_of(final)
     assert delta is not None and delta.text and delta.finish_reason == contract.FINISH_LENGTH
     assert delta.usage is not None and delta.usage.completion_tokens == 6
+
+
+def test_start_up_objects_are_frozen_while_serving_and_given_back_at_finalize(
+    serve: Callable[..., Served],
+) -> None:
+    served = serve()
+    # Full collections while serving skip the model, tokenizer and imports (model/allocator.py).
+    assert gc.get_freeze_count() > 10_000
+    request = chat_request("frozen", parameters={"max_tokens": 4, "ignore_eos": True})
+    served.execute(request)
+    sender = request.get_response_sender()
+    sender.wait_final()
+    assert text_of(sender)  # and it serves
+    served.finalize()
+    assert gc.get_freeze_count() == 0
 
 
 def test_a_stream_is_several_deltas_then_one_final(serve: Callable[..., Served]) -> None:

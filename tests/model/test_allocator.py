@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import platform
 import resource
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from python_backend.model.allocator import keep_freed_memory, user_tuned
+from python_backend.model.allocator import freeze_startup_objects, keep_freed_memory, user_tuned
 from python_backend.protocol.settings import EngineSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,3 +104,17 @@ def test_the_setting_is_on_by_default_and_can_be_turned_off() -> None:
     assert EngineSettings.from_parameters({"model_path": "m"}).cpu_keep_freed_memory is True
     off = EngineSettings.from_parameters({"model_path": "m", "cpu_keep_freed_memory": "false"})
     assert off.cpu_keep_freed_memory is False
+
+
+def test_start_up_objects_leave_the_collector_and_later_ones_stay_in_it() -> None:
+    startup = {"held": [1, 2, 3]}
+    try:
+        assert freeze_startup_objects() > 0
+        later = {"held": [4, 5, 6]}
+        tracked = gc.get_objects()
+        # Full collections walk only what was created after start-up.
+        assert not any(o is startup for o in tracked)
+        assert any(o is later for o in tracked)
+    finally:
+        gc.unfreeze()
+    assert any(o is startup for o in gc.get_objects())
