@@ -2,12 +2,14 @@
 
 Owns ``run_engine``, ``EngineRun`` and the distinct workload's command-line arguments. No Triton and no HTTP: the figures are the engine's own, so
 two engine settings compare without the serving path's noise. Greedy, outputs forced to their
-length with ``ignore_eos``; one untimed warm-up request first.
+length with ``ignore_eos``; one untimed warm-up request first. The process's C heap keeps what it
+frees and the objects alive at start-up are frozen out of the collector, as in the served model.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -18,6 +20,7 @@ import torch
 from benchmarks.traffic import TrafficRequest, Workload
 from python_backend.engine.engine import Engine
 from python_backend.engine.sequence import EngineEvent, EngineRequest
+from python_backend.model.allocator import freeze_startup_objects, keep_freed_memory
 from python_backend.model.loader import load_model
 from python_backend.model.threads import serialize_current_thread
 from python_backend.prompt.chat_template import render_prompt
@@ -70,8 +73,11 @@ def run_engine(settings: EngineSettings, requests: list[TrafficRequest], concurr
     if not settings.torch_threads:
         settings = replace(settings, torch_threads=threads)
     loaded = load_model(settings)
+    if loaded.device.type == "cpu" and settings.cpu_keep_freed_memory:
+        keep_freed_memory()  # the heap policy the served model runs with (triton/model.py)
     engine = Engine(loaded, settings)
     engine.start()
+    freeze_startup_objects()  # as served; given back below
     slots, finished = threading.Semaphore(concurrency), threading.Semaphore(0)
     texts: dict[int, list[str]] = {}
     stamps: dict[int, list[float]] = {}
@@ -117,6 +123,7 @@ def run_engine(settings: EngineSettings, requests: list[TrafficRequest], concurr
         wall = time.perf_counter() - started
     finally:
         engine.stop()
+        gc.unfreeze()
         torch.set_num_threads(threads)
     ttft = [(stamps[i][0] - submitted[i]) * 1e3 for i in submitted if stamps.get(i)]
     itl = [(b - a) * 1e3 for i in submitted for a, b in pairwise(stamps.get(i, []))]
