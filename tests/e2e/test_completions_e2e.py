@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from transformers import AutoTokenizer
 
 from tests.e2e.conftest import TritonHandle
 from tests.e2e.test_chat_e2e import check_usage_invariants, client_for, error_body
@@ -68,7 +69,9 @@ def test_echo_starts_the_text_with_the_prompt(triton_server: TritonHandle, front
 
 
 def test_logprobs_in_the_completions_form(triton_server: TritonHandle, frontend_url: str) -> None:
-    body = post(frontend_url, model=triton_server.served_model_name, prompt=PROMPT, logprobs=3, max_tokens=10)
+    # ignore_eos: an end-of-sequence token would be listed but is not in the text (see below).
+    args = {"model": triton_server.served_model_name, "prompt": PROMPT, "logprobs": 3, "max_tokens": 10}
+    body = post(frontend_url, **args, ignore_eos=True)
     choice = body["choices"][0]
     logprobs = choice["logprobs"]
     tokens = logprobs["tokens"]
@@ -84,6 +87,23 @@ def test_logprobs_in_the_completions_form(triton_server: TritonHandle, frontend_
         assert max(top.values()) >= value - 1e-4 or token in top
     zero = post(frontend_url, model=triton_server.served_model_name, prompt=PROMPT, logprobs=0, max_tokens=4)
     assert zero["choices"][0]["logprobs"] is None
+
+
+def test_an_end_of_sequence_token_is_listed_but_not_in_the_text(triton_server: TritonHandle, frontend_url: str) -> None:
+    # As in vLLM: the sampled end token counts in completion_tokens and has a log-probability,
+    # so it is listed, under its own spelling, at the offset where the text ends.
+    tokenizer = AutoTokenizer.from_pretrained(triton_server.settings.model_path)
+    eos = tokenizer.eos_token_id
+    body = post(
+        frontend_url, model=triton_server.served_model_name, prompt=PROMPT, logprobs=2, max_tokens=10,
+        logit_bias={str(eos): 100},
+    )  # fmt: skip
+    choice = body["choices"][0]
+    assert choice["text"] == "" and choice["finish_reason"] == "stop"
+    assert body["usage"]["completion_tokens"] == 1
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == [tokenizer.convert_ids_to_tokens(eos)] and logprobs["text_offset"] == [0]
+    assert logprobs["token_logprobs"][0] <= 0
 
 
 def test_openai_client_stream_matches_non_stream(triton_server: TritonHandle, frontend_url: str) -> None:
