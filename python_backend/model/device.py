@@ -1,7 +1,7 @@
 """Device and dtype selection: CUDA, Ascend NPU or CPU.
 
 Owns: resolving ``auto|cpu|cuda[:N]|npu[:N]`` and ``auto|bfloat16|float16|float32`` to torch
-objects, what an accelerator says about its free memory (the engine's automatic KV budget) and
+objects (``auto`` dtype on CPU also asks whether the CPU has bfloat16 kernels), what an accelerator says about its free memory (the engine's automatic KV budget) and
 waiting for its queued work (``synchronize``: kernels run asynchronously on CUDA and Ascend, so a
 clock read after launching them measures nothing until the device is waited for). CUDA goes
 through ``torch.cuda`` and Ascend through ``torch.npu``, the same calls on both. This is the only
@@ -58,21 +58,46 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, config_dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+def cpu_has_bfloat16_kernels() -> bool:
+    """Whether oneDNN has bfloat16 kernels on this CPU (x86 with AVX-512 or AMX, Arm with BF16).
+
+    Without them (an AVX2-only x86 CPU) every bfloat16 product is emulated: the demo model served
+    about 4x fewer tokens/s in bfloat16 than in float32 on such a CPU (docs/performance.md).
+    """
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def resolve_dtype(
+    name: str, config_dtype: torch.dtype | str | None, device: torch.device, cpu_bfloat16: bool | None = None
+) -> torch.dtype:
     """``auto``: the checkpoint's dtype; float32 when it names none.
 
     On CPU a float16 checkpoint runs in bfloat16: CPU float16 matmuls are slow or missing, and
-    bfloat16 keeps the exponent range of the weights.
+    bfloat16 keeps the exponent range of the weights. A 16-bit checkpoint runs in float32 on a CPU
+    without bfloat16 kernels (``cpu_bfloat16``; detected when None), where float32 is the faster.
+    An explicit name is always taken as it is.
     """
     if name != "auto":
-        return _DTYPES[name]
+        dtype = _DTYPES[name]
+        if device.type == "cpu" and dtype == torch.bfloat16 and not _bfloat16_kernels(cpu_bfloat16):
+            logger.warning("dtype bfloat16 on a CPU without bfloat16 kernels: emulated, float32 is faster")
+        return dtype
     if isinstance(config_dtype, str):
         config_dtype = _DTYPES.get(config_dtype)
     dtype = config_dtype if isinstance(config_dtype, torch.dtype) else torch.float32
-    if device.type == "cpu" and dtype == torch.float16:
+    if device.type != "cpu" or dtype == torch.float32:
+        return dtype
+    if not _bfloat16_kernels(cpu_bfloat16):
+        logger.info("%s checkpoint on a CPU without bfloat16 kernels (AVX2 only): running in float32", dtype)
+        return torch.float32
+    if dtype == torch.float16:
         logger.info("float16 checkpoint on CPU: running in bfloat16")
         return torch.bfloat16
     return dtype
+
+
+def _bfloat16_kernels(known: bool | None) -> bool:
+    return cpu_has_bfloat16_kernels() if known is None else known
 
 
 def place(device_name: str, dtype_name: str, config_dtype: torch.dtype | str | None) -> Placement:

@@ -98,7 +98,8 @@ class EngineSettings:
             flag="--dtype",
             mindie_key="dtype",
             choices=DTYPES,
-            docs="`auto` (the checkpoint's), `bfloat16`, `float16`, `float32`",
+            docs="`auto` (the checkpoint's; on CPU a float16 checkpoint runs in bfloat16, and a 16-bit one in "
+            "float32 where the CPU has no bfloat16 kernels, as on AVX2-only x86), `bfloat16`, `float16`, `float32`",
         ),
     )
     device: str = _setting(

@@ -124,7 +124,20 @@ def test_accelerators_keep_a_float16_checkpoint_in_float16(accelerator: str) -> 
     assert resolve_dtype("auto", torch.bfloat16, target) == torch.bfloat16
     assert resolve_dtype("auto", None, target) == torch.float32
     assert resolve_dtype("bfloat16", "float16", target) == torch.bfloat16
-    assert resolve_dtype("auto", "float16", torch.device("cpu")) == torch.bfloat16
+    assert resolve_dtype("auto", "float16", torch.device("cpu"), cpu_bfloat16=True) == torch.bfloat16
+
+
+def test_a_cpu_without_bfloat16_kernels_runs_16_bit_checkpoints_in_float32(caplog: pytest.LogCaptureFixture) -> None:
+    cpu = torch.device("cpu")
+    for checkpoint in ("bfloat16", torch.bfloat16, "float16"):
+        assert resolve_dtype("auto", checkpoint, cpu, cpu_bfloat16=False) == torch.float32
+    assert resolve_dtype("auto", "bfloat16", cpu, cpu_bfloat16=True) == torch.bfloat16
+    # An explicit dtype is taken as asked, with a warning that it is emulated.
+    with caplog.at_level("WARNING"):
+        assert resolve_dtype("bfloat16", "bfloat16", cpu, cpu_bfloat16=False) == torch.bfloat16
+    assert "emulated" in caplog.text
+    detected = device_layer.cpu_has_bfloat16_kernels()
+    assert resolve_dtype("auto", "bfloat16", cpu) == (torch.bfloat16 if detected else torch.float32)
 
 
 def test_place_on_cuda(cuda: FakeAccelerator) -> None:

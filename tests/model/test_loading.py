@@ -35,9 +35,10 @@ def test_device_and_dtype_selection() -> None:
         assert resolve_device("auto").type in ("cpu", "npu")
         with pytest.raises(DeviceError, match="cuda"):
             resolve_device("cuda:0")
-    assert resolve_dtype("auto", "bfloat16", torch.device("cpu")) == torch.bfloat16
-    assert resolve_dtype("auto", None, torch.device("cpu")) == torch.float32
-    assert resolve_dtype("auto", torch.float16, torch.device("cpu")) == torch.bfloat16  # CPU fp16 is slow
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", "bfloat16", cpu, cpu_bfloat16=True) == torch.bfloat16
+    assert resolve_dtype("auto", None, cpu) == torch.float32
+    assert resolve_dtype("auto", torch.float16, cpu, cpu_bfloat16=True) == torch.bfloat16  # CPU fp16 is slow
     assert resolve_dtype("float16", "bfloat16", torch.device("cpu")) == torch.float16
     for bad in ({"dtype": "float64"}, {"device": "tpu"}, {"device": "cuda:x"}, {"max_num_seqs": 0}):
         with pytest.raises(SettingsError):
