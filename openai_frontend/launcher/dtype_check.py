@@ -6,8 +6,9 @@ refused in one line where the device cannot run it: bfloat16 on an NVIDIA GPU ol
 a warning where it runs but slowly: float16 on the CPU). The launcher imports no torch, so the GPU
 is asked through ``nvidia-smi``; when that cannot answer, the model's own load stays the check.
 The resolution mirrors the model's (``python_backend/model/device.py``): ``auto`` is the
-checkpoint's ``torch_dtype`` (float32 when it names none the engine runs), and a float16
-checkpoint runs in bfloat16 on the CPU.
+checkpoint's ``torch_dtype`` (float32 when it names none the engine runs), a float16
+checkpoint runs in bfloat16 on the CPU, and a 16-bit one in float32 on a CPU without bfloat16
+kernels (told here from ``/proc/cpuinfo``'s flags, where the model asks oneDNN).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ SPELLINGS = {
 # lack its kernels, so a bfloat16 model there is slow or fails inside its first request.
 BF16_CAPABILITY = (8, 0)
 NVIDIA_SMI_TIMEOUT_S = 10.0
+CPUINFO = Path("/proc/cpuinfo")
+# oneDNN's bfloat16 kernels on x86 need AVX-512 (BW, VL and DQ; AMX CPUs have them) or AVX-NE-CONVERT.
+X86_BF16_FLAGS = ({"avx512bw", "avx512vl", "avx512dq"}, {"avx_ne_convert"})
 
 
 @dataclass(frozen=True)
@@ -77,21 +81,32 @@ def check_dtype(
     checkpoint_dtype: str | None,
     origin: str = "--dtype",
     gpu: Callable[[str], Gpu | None] | None = None,
+    cpu_bfloat16: Callable[[], bool | None] | None = None,
 ) -> DtypeChoice:
     """What the model will run in on ``device``, or one line saying what to pass instead.
 
     ``checkpoint_dtype``: the folder's ``torch_dtype`` (``checkpoint_torch_dtype``); ``gpu``:
-    how to ask about a CUDA device (default: ``nvidia-smi``).
+    how to ask about a CUDA device (default: ``nvidia-smi``); ``cpu_bfloat16``: whether this CPU
+    has bfloat16 kernels, None where it cannot tell (default: ``cpu_has_bfloat16_kernels``).
     """
     check_dtype_name(dtype, origin)
     on_cpu = _runs_on_cpu(device)
+    slow_bf16 = on_cpu and (cpu_bfloat16 or cpu_has_bfloat16_kernels)() is False
     if dtype == AUTO:
         chosen = checkpoint_dtype if checkpoint_dtype in DTYPES and checkpoint_dtype != AUTO else "float32"
         reason = f"{origin} auto: the checkpoint's torch_dtype {checkpoint_dtype or '(none)'}"
-        if on_cpu and chosen == "float16":
+        if slow_bf16 and chosen in ("float16", "bfloat16"):
+            chosen, reason = "float32", f"{reason}, in float32 on this CPU, which has no bfloat16 kernels"
+        elif on_cpu and chosen == "float16":
             chosen, reason = "bfloat16", f"{reason}, in bfloat16 on the CPU"
     else:
         chosen, reason = dtype, origin
+    if slow_bf16 and chosen == "bfloat16":
+        logger.warning(
+            "%s bfloat16 on a CPU without bfloat16 kernels (AVX2 only): every product is emulated; "
+            "--dtype auto runs the model in float32 here, several times faster",
+            origin,
+        )
     if on_cpu and chosen == "float16":
         logger.warning(
             "%s float16 on the CPU: many CPU kernels are slow or missing in float16; "
@@ -149,6 +164,24 @@ def nvidia_gpu(device: str) -> Gpu | None:
         logger.debug("nvidia-smi gave no compute capability: %r", done.stdout)
         return None
     return Gpu(name.strip(), (int(major), int(minor)))
+
+
+def cpu_has_bfloat16_kernels(cpuinfo: Path = CPUINFO) -> bool | None:
+    """Whether this CPU has the instructions oneDNN's bfloat16 kernels need (x86: AVX-512 or
+    AVX-NE-CONVERT; Arm: BF16), from ``/proc/cpuinfo``; None where that says nothing."""
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key == "flags":  # x86
+            flags = set(value.split())
+            return any(needed <= flags for needed in X86_BF16_FLAGS)
+        if key == "features":  # Arm
+            return "bf16" in value.split()
+    return None
 
 
 def _runs_on_cpu(device: str) -> bool:

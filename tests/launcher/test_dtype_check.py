@@ -21,6 +21,7 @@ from openai_frontend.launcher.dtype_check import (
     check_dtype,
     check_dtype_name,
     checkpoint_torch_dtype,
+    cpu_has_bfloat16_kernels,
     nvidia_gpu,
 )
 from openai_frontend.launcher.model_check import ModelFolderError
@@ -79,14 +80,54 @@ def test_auto_resolves_as_the_model_does(
     checkpoint: str | None, device: str, runs: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     _a_gpu_here(monkeypatch, tmp_path, A100)
-    choice = check_dtype("auto", device, checkpoint)
+    choice = check_dtype("auto", device, checkpoint, cpu_bfloat16=lambda: True)
     assert choice.dtype == runs
     assert choice.reason.startswith(f"--dtype auto: the checkpoint's torch_dtype {checkpoint or '(none)'}")
 
 
 def test_auto_on_a_machine_without_an_accelerator_is_the_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _no_gpu_here(monkeypatch, tmp_path)
-    assert check_dtype("auto", "auto", "float16").dtype == "bfloat16"
+    assert check_dtype("auto", "auto", "float16", cpu_bfloat16=lambda: True).dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("checkpoint", ["bfloat16", "float16"])
+def test_auto_on_a_cpu_without_bfloat16_kernels_is_float32(checkpoint: str) -> None:
+    choice = check_dtype("auto", "cpu", checkpoint, cpu_bfloat16=lambda: False)
+    assert choice == DtypeChoice(
+        "float32",
+        f"--dtype auto: the checkpoint's torch_dtype {checkpoint}, in float32 on this CPU, which has no bfloat16 kernels",
+    )
+    # Where /proc/cpuinfo says nothing, the checkpoint's dtype is what the start-up line names.
+    assert check_dtype("auto", "cpu", "bfloat16", cpu_bfloat16=lambda: None).dtype == "bfloat16"
+
+
+def test_bfloat16_asked_for_on_a_cpu_without_its_kernels_runs_but_warns(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="openai_frontend.launcher"):
+        assert check_dtype("bfloat16", "cpu", None, cpu_bfloat16=lambda: False) == DtypeChoice("bfloat16", "--dtype")
+    (record,) = caplog.records
+    assert record.getMessage().startswith("--dtype bfloat16 on a CPU without bfloat16 kernels")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="openai_frontend.launcher"):
+        check_dtype("bfloat16", "cpu", None, cpu_bfloat16=lambda: True)
+    assert not caplog.records
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "has"),
+    [
+        ("processor\t: 0\nflags\t\t: fpu sse avx2 fma\n", False),
+        ("flags\t\t: avx2 avx512f avx512dq avx512bw avx512vl amx_tile\n", True),
+        ("flags\t\t: avx2 avx_vnni avx_ne_convert\n", True),
+        ("processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n", True),
+        ("processor\t: 0\nFeatures\t: fp asimd crc32\n", False),
+        ("processor\t: 0\n", None),
+    ],
+)
+def test_cpu_bfloat16_kernels_from_cpuinfo(cpuinfo: str, has: bool | None, tmp_path: Path) -> None:
+    path = tmp_path / "cpuinfo"
+    path.write_text(cpuinfo)
+    assert cpu_has_bfloat16_kernels(path) is has
+    assert cpu_has_bfloat16_kernels(tmp_path / "missing") is None
 
 
 def test_bfloat16_on_a_gpu_older_than_ampere_says_to_pass_float16() -> None:
