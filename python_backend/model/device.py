@@ -1,8 +1,9 @@
 """Device and dtype selection: CUDA, Ascend NPU or CPU.
 
 Owns: resolving ``auto|cpu|cuda[:N]|npu[:N]`` and ``auto|bfloat16|float16|float32`` to torch
-objects (``auto`` dtype on CPU also asks whether the CPU has bfloat16 kernels), what an accelerator says about its free memory (the engine's automatic KV budget) and
-waiting for its queued work (``synchronize``: kernels run asynchronously on CUDA and Ascend, so a
+objects (``auto`` dtype on CPU also asks whether the CPU has bfloat16 kernels), what an
+accelerator says about its free memory (the engine's automatic KV budget) and waiting for its
+queued work (``synchronize``: kernels run asynchronously on CUDA and Ascend, so a
 clock read after launching them measures nothing until the device is waited for). CUDA goes
 through ``torch.cuda`` and Ascend through ``torch.npu``, the same calls on both. This is the only
 module that imports ``torch_npu`` (it registers the ``npu`` device with torch as a side effect, so
