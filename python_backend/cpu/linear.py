@@ -1,8 +1,10 @@
 """Linear layers with oneDNN-prepacked weights for CPU inference.
 
-Owns ``PackedLinear`` and ``pack_linears``. On CPU, ``torch.nn.functional.linear`` hands oneDNN a
-plain row-major weight, and oneDNN reorders it into its blocked layout on every call; for the small
-row counts of decode (one row per running sequence) that reorder costs as much as the product.
+Owns ``PackedLinear``, ``pack_linears`` and ``onednn_has_bfloat16`` (whether the CPU has oneDNN's
+bfloat16 kernels, which also decides the CPU's ``auto`` dtype in ``model/device.py``). On CPU,
+``torch.nn.functional.linear`` hands oneDNN a plain row-major weight, and oneDNN reorders it into
+its blocked layout on every call; for the small row counts of decode (one row per running
+sequence) that reorder costs as much as the product.
 Reordering each weight once at load time (what vLLM's CPU backend and Inductor's freezing pass also
 do) made the linear layers of SmolLM2-135M about 2x faster at batch 1 to 512 on the AVX-512 test
 machine (docs/performance.md). Results are bit-identical to the plain call in bfloat16; in
@@ -29,6 +31,12 @@ logger = logging.getLogger(__name__)
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
+def onednn_has_bfloat16() -> bool:
+    """Whether oneDNN has bfloat16 kernels on this CPU: x86 with AVX-512 (BW/VL/DQ; AMX CPUs have
+    it) or AVX-NE-CONVERT, Arm with BF16. Without them every bfloat16 product is emulated."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def prepack_supported(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether this build of torch, on this CPU, can prepack linear weights for ``device`` and ``dtype``.
 
@@ -42,7 +50,7 @@ def prepack_supported(device: torch.device, dtype: torch.dtype) -> bool:
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     ):
         return False
-    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if dtype == torch.bfloat16 and not onednn_has_bfloat16():
         logger.info("oneDNN has no bfloat16 kernels on this CPU: linear weights stay unpacked")
         return False
     try:

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from python_backend.cpu.linear import onednn_has_bfloat16
+
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -59,15 +61,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def cpu_has_bfloat16_kernels() -> bool:
-    """Whether oneDNN has bfloat16 kernels on this CPU (x86 with AVX-512 or AMX, Arm with BF16).
-
-    Without them (an AVX2-only x86 CPU) every bfloat16 product is emulated: the demo model served
-    about 4x fewer tokens/s in bfloat16 than in float32 on such a CPU (docs/performance.md).
-    """
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
 def resolve_dtype(
     name: str, config_dtype: torch.dtype | str | None, device: torch.device, cpu_bfloat16: bool | None = None
 ) -> torch.dtype:
@@ -98,7 +91,9 @@ def resolve_dtype(
 
 
 def _bfloat16_kernels(known: bool | None) -> bool:
-    return cpu_has_bfloat16_kernels() if known is None else known
+    # Without oneDNN's bfloat16 kernels (an AVX2-only CPU) the demo model served about 4x fewer
+    # tokens/s in bfloat16 than in float32 (docs/performance.md).
+    return onednn_has_bfloat16() if known is None else known
 
 
 def place(device_name: str, dtype_name: str, config_dtype: torch.dtype | str | None) -> Placement:

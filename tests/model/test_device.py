@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from python_backend.cpu.linear import onednn_has_bfloat16
 from python_backend.engine import limits
 from python_backend.model import device as device_layer
 from python_backend.model.device import DeviceError, free_memory, place, resolve_device, resolve_dtype, synchronize
@@ -136,7 +137,7 @@ def test_a_cpu_without_bfloat16_kernels_runs_16_bit_checkpoints_in_float32(caplo
     with caplog.at_level("WARNING"):
         assert resolve_dtype("bfloat16", "bfloat16", cpu, cpu_bfloat16=False) == torch.bfloat16
     assert "emulated" in caplog.text
-    detected = device_layer.cpu_has_bfloat16_kernels()
+    detected = onednn_has_bfloat16()
     assert resolve_dtype("auto", "bfloat16", cpu) == (torch.bfloat16 if detected else torch.float32)
 
 
