@@ -108,10 +108,16 @@ def check_dtype(
             origin,
         )
     if on_cpu and chosen == "float16":
+        # Where bfloat16 is emulated too, auto's float32 is the faster choice.
+        better = (
+            "float32 (or auto, which runs a float16 checkpoint in float32 here)"
+            if slow_bf16
+            else "bfloat16 (or auto, which runs a float16 checkpoint in bfloat16 here)"
+        )
         logger.warning(
-            "%s float16 on the CPU: many CPU kernels are slow or missing in float16; "
-            "pass --dtype bfloat16 (or auto, which runs a float16 checkpoint in bfloat16 here)",
+            "%s float16 on the CPU: many CPU kernels are slow or missing in float16; pass --dtype %s",
             origin,
+            better,
         )
     if chosen == "bfloat16" and device.split(":", 1)[0] == "cuda":
         problem = _bf16_problem(device, reason, gpu or nvidia_gpu)

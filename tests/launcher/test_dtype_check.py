@@ -163,11 +163,17 @@ def test_device_auto_on_an_old_gpu_warns_since_torch_may_run_on_the_cpu(
 
 def test_float16_on_the_cpu_runs_but_warns_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="openai_frontend.launcher"):
-        assert check_dtype("float16", "cpu", "bfloat16") == DtypeChoice("float16", "--dtype")
+        assert check_dtype("float16", "cpu", "bfloat16", cpu_bfloat16=lambda: True) == DtypeChoice("float16", "--dtype")
     (record,) = caplog.records
     assert "\n" not in record.getMessage()
     assert record.getMessage().startswith("--dtype float16 on the CPU: many CPU kernels are slow or missing")
     assert "pass --dtype bfloat16" in record.getMessage()
+    caplog.clear()
+    # Where bfloat16 is emulated as well, the advice is float32.
+    with caplog.at_level(logging.WARNING, logger="openai_frontend.launcher"):
+        check_dtype("float16", "cpu", "bfloat16", cpu_bfloat16=lambda: False)
+    (record,) = caplog.records
+    assert "pass --dtype float32 (or auto, which runs a float16 checkpoint in float32 here)" in record.getMessage()
 
 
 def test_the_checkpoint_dtype_is_read_as_the_model_reads_it(tmp_path: Path) -> None:
