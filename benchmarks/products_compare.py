@@ -3,7 +3,8 @@
 Nearly all of a decode step's arithmetic is its linear products, so they set a floor under any
 serving figure. This benchmark times one model's products (per layer the fused q/k/v and gate/up,
 the output and down projections, each layer with weights of its own, then the output head) at the
-row counts a served run makes, in two ways, each in a process of its own, alternating:
+row counts a served run makes, in two ways, each in a process of its own, each round reversing
+which runs first:
 
 - ``ours``: ``python_backend.cpu.linear.PackedLinear`` (``torch.ops.mkldnn._linear_pointwise``
   on a weight reordered once), what the engine runs;
@@ -32,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+_ROOT = Path(__file__).resolve().parents[1]
 _DEFAULT_ROWS = (1, 8, 16, 64, 320, 576)
 _DTYPES = ("float32", "bfloat16")
 
@@ -150,7 +152,8 @@ def _run_child(python: str, impl: str, args: argparse.Namespace) -> list[Timing]
     command = [python, "-m", "benchmarks.products_compare", "--child", impl, "--model", args.model]
     command += ["--dtype", args.dtype, "--passes", str(args.passes), "--churn-rows", args.churn_rows]
     command += [f"--rows={','.join(map(str, args.rows))}"]
-    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=args.timeout)
+    # From the repository root, so that another venv's Python finds this module too.
+    done = subprocess.run(command, cwd=_ROOT, capture_output=True, text=True, check=False, timeout=args.timeout)
     if done.returncode != 0:
         raise RuntimeError(f"{impl} run failed ({done.returncode}): {done.stderr[-2000:]}")
     timings = [Timing(**json.loads(line)) for line in done.stdout.splitlines() if line.startswith("{")]
@@ -193,11 +196,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.impl:
         child(args)
         return
+    sides = [("ours", sys.executable)] + ([("vllm", args.vllm_python)] if args.vllm_python else [])
     timings: list[Timing] = []
-    for _ in range(args.rounds):
-        timings += _run_child(sys.executable, "ours", args)
-        if args.vllm_python:
-            timings += _run_child(args.vllm_python, "vllm", args)
+    for round_ in range(args.rounds):
+        # Each round reverses the order, so that a host getting busier or quieter favours neither.
+        for impl, python in sides if round_ % 2 == 0 else sides[::-1]:
+            timings += _run_child(python, impl, args)
     print(table(timings))
 
 

@@ -8,6 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from benchmarks import products_compare
 from benchmarks.products_compare import Shape, Timing, model_shapes, table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,3 +57,15 @@ def test_ours_alone_prints_a_rate_per_row_count_and_the_churn_pass(tiny_model_di
     ]
     assert all(line["ms_per_pass"] > 0 and line["gflops"] > 0 for line in lines)
     assert "| 4 | steady |" in done.stdout and "| — | — |" in done.stdout  # no vLLM: no ratio
+
+
+def test_each_round_reverses_which_side_runs_first(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    order: list[str] = []
+
+    def run_child(python: str, impl: str, args: object) -> list[Timing]:
+        order.append(impl)
+        return [Timing(impl, 16, "steady", 10.0 if impl == "ours" else 8.0, 1.0)]
+
+    monkeypatch.setattr(products_compare, "_run_child", run_child)
+    products_compare.main(["--model", str(tmp_path), "--vllm-python", "/vllm/bin/python", "--rounds", "3"])
+    assert order == ["ours", "vllm", "vllm", "ours", "ours", "vllm"]
