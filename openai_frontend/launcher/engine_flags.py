@@ -2,7 +2,7 @@
 
 Owns: declaring one flag per ``EngineSettings`` field that has a ``SettingInfo.flag``
 (``add_engine_flags``) and reading them back (``engine_values``), so a new setting needs only its
-field and ``SettingInfo`` in ``python_backend/protocol/settings.py``. Each flag's ``dest`` is its
+field and ``SettingInfo`` in ``python_backend/protocol/settings/``. Each flag's ``dest`` is its
 field's name.
 """
 
@@ -20,7 +20,7 @@ from python_backend.protocol.settings import EngineSettings, SettingInfo, settin
 MODEL_DIR = "model_path"
 SERVED_NAME = "served_model_name"
 LORA_MODULES = "lora_modules"
-GROUP_TITLES = {"model": "model", "engine limits": "engine limits (defaults: python_backend/protocol/settings.py)"}
+GROUP_TITLES = {"model": "model", "engine limits": "engine limits (defaults: python_backend/protocol/settings/)"}
 
 
 @dataclass(frozen=True)

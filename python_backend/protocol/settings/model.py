@@ -1,0 +1,145 @@
+"""The model's engine settings: which model, served under which name, in which dtype, on which
+devices, and how its output is parsed (tool calls, reasoning) and adapted (LoRA).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from python_backend.protocol.settings.info import (
+    DTYPES,
+    REASONING_PARSER_CHOICES,
+    TOOL_CALL_PARSER_CHOICES,
+    SettingInfo,
+    setting,
+)
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """Which model, served as what, in which dtype, on which devices."""
+
+    model_path: str = setting(
+        "",
+        SettingInfo(
+            "local Hugging Face model folder (default: the SmolLM2-135M-Instruct demo model)",
+            flag="--model",
+            mindie_key="modelWeightPath",
+            metavar="DIR",
+            docs="local Hugging Face folder",
+            docs_default="the demo model",
+        ),
+    )
+    served_model_name: str = setting(
+        "",
+        SettingInfo(
+            "the `model` name clients send (default: the folder's name)",
+            flag="--served-model-name",
+            mindie_key="modelName",
+            metavar="NAME",
+            docs="the `model` clients send; `/v1/models` lists it",
+            docs_default="the folder's name",
+        ),
+    )
+    dtype: str = setting(
+        "auto",
+        SettingInfo(
+            "weights dtype (default: auto = the folder's torch_dtype)",
+            flag="--dtype",
+            mindie_key="dtype",
+            choices=DTYPES,
+            docs="`auto` (the checkpoint's; on CPU a float16 checkpoint runs in bfloat16, and a 16-bit one in "
+            "float32 where the CPU has no bfloat16 kernels, as on AVX2-only x86), `bfloat16`, `float16`, `float32`",
+        ),
+    )
+    device: str = setting(
+        "auto",
+        SettingInfo(
+            "auto | cpu | cuda[:N] | npu[:N] (default: auto)",
+            flag="--device",
+            mindie_key="device",
+            metavar="DEVICE",
+            docs="`auto` (CUDA, else Ascend, else CPU), `cpu`, `cuda[:N]`, `npu[:N]`",
+        ),
+    )
+    # One model over several devices: rank 0 is this process, the others are worker processes
+    # it starts (python_backend.parallel); each holds a shard of the weights and of the KV cache.
+    tensor_parallel_size: int = setting(
+        1,
+        SettingInfo(
+            "devices (ranks) one model instance is split over; 1 = no tensor parallel",
+            flag="--tensor-parallel-size",
+            mindie_key="worldSize",
+            minimum=1,
+            metavar="N",
+            docs="ranks the model's layers are split over (tensor parallel: attention heads and MLP "
+            "columns per rank, one process per rank, gloo on CPU, NCCL on CUDA, HCCL on Ascend); "
+            "see [tensor parallel](tensor-parallel.md)",
+        ),
+    )
+    device_ids: str = setting(
+        "",
+        SettingInfo(
+            "comma-separated device index of each rank, e.g. 0,1,2,3 (default: from --device's index up)",
+            flag="--device-ids",
+            mindie_key="npuDeviceIds",
+            metavar="IDS",
+            docs="CUDA/NPU index of each rank, comma-separated (`0,1,2,3`); in `config.json` also "
+            "MindIE's list form (`[[0, 1, 2, 3]]`)",
+            docs_default="the device's index, then the next ones",
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class ModelOutputSettings:
+    """How the model's output is parsed and adapted; the code it may run."""
+
+    # auto: from the chat template (<tool_call>: hermes, [TOOL_CALLS]: mistral, Llama 3's JSON
+    # call instructions or <|python_tag|>: llama3_json), chatglm3 for model_type chatglm, else
+    # none (requests with tools are then refused).
+    tool_call_parser: str = setting(
+        "auto",
+        SettingInfo(
+            "tool-call format of the model's output (default: auto, from the chat template)",
+            flag="--tool-call-parser",
+            mindie_key="toolCallParser",
+            choices=TOOL_CALL_PARSER_CHOICES,
+            docs="`auto`, `hermes` (Qwen2.5), `chatglm3`, `llama3_json` (Llama 3.x), `mistral`, `none`",
+        ),
+    )
+    # auto: think when the vocabulary or chat template has <think>; none: never split reasoning.
+    reasoning_parser: str = setting(
+        "auto",
+        SettingInfo(
+            "split <think> reasoning into reasoning_content (default: auto)",
+            flag="--reasoning-parser",
+            mindie_key="reasoningParser",
+            choices=REASONING_PARSER_CHOICES,
+            docs="`auto`, `think`, `none`",
+        ),
+    )
+    # MindIE's LoraModules: a JSON object {"adapter name": "/local/peft/adapter/folder"}; a
+    # request whose `model` is an adapter's name runs with that adapter.
+    lora_modules: str = setting(
+        "",
+        SettingInfo(
+            "a LoRA adapter (PEFT folder) requests select with model=NAME (repeatable)",
+            flag="--lora-module",
+            metavar="NAME=DIR",
+            docs="a LoRA adapter (PEFT folder) requests select with `model=NAME`; in `config.json`: "
+            "`LoraModules` (below)",
+            docs_default="none",
+        ),
+    )
+    # ChatGLM3 and other `auto_map` models need it. Off by default: that code runs with the
+    # server's rights.
+    trust_remote_code: bool = setting(
+        False,
+        SettingInfo(
+            "run Python code shipped in the model folder (needed by e.g. ChatGLM3); trusted folders only",
+            flag="--trust-remote-code",
+            mindie_key="trustRemoteCode",
+            docs="run Python code shipped in the model folder (ChatGLM3 needs it); only for folders you trust",
+        ),
+    )
