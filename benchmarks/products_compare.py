@@ -122,14 +122,13 @@ def child(args: argparse.Namespace) -> None:
     shapes = model_shapes(Path(args.model).expanduser())
     # A weight of its own for every layer, as in the model: at few rows a product reads its weight
     # from memory, and one weight reused by every layer would stay in the CPU's caches.
-    decoder = [shape for shape in shapes if shape.name != "head"]
-    layers = [
-        [(make(torch.randn(shape.n, shape.k, dtype=dtype) * 0.02), shape.k) for shape in decoder]
-        for _ in range(decoder[0].per_pass)
-    ]
-    layers += [
-        [(make(torch.randn(shape.n, shape.k, dtype=dtype) * 0.02), shape.k) for shape in shapes if shape.name == "head"]
-    ]
+    *decoder, head = shapes  # model_shapes lists the output head last
+
+    def product(shape: Shape) -> tuple[Any, int]:
+        return make(torch.randn(shape.n, shape.k, dtype=dtype) * 0.02), shape.k
+
+    layers = [[product(shape) for shape in decoder] for _ in range(decoder[0].per_pass)]
+    layers.append([product(head)])
     flops_per_row = sum(2 * s.n * s.k * s.per_pass for s in shapes)
     churn = [int(r) for r in args.churn_rows.split(",")]
     all_rows = sorted({*args.rows, *churn})
