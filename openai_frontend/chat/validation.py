@@ -131,10 +131,13 @@ def parse_body(schema: type[RequestT], data: dict[str, Any]) -> RequestT:
 
 def _stream_usage(request: GenerationRequest, settings: FrontendSettings, stream: bool) -> StreamUsage:
     options = request.stream_options
-    if options is None or settings.mindie_mode:
-        return StreamUsage()  # MindIE mode has no stream_options; it is reported as ignored instead
+    if options is None:
+        return StreamUsage()  # null means absent
     if not stream:
+        # OpenAI's and vLLM's 400 in either mode: whatever the options ask for, there is no stream.
         raise invalid("'stream_options' is only allowed when 'stream' is true", "stream_options")
+    if settings.mindie_mode:
+        return StreamUsage()  # MindIE mode has no stream_options; it is reported as ignored instead
     if not isinstance(options, dict):
         raise invalid("'stream_options' must be an object", "stream_options")
     for key in options:
