@@ -84,10 +84,8 @@ def text_completion_body(
     echo: bool,
     logprobs: bool,
     mindie: bool,
-    echo_only: bool = False,
 ) -> dict[str, Any]:
-    """The ``text_completion`` object for finished ``choices`` (index i*n+k: prompt i).
-    ``echo_only``: the prompt alone (``max_tokens`` 0), the generated token left out."""
+    """The ``text_completion`` object for finished ``choices`` (index i*n+k: prompt i)."""
     ordered = sorted(choices, key=lambda c: c.index)
     per_prompt = max(len(ordered) // len(prompts), 1)
     scored: dict[int, PromptLogprobs] = {}  # per prompt: its request's first choice carried them
@@ -101,13 +99,13 @@ def text_completion_body(
         echoed = positions if echo else None
         entry: dict[str, Any] = {
             "index": choice.index,
-            "text": prompt + ("" if echo_only else choice.text),
+            "text": prompt + choice.text,
             "logprobs": None,
             "finish_reason": choice.finish_reason or "stop",
         }
         if logprobs:
             cursor = LogprobsCursor(0 if echoed is not None else len(prompt))
-            entry["logprobs"] = cursor.block([] if echo_only else choice.logprobs, echoed)
+            entry["logprobs"] = cursor.block(choice.logprobs, echoed)
         if positions is not None:
             entry["prompt_logprobs"] = prompt_logprobs_json(positions)
         entries.append(entry)

@@ -2,7 +2,8 @@
 
 Owns: ``CompletionCall`` (one backend request per prompt: ``text_input``, or
 ``prompt_token_ids`` for token ids), ``fan_in`` (the prompts' streams as one, choice i*n+k being
-prompt i's k-th), ``echo_texts`` (token ids are echoed as the model detokenizes them),
+prompt i's k-th), ``prompt_only`` (``echo`` with ``max_tokens`` 0: nothing generated is shown or
+counted), ``echo_texts`` (token ids are echoed as the model detokenizes them),
 ``complete`` and ``start_stream``. A token-id prompt's errors name its place in the body
 (``prompt.1.4``), not the tensor (``prompt_token_ids.4``).
 The backend dialogue itself (collecting, pacing, the stream's start and its error ending) is
@@ -28,7 +29,7 @@ from openai_frontend.completions.sse import CompletionStreamFormatter
 from openai_frontend.completions.validation import ValidatedCompletion
 from openai_frontend.http.metrics import ChatObservation
 from openai_frontend.settings import FrontendSettings
-from python_backend.protocol.contract import PROMPT_TOKEN_IDS, ChoiceDelta
+from python_backend.protocol.contract import FINISH_LENGTH, PROMPT_TOKEN_IDS, ChoiceDelta, ChoiceUsage
 from python_backend.protocol.errors import ErrorInfo
 from python_backend.protocol.tokenize import DetokenizeQuery
 
@@ -153,13 +154,48 @@ async def fan_in(
                 await close_stream(stream)
 
 
+def prompt_only(delta: ChoiceDelta) -> ChoiceDelta:
+    """``delta`` of an ``echo`` request with ``max_tokens`` 0, with the token the engine had to
+    generate (its contract's ``max_tokens`` is at least 1) left out: no text, logprobs or counted
+    token, and ``length`` as the reason it ended (vLLM's answer). The prompt's scores and tokens,
+    and the time to the first token (the prompt's prefill), stay."""
+    usage = delta.usage
+    if usage is not None:
+        usage = ChoiceUsage(
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=0,
+            cached_tokens=usage.cached_tokens,
+            prefill_time=usage.prefill_time,
+        )
+    return replace(
+        delta,
+        text="",
+        reasoning="",
+        tool_calls=[],
+        logprobs=None,
+        finish_reason=None if delta.finish_reason is None else FINISH_LENGTH,
+        usage=usage,
+        num_output_tokens=0,
+        cumulative_logprob=0.0,
+    )
+
+
+async def _prompt_only(stream: AsyncGenerator[ChoiceDelta, None]) -> AsyncGenerator[ChoiceDelta, None]:
+    try:
+        async for delta in stream:
+            yield prompt_only(delta)
+    finally:
+        await close_stream(stream)
+
+
 def _backend_stream(backend: ChatBackend, call: CompletionCall) -> AsyncGenerator[ChoiceDelta, None]:
     c = call.completion
     streams = [
         backend.generate(request) if isinstance(prompt, str) else _pointed(backend.generate(request), place)
         for request, prompt, place in zip(call.backend_requests(), c.prompts, c.prompt_params, strict=True)
     ]
-    return fan_in(streams, c.params.n)
+    merged = fan_in(streams, c.params.n)
+    return _prompt_only(merged) if c.echo_only else merged
 
 
 async def complete(backend: ChatBackend, call: CompletionCall) -> dict[str, Any]:
@@ -176,7 +212,6 @@ async def complete(backend: ChatBackend, call: CompletionCall) -> dict[str, Any]
         echo=c.echo,
         logprobs=c.params.logprobs,
         mindie=call.settings.mindie_mode,
-        echo_only=c.echo_only,
     )
 
 
@@ -195,6 +230,6 @@ async def start_stream(backend: ChatBackend, call: CompletionCall) -> StartedStr
         continuous_usage=c.continuous_usage,
         object=OBJECT_TEXT_COMPLETION,
     )
-    formatter = CompletionStreamFormatter(options, await echo_texts(backend, c), c.params.n, c.echo, c.echo_only)
+    formatter = CompletionStreamFormatter(options, await echo_texts(backend, c), c.params.n, c.echo)
     stream = paced(_backend_stream(backend, call), call.settings.token_timeout_s)
     return await start_events(stream, formatter, call.observation)

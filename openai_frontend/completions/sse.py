@@ -7,7 +7,8 @@ is ``{"id", "object": "text_completion", "created", "model", "choices": [{"index
 mode adds, as in chat, the choice's ``usage`` to its last chunk (and ``full_text`` with
 ``fullTextEnabled``, whose ``text`` is then cumulative). With ``echo`` and ``logprobs`` the first
 chunk's logprobs start with the prompt's tokens (the first delta of each prompt's request brings
-them); ``echo`` with ``max_tokens`` 0 streams the prompt alone.
+them); ``echo`` with ``max_tokens`` 0 streams the prompt alone (its deltas come without the
+generated token: ``serving.prompt_only``).
 """
 
 from __future__ import annotations
@@ -24,14 +25,11 @@ from python_backend.protocol.prompt_logprobs import PromptLogprobs
 class CompletionStreamFormatter(ChoiceStreamFormatter):
     """Builds the SSE events of one streaming completion, delta by delta."""
 
-    def __init__(
-        self, options: StreamOptions, prompts: tuple[str, ...], per_prompt: int, echo: bool, echo_only: bool = False
-    ) -> None:
+    def __init__(self, options: StreamOptions, prompts: tuple[str, ...], per_prompt: int, echo: bool) -> None:
         super().__init__(options)
         self._prompts = prompts
         self._per_prompt = per_prompt
         self._echo = echo
-        self._echo_only = echo_only  # max_tokens 0: the generated token is not shown
         self._started: set[int] = set()  # choices whose first chunk went out (echo rides on it)
         self._cursors: dict[int, LogprobsCursor] = {}
         self._scored: dict[int, PromptLogprobs] = {}  # per prompt, once its request sent them
@@ -45,7 +43,7 @@ class CompletionStreamFormatter(ChoiceStreamFormatter):
             prompt = self._scored.get(delta.index // self._per_prompt) if first and self._echo else None
             start = 0 if prompt is not None else len(self._prompt_of(delta.index))
             cursor = self._cursors.setdefault(delta.index, LogprobsCursor(start))
-            logprobs = cursor.block([] if self._echo_only else delta.logprobs or [], prompt)
+            logprobs = cursor.block(delta.logprobs or [], prompt)
         return {"index": delta.index, "text": text, "logprobs": logprobs, "finish_reason": delta.finish_reason}
 
     def _piece(self, delta: ChoiceDelta) -> tuple[str, bool]:
@@ -54,7 +52,7 @@ class CompletionStreamFormatter(ChoiceStreamFormatter):
             self._scored[delta.index // self._per_prompt] = delta.prompt_logprobs
         first = delta.index not in self._started
         self._started.add(delta.index)
-        return (self._prompt_of(delta.index) if first else "") + ("" if self._echo_only else delta.text), first
+        return (self._prompt_of(delta.index) if first else "") + delta.text, first
 
     def _openai_delta(self, delta: ChoiceDelta, choice: ChoiceAccumulator) -> list[bytes]:
         piece, first = self._piece(delta)
@@ -67,8 +65,7 @@ class CompletionStreamFormatter(ChoiceStreamFormatter):
         piece, first = self._piece(delta)
         if not (piece or delta.logprobs or delta.finish_reason is not None):
             return []
-        shown = "" if self._echo_only else choice.text
-        text = self._prompt_of(delta.index) + shown if self._o.full_text else piece
+        text = self._prompt_of(delta.index) + choice.text if self._o.full_text else piece
         entry = self._entry(delta, text, first)
         if delta.finish_reason is None:
             return [self._choices_event(entry)]

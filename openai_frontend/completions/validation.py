@@ -14,7 +14,9 @@ Completions' own rules, mapped onto the shared parameters: ``logprobs`` k in [0,
 limit) asks for the top k alternatives of each token (0 or null: none); with ``echo`` it also
 scores the prompt's tokens (``prompt_logprobs`` k, as vLLM does); ``max_tokens`` defaults to 16
 (OpenAI's and vLLM's default for this endpoint), or ``min_tokens`` when larger, and may be 0 with
-``echo``: the prompt alone is answered (vLLM's rule: one token is generated and left out); the
+``echo``: the prompt alone is answered, nothing generated counted (vLLM's answer: ``length``,
+``completion_tokens`` 0; the engine, whose ``max_tokens`` is at least 1, samples one token from
+the prompt's prefill, which ``serving.prompt_only`` leaves out); the
 text is never split into reasoning; ``n`` applies to each prompt, and the prompts times ``n`` are
 at most ``MAX_N`` choices.
 """
@@ -127,7 +129,7 @@ def validate_completion_request(body: bytes, settings: FrontendSettings) -> Vali
         parameters["prompt_logprobs"] = parameters["top_logprobs"]  # the echoed tokens are scored too
     echo_only = echo and _is_token(request.max_tokens) and request.max_tokens == 0
     if echo_only:
-        parameters["max_tokens"] = 1  # the engine generates at least one token; it is not shown
+        parameters["max_tokens"] = 1  # the engine's least; serving.prompt_only leaves the token out
     if parameters.get("max_tokens") is None and parameters.get("max_completion_tokens") is None:
         # Never below min_tokens: a client that sent no max_tokens must not read an error about it.
         floor = parameters.get("min_tokens")
