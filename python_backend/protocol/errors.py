@@ -195,6 +195,24 @@ def duplicate_header(name: str) -> ErrorInfo:
     return DUPLICATE_HEADER.info(f"the '{name}' header must be sent at most once")
 
 
+def input_too_large(param: str, size: int, limit: int, within: str | None = None) -> ErrorInfo:
+    """Text bound for the tokenizer or the chat template past the input ceiling; ``within``: the
+    field whose parts together crossed it at ``param``."""
+    if within is None:
+        return INVALID.info(f"'{param}' is {size} characters; the limit is {limit} characters", param)
+    return INVALID.info(f"'{within}' reaches {size} characters at '{param}'; the limit is {limit} characters", param)
+
+
+def nested_too_deep(param: str, limit: int) -> ErrorInfo:
+    """A value the chat template renders nests deeper than the nesting ceiling."""
+    return INVALID.info(f"'{param}' is nested deeper than {limit} levels of arrays and objects (the limit)", param)
+
+
+def json_too_deep(levels: int) -> ErrorInfo:
+    """A body the JSON parser gave up on for its depth (it recurses once per level)."""
+    return INVALID_JSON.info(f"request body is nested deeper than the JSON parser's limit of about {levels} levels")
+
+
 # --- 401 / 404 / 405 / 408 / 413 / 431 ----------------------------------------------------------
 def unauthorized() -> ErrorInfo:
     return UNAUTHORIZED.info("invalid or missing API key")

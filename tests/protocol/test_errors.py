@@ -55,6 +55,10 @@ CONSTRUCTED: list[ErrorInfo] = [
     errors.too_many_connections(8),
     errors.prepare_timed_out(30, "messages"),
     errors.preparers_busy(30, 2),
+    errors.input_too_large("prompt", 5_000_000, 4_194_304),
+    errors.input_too_large("tools.1.function.parameters", 5_000_000, 4_194_304, "tools"),
+    errors.nested_too_deep("tools.0.function.parameters", 64),
+    errors.json_too_deep(1000),
 ]
 
 
