@@ -22,6 +22,7 @@ import torch
 
 from python_backend.protocol.errors import invalid
 from python_backend.protocol.prompt_logprobs import PromptCandidate, PromptPosition
+from python_backend.sampling.ranks import token_ranks, top_tokens
 
 # Positions scored per log_softmax: at a 152k vocabulary 128 x vocab float32 is 78 MB.
 CHUNK_POSITIONS = 128
@@ -102,13 +103,13 @@ class PromptScorer:
         for start in range(0, len(targets), CHUNK_POSITIONS):
             ids = targets[start : start + CHUNK_POSITIONS]
             logprobs = torch.log_softmax(self.logits(hidden[start : start + len(ids)]).float(), dim=-1)
-            chosen = logprobs.gather(1, torch.tensor(ids, device=logprobs.device).unsqueeze(1))
-            ranks = ((logprobs > chosen).sum(dim=1) + 1).tolist()
+            targets_here = torch.tensor(ids, device=logprobs.device)
+            chosen = logprobs.gather(1, targets_here.unsqueeze(1))
+            ranks = token_ranks(logprobs, targets_here)  # ties ranked as the top list orders them
             top_values: list[list[float]] = [[] for _ in ids]
             top_ids: list[list[int]] = [[] for _ in ids]
             if top_n:
-                values, indices = logprobs.topk(top_n, dim=-1)
-                top_values, top_ids = values.tolist(), indices.tolist()
+                top_ids, top_values = top_tokens(logprobs, top_n)
             own = chosen.squeeze(1).tolist()  # one device-to-host copy per chunk, not per position
             for i, token_id in enumerate(ids):
                 top = tuple(

@@ -2,9 +2,9 @@
 
 Owns: ``RowSampling`` (one sequence's resolved sampling rules and state) and ``sample`` (penalties,
 logit bias, suppression, greedy or temperature/top-k/top-p/min-p sampling with a per-row seeded
-generator, and log-probabilities). Rows are processed together where the rule is the same for all, and one by one
-only for what is per row (penalties, seeded draws), so a seeded request samples the same tokens
-whatever else is in the batch.
+generator, and log-probabilities with their ranks, ``sampling.ranks``). Rows are processed
+together where the rule is the same for all, and one by one only for what is per row (penalties,
+seeded draws), so a seeded request samples the same tokens whatever else is in the batch.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from python_backend.sampling.ranks import token_ranks, top_tokens
 from python_backend.sampling.structured import GrammarState
 
 
@@ -43,7 +44,11 @@ class SampledToken:
     token_id: int
     logprob: float  # under the model's raw distribution
     top: list[tuple[int, float]]  # requested top alternatives (empty when not asked)
-    rank: int = 0  # 1 + vocabulary entries more likely under the raw distribution; 0: not asked
+    rank: int = 0  # under the raw distribution (sampling.ranks: ties ranked by id); 0: not asked
+
+
+# A token's logprob, its top alternatives (id, logprob) in rank order, and its rank.
+_Score = tuple[float, list[tuple[int, float]], int]
 
 
 def _apply_penalties(logits: torch.Tensor, row: RowSampling) -> None:
@@ -181,16 +186,25 @@ def sample(logits: torch.Tensor, rows: list[RowSampling]) -> list[SampledToken]:
     for token, row in zip(tokens, rows, strict=True):
         if row.grammar is not None:
             row.grammar.accept(token)
-    out = []
-    for i, row in enumerate(rows):
-        top: list[tuple[int, float]] = []
-        token_logprob = 0.0
-        rank = 0
-        if logprobs is not None and row.top_logprobs is not None:
-            token_logprob = float(logprobs[i, tokens[i]])
-            rank = int((logprobs[i] > logprobs[i, tokens[i]]).sum()) + 1
-            if row.top_logprobs > 0:
-                values, ids = torch.topk(logprobs[i], row.top_logprobs)
-                top = [(int(t), float(v)) for t, v in zip(ids.tolist(), values.tolist(), strict=True)]
-        out.append(SampledToken(tokens[i], token_logprob, top, rank))
-    return out
+    scored = _scored(logprobs, tokens, rows) if logprobs is not None else {}
+    return [SampledToken(token, *scored.get(i, (0.0, [], 0))) for i, token in enumerate(tokens)]
+
+
+def _scored(logprobs: torch.Tensor, tokens: list[int], rows: list[RowSampling]) -> dict[int, _Score]:
+    """Each asking row's token's logprob, top alternatives and rank, all in one rank order."""
+    asking = [i for i, r in enumerate(rows) if r.top_logprobs is not None]
+    if not asking:
+        return {}
+    picked = take_rows(logprobs, asking)
+    chosen = torch.tensor([tokens[i] for i in asking], device=logprobs.device)
+    values = picked.gather(1, chosen.unsqueeze(1)).squeeze(1).tolist()
+    ranks = token_ranks(picked, chosen)
+    k = max(rows[i].top_logprobs or 0 for i in asking)
+    # The first k' of a row's top k in rank order are its top k', so one call serves every row.
+    top_ids, top_values = top_tokens(picked, k) if k else ([[] for _ in asking], [[] for _ in asking])
+    scored = {}
+    for j, i in enumerate(asking):
+        want = rows[i].top_logprobs or 0
+        top = list(zip(top_ids[j][:want], top_values[j][:want], strict=True))
+        scored[i] = (float(values[j]), top, int(ranks[j]))
+    return scored

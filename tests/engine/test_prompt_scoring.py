@@ -57,7 +57,8 @@ def assert_matches_reference(loaded: LoadedModel, ids: list[int], scored: Prompt
         row, position = expected[i - 1], scored[i]
         assert position.logprob is not None and position.rank is not None
         assert abs(position.logprob - float(row[ids[i]])) < 1e-4, i
-        assert position.rank == int((row > row[ids[i]]).sum()) + 1
+        # 1 + the more likely tokens, and the equally likely ones of a lower id (sampling.ranks)
+        assert position.rank == int((row > row[ids[i]]).sum() + (row[: ids[i]] == row[ids[i]]).sum()) + 1
         values, top_ids = row.topk(TOP)
         assert [c.token_id for c in position.top] == top_ids.tolist()
         assert [c.rank for c in position.top] == [1, 2, 3]
