@@ -107,7 +107,8 @@ from typing import Any
 
 import numpy as np
 
-from python_backend.protocol.errors import invalid
+from python_backend.protocol.errors import ContractError, invalid, nested_too_deep
+from python_backend.protocol.input_limits import MAX_NESTING_DEPTH
 from python_backend.protocol.prompt_logprobs import PromptLogprobs, prompt_logprobs_wire, read_prompt_logprobs
 
 # --- input tensor names -------------------------------------------------------------------------
@@ -322,6 +323,8 @@ def read_json(array: np.ndarray | None, name: str) -> Any:
         return None
     try:
         return json.loads(text)
+    except RecursionError as exc:  # the parser recurses per level: far past the nesting ceiling
+        raise ContractError(nested_too_deep(name, MAX_NESTING_DEPTH)) from exc
     except json.JSONDecodeError as exc:
         raise invalid(f"tensor '{name}' is not valid JSON: {exc.msg}", name) from exc
 

@@ -4,7 +4,9 @@ Owns: the two edges' checks, with the same rules and messages: ``validate_messag
 frontend's HTTP body (media parts as clients send them) and ``validate_tensor_messages`` for the
 model's ``messages`` tensor, which may also carry the internal media parts the frontend rewrites
 media into (tritonclient callers skip the frontend, so the model checks again). Media parts are
-checked for shape here; fetching and decoding them is the media layer's job. No torch here.
+checked for shape here; fetching and decoding them is the media layer's job. The list's size,
+each message's nesting and each tool call's parsed arguments' nesting are under the input
+ceilings (``input_limits``). No torch here.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import json
 from collections.abc import Collection
 from typing import Any
 
-from python_backend.protocol.errors import invalid
+from python_backend.protocol.errors import ContractError, invalid, nested_too_deep
+from python_backend.protocol.input_limits import MAX_NESTING_DEPTH, check_input_size, check_nesting
 
-MAX_MESSAGES_CHARS = 4 * 1024 * 1024  # MindIE: "greater than 0 and at most 4 MB"
 MEDIA_PART_TYPES = ("image_url", "video_url", "audio_url", "input_audio")
 # The backend receives media parts rewritten to these, pointing into the ``media`` tensor.
 INTERNAL_MEDIA_TYPES = ("image", "video", "audio")
@@ -41,9 +43,12 @@ def _check_tool_calls(calls: Any, where: str) -> None:
         if not isinstance(arguments, str):
             raise invalid(f"'{at}.function.arguments' must be a JSON string", f"{at}.function.arguments")
         try:
-            json.loads(arguments)
+            parsed = json.loads(arguments)
+        except RecursionError as exc:  # the parser recurses per level
+            raise ContractError(nested_too_deep(f"{at}.function.arguments", MAX_NESTING_DEPTH)) from exc
         except ValueError as exc:
             raise invalid(f"'{at}.function.arguments' is not valid JSON", f"{at}.function.arguments") from exc
+        check_nesting(parsed, f"{at}.function.arguments")  # the template renders it as an object
 
 
 def _check_parts(parts: list[Any], where: str, internal_kinds: Collection[str]) -> None:
@@ -81,13 +86,12 @@ def validate_tensor_messages(messages: Any) -> list[dict[str, Any]]:
 def _validate(messages: Any, internal_kinds: Collection[str]) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise invalid("'messages' must be a non-empty list", "messages")
-    size = len(json.dumps(messages, ensure_ascii=False))
-    if size > MAX_MESSAGES_CHARS:
-        raise invalid(f"'messages' is {size} characters; the limit is {MAX_MESSAGES_CHARS}", "messages")
+    check_input_size(messages, "messages")
     for i, message in enumerate(messages):
         at = f"messages.{i}"
         if not isinstance(message, dict):
             raise invalid(f"'{at}' must be an object", at)
+        check_nesting(message, at)
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise invalid(f"'{at}.role' must be a non-empty string", f"{at}.role")

@@ -5,6 +5,7 @@ input, one of ``{"prompt": ...}``, ``{"messages": [...], ...}`` or ``{"tokens": 
 wire form and its checks, and the answers (``TokenizeAnswer``, ``DetokenizeAnswer``) that travel
 back as the JSON ``text_output`` of the request's one final response. The model answers these at
 once, outside the batch, with its own tokenizer and chat template: the frontend has neither.
+Both edges hold ``prompt``, ``tokens`` and ``tools`` to the input ceilings (``input_limits``) here.
 Standard library only.
 """
 
@@ -14,10 +15,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from python_backend.protocol.errors import invalid
+from python_backend.protocol.errors import ContractError, invalid, nested_too_deep
+from python_backend.protocol.input_limits import MAX_NESTING_DEPTH, check_input_size, check_tools
 
 TOKENIZE_INPUT = "tokenize"  # the contract's input name (contract.TOKENIZE)
-MAX_DETOKENIZE_TOKENS = 1 << 20  # a bound on one request's work, far above any model's context
 
 
 def _flag(raw: dict[str, Any], key: str, default: bool) -> bool:
@@ -109,8 +110,7 @@ def check_tokens(value: Any) -> list[int]:
     """``tokens`` of a detokenize request: a non-empty list of non-negative integers."""
     if not isinstance(value, list) or not value:
         raise invalid("'tokens' must be a non-empty list of token ids", "tokens")
-    if len(value) > MAX_DETOKENIZE_TOKENS:
-        raise invalid(f"'tokens' holds more than {MAX_DETOKENIZE_TOKENS} ids", "tokens")
+    check_input_size(value, "tokens")
     for i, token in enumerate(value):
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
             raise invalid(f"'tokens.{i}' must be a non-negative integer, got {token!r}", f"tokens.{i}")
@@ -121,6 +121,8 @@ def read_query(text: str) -> TokenizeQuery | DetokenizeQuery:
     """The query of a ``tokenize`` tensor; ``ContractError`` naming the bad key."""
     try:
         raw = json.loads(text)
+    except RecursionError as exc:  # the parser recurses per level
+        raise ContractError(nested_too_deep(TOKENIZE_INPUT, MAX_NESTING_DEPTH)) from exc
     except json.JSONDecodeError as exc:
         raise invalid(f"tensor '{TOKENIZE_INPUT}' is not valid JSON: {exc.msg}", TOKENIZE_INPUT) from exc
     if not isinstance(raw, dict):
@@ -136,6 +138,7 @@ def read_query(text: str) -> TokenizeQuery | DetokenizeQuery:
     if kinds[0] == "prompt":
         if not isinstance(raw["prompt"], str):
             raise invalid("'prompt' must be a string", "prompt")
+        check_input_size(raw["prompt"], "prompt")
         return TokenizeQuery(prompt=raw["prompt"], add_special_tokens=special)
     kwargs = raw.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
@@ -143,6 +146,7 @@ def read_query(text: str) -> TokenizeQuery | DetokenizeQuery:
     tools = raw.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise invalid("'tools' must be a list", "tools")
+    check_tools(tools)
     return TokenizeQuery(
         messages=raw["messages"],  # checked by the model like a ``messages`` tensor
         add_generation_prompt=_flag(raw, "add_generation_prompt", True),
