@@ -4,13 +4,17 @@ Owns: ``render_prompt`` (``render_prompt_text`` then ``encode_chat_prompt``; the
 separate because the output plan reads the rendered prompt's end): text-part joining, assistant
 tool-call arguments decoded for the template, ``tools``, the allow-listed
 ``chat_template_kwargs`` and the turn switches (``add_generation_prompt``, or
-``continue_final_message``: the final assistant message left open so the reply continues it). Template errors become 400s that name ``messages`` instead of crashing
-the request path.
+``continue_final_message``: the final assistant message left open so the reply continues it).
+``tools`` are held to the input ceilings (``protocol.input_limits``) before the template runs, so
+a schema too deep or too large is a 400 naming it; whatever the template still fails on (its own
+``raise_exception``, a value it cannot handle, a recursion too deep) is a 400 naming
+``messages`` and one log line, instead of crashing the request path.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -18,8 +22,17 @@ from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from python_backend.protocol.errors import invalid
+from python_backend.protocol.input_limits import check_tools
 from python_backend.protocol.messages import INTERNAL_MEDIA_TYPES, MEDIA_PART_TYPES
 from python_backend.protocol.params import GenerationParams
+
+logger = logging.getLogger("triton_chat")
+
+# What a template raises on input it cannot render: jinja2's errors (its raise_exception,
+# undefined values), transformers' ValueError (no final message to continue), the Python errors
+# of a template expression applied to the wrong kind of value, and a recursion too deep.
+_RENDER_ERRORS = (TemplateError, ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError)
+_LOGGED_CHARS = 300  # of the template's error: one line, whatever it says
 
 
 def _text_content(content: Any, where: str, media_kinds: frozenset[str]) -> Any:
@@ -79,6 +92,7 @@ def render_prompt_text(
     tools: list[dict[Any, Any] | Callable[..., Any]] | None = (
         list(params.tools) if params.tools and params.tool_choice != "none" else None
     )
+    check_tools(params.tools)  # before any work: a 400 naming the tool's field, not the template
     prepared = _for_template(messages, media_kinds)  # its own 400s name the part, not the template
     try:
         text = tokenizer.apply_chat_template(
@@ -89,10 +103,13 @@ def render_prompt_text(
             tokenize=False,
             **kwargs,
         )
-    except (TemplateError, ValueError) as exc:
+    except _RENDER_ERRORS as exc:
         # Templates raise for conversations they do not support (e.g. roles out of order);
         # transformers raises ValueError when it cannot find the final message to continue.
-        raise invalid(f"the model's chat template rejected 'messages': {exc}", "messages") from exc
+        # The client's mistake, or the template's: a 400 either way, and no traceback.
+        said = " ".join(f"{type(exc).__name__}: {exc}".split())[:_LOGGED_CHARS]
+        logger.warning("the chat template could not render a request's messages (%s)", said)
+        raise invalid(f"the model's chat template rejected 'messages': {said}", "messages") from exc
     if not isinstance(text, str):
         raise invalid("the model's chat template did not produce text", "messages")
     return text

@@ -1,7 +1,7 @@
 """Turning one Triton request's input tensors into a tokenized ``EngineRequest``'s ingredients.
 
 Owns: ``decode_request`` (contract checks, parameter and message validation, the chat template,
-raw prompt or prompt token ids) and ``PreparedRequest``. It sees tensors as numpy arrays by name, so it is tested
+raw prompt or prompt token ids, each prompt under the input ceiling before any work) and ``PreparedRequest``. It sees tensors as numpy arrays by name, so it is tested
 without Triton; the adapter only fetches the arrays. A request in the vLLM backend's contract
 (``protocol/vllm_compat.py``) gets its parameters from there and its raw text untouched.
 """
@@ -20,6 +20,7 @@ from python_backend.prompt.multimodal.processor import MediaInputs, MediaProcess
 from python_backend.prompt.multimodal.request_media import collect_media
 from python_backend.protocol import contract, vllm_compat
 from python_backend.protocol.errors import ContractError, invalid, model_not_found
+from python_backend.protocol.input_limits import check_input_size
 from python_backend.protocol.messages import validate_tensor_messages
 from python_backend.protocol.params import GenerationParams, parse_parameters
 from python_backend.text.output_formats import ModelFormats, plan_output
@@ -60,6 +61,7 @@ def _prompt_token_ids(array: np.ndarray, tokenizer: PreTrainedTokenizerBase) -> 
     ids = [int(i) for i in array.reshape(-1)]
     if not ids:
         raise invalid(f"'{name}' must not be empty", name)
+    check_input_size(ids, name)
     size = len(tokenizer)
     for i, token_id in enumerate(ids):
         if not 0 <= token_id < size:
@@ -125,6 +127,7 @@ def decode_request(
     else:
         if not text:
             raise invalid("'text_input' must not be empty", contract.TEXT_INPUT)
+        check_input_size(text, contract.TEXT_INPUT)
         plan, suffix = plan_output(formats, params, text)
         prompt_ids = encode_raw_prompt(tokenizer, text + suffix)
         if vllm is not None:

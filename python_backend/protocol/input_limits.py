@@ -62,7 +62,7 @@ def check_nesting(value: Any, param: str) -> None:
         raise ContractError(nested_too_deep(param, MAX_NESTING_DEPTH))
 
 
-def _tool_fields(tools: list[Any]) -> Iterator[tuple[str, Any]]:
+def _tool_fields(tools: list[Any] | tuple[Any, ...]) -> Iterator[tuple[str, Any]]:
     """Each tool's fields, ``function``'s one by one, with the dotted name of each."""
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
@@ -79,7 +79,7 @@ def check_tools(tools: Any) -> None:
     """``tools`` under both ceilings: no field of a tool nests deeper than ``MAX_NESTING_DEPTH``,
     and all of them together are at most ``MAX_INPUT_CHARS``; the error names the field at fault
     (``tools.0.function.parameters``). Their shape is ``parse_parameters``' to check."""
-    if not isinstance(tools, list):
+    if not isinstance(tools, list | tuple):  # a body's list, or GenerationParams' tuple
         return
     total = 0
     for param, value in _tool_fields(tools):
