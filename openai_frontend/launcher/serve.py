@@ -38,7 +38,6 @@ from openai_frontend.launcher.network import bind_listening_socket, is_loopback
 from openai_frontend.launcher.options import ServeOptions, engine_settings, http_settings
 from openai_frontend.launcher.supervisor import Supervisor
 from openai_frontend.launcher.triton_access import RestrictedAccess, version_problem
-from openai_frontend.launcher.triton_endpoints import TritonEndpoints
 from openai_frontend.launcher.triton_install import TritonInstallError, locate_tritonserver
 from openai_frontend.launcher.tritonserver import TritonServerError, TritonServerProcess
 from python_backend.protocol.settings import SettingsError
@@ -151,13 +150,15 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
         options = replace(options, response_channel=False)
 
     log_path = (options.triton_log or cache / "logs" / f"tritonserver-{options.port}.log").expanduser()
-    # A per-start secret keeps other local processes off tritonserver's own ports (docs/security.md).
-    access = RestrictedAccess.for_frontend(bool(options.api_keys))
+    # tritonserver's listeners are Unix sockets only this user can open, unless the user gave
+    # them ports; an exposed one keeps other machines off Triton's admin APIs (docs/security.md).
+    listen = options.triton_listen
+    access = RestrictedAccess() if listen.exposed else None
     triton = TritonServerProcess(install, log_path, access=access)
     undo.callback(_stop_triton, triton)
     env = backend_python_path()
     env["HF_HUB_OFFLINE"] = "1"  # models are local folders; never download at run time
-    endpoints = triton.start(repo, env, options.triton_listen)
+    endpoints = triton.start(repo, env, listen)
     logger.info(
         "started tritonserver (pid %s), loading '%s' from %s in %s (%s); log: %s",
         triton.pid,
@@ -173,12 +174,18 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
         endpoints.http_url,
         endpoints.metrics_url,
     )
+    for name in listen.exposed:
+        logger.warning(
+            "tritonserver's %s listener is on a TCP port: every local user can reach it, without the "
+            "frontend's key or limits",
+            name,
+        )
     triton.wait_ready(options.ready_timeout_s, MODEL_NAME)
     problem = version_problem(triton.version())
     if problem is not None:
         logger.warning("%s", problem)
 
-    server = _make_uvicorn(options, endpoints, served_name, access.grpc_headers)
+    server = _make_uvicorn(options, triton, served_name)
     supervisor = Supervisor(
         triton,
         repo,
@@ -211,21 +218,17 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
     return EXIT_FAILED if state.triton_died else EXIT_OK
 
 
-def _make_uvicorn(
-    options: ServeOptions, endpoints: TritonEndpoints, served_name: str, triton_headers: dict[str, str]
-) -> Any:
+def _make_uvicorn(options: ServeOptions, triton: TritonServerProcess, served_name: str) -> Any:
     # Imported late: uvicorn and the app are not needed until the model is ready.
     from openai_frontend.app import create_app
     from openai_frontend.launcher.draining_server import draining_server
-    from openai_frontend.launcher.triton_metrics import metrics_reader
     from openai_frontend.media.policy import MediaSettings
     from openai_frontend.settings import FrontendSettings
 
     # model_validate: the frontend's pydantic checks apply, and its defaults fill the rest.
     settings = FrontendSettings.model_validate(
         {
-            "triton_grpc_url": endpoints.grpc_url,
-            "triton_headers": triton_headers,
+            "triton_grpc_url": triton.endpoints.grpc_url,
             "triton_model_name": MODEL_NAME,
             "served_model_name": served_name,
             "lora_names": list(options.lora_modules),
@@ -234,7 +237,7 @@ def _make_uvicorn(
             "media": MediaSettings.from_env(os.environ),
         }
     )
-    app = create_app(settings, engine_metrics=metrics_reader(endpoints.metrics_url))
+    app = create_app(settings, engine_metrics=triton.read_metrics)
     return draining_server(app, options.host, options.port, options.tls, options.drain_timeout_s)
 
 

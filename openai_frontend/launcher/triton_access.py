@@ -1,8 +1,12 @@
 """Who may use a ``tritonserver``'s APIs, and which Triton versions are safe to run.
 
-Owns ``RestrictedAccess`` (the per-start secret that Triton itself requires on the restricted
+Owns ``RestrictedAccess`` (a per-start secret that Triton itself requires on its administrative
 APIs, and the flags and headers that carry it) and ``version_problem`` (what is wrong with a
-server version in production).
+server version in production). Only a listener the user exposed on a TCP port needs it: by
+default every listener is a Unix socket no other user can open (``triton_endpoints``), and the
+frontend and launcher never call these APIs, so no caller is ever given the secret. Triton takes
+it only on its command line, which local users can read, so it keeps other machines off an
+exposed listener's administrative APIs, not local users (docs/security.md).
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
 # Triton's APIs that act on the server itself: with them a local process could map the stub's
 # shared memory (the first step of the published shared-memory exploit chain) or load models.
 ADMIN_APIS = ("shared-memory", "model-repository", "trace", "logging")
-EVERY_API = ("health", "metadata", "inference", "model-config", "statistics", *ADMIN_APIS)
 # tritonserver 2.59 (NGC 25.07) fixed the published shared-memory and HTTP CVEs (August 2025).
 FIXED_VERSION = (2, 59)
 
@@ -26,18 +29,11 @@ FIXED_VERSION = (2, 59)
 class RestrictedAccess:
     """Triton APIs that answer only calls carrying ``SECRET_HEADER`` with this start's secret.
 
-    Triton checks the header itself (``--grpc-restricted-protocol``, ``--http-restricted-api``);
-    the launcher's own calls and the frontend's client send it, nothing else knows it.
+    Triton checks the header itself (``--grpc-restricted-protocol``, ``--http-restricted-api``).
     """
 
     apis: tuple[str, ...] = ADMIN_APIS
     secret: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
-
-    @classmethod
-    def for_frontend(cls, api_keys: bool) -> RestrictedAccess:
-        """Every API when the frontend needs a key (nothing then works without one), else the
-        administrative ones only (a keyless frontend already lets anyone local run inference)."""
-        return cls(EVERY_API if api_keys else ADMIN_APIS)
 
     @property
     def http_headers(self) -> dict[str, str]:

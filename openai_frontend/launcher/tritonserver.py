@@ -1,5 +1,5 @@
-"""One ``tritonserver`` process: start on free loopback ports (or those asked for), wait until ready,
-restart on the same ports, stop without leftovers.
+"""One ``tritonserver`` process: start on private Unix sockets (or the ports asked for), wait until
+ready, restart on the same addresses, stop without leftovers.
 
 Owns ``TritonServerProcess`` (used by the launcher and by the end-to-end tests): the command line,
 the model's health probe over HTTP, readiness and shutdown. Where it listens is
@@ -13,17 +13,18 @@ only if the server could not remove them itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import shutil
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from pathlib import Path
 from urllib.parse import quote
 
+from openai_frontend.launcher.local_http import HttpCallError, http_call
 from openai_frontend.launcher.process_group import (
     cmdline,
     group_alive,
@@ -33,7 +34,7 @@ from openai_frontend.launcher.process_group import (
     wait_group_gone,
 )
 from openai_frontend.launcher.triton_access import RestrictedAccess
-from openai_frontend.launcher.triton_endpoints import TritonEndpoints, TritonListen
+from openai_frontend.launcher.triton_endpoints import TritonEndpoints, TritonListen, private_socket_dir
 from openai_frontend.launcher.triton_install import TritonInstall
 from openai_frontend.launcher.triton_log import failure_summary, is_noise
 from python_backend.protocol.contract import HEALTH_PROBE
@@ -71,6 +72,7 @@ class TritonServerProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._endpoints: TritonEndpoints | None = None
         self._shm_regions: set[str] = set()
+        self._socket_dir: Path | None = None  # the private listeners' directory (mode 0700)
 
     @property
     def pid(self) -> int | None:
@@ -87,17 +89,18 @@ class TritonServerProcess:
         return self._log_path
 
     def command(self, repo: Path, endpoints: TritonEndpoints) -> list[str]:
-        """The full command line; every listener binds where ``endpoints`` says (loopback by default)."""
+        """The full command line; every listener binds where ``endpoints`` says (a private Unix
+        socket by default). No secret is on it: another local user can read any command line."""
         cmd = [str(self._install.server), "--model-repository", str(repo)]
         if self._install.backend_dir is not None:
             cmd += ["--backend-directory", str(self._install.backend_dir)]
         cmd += [
-            "--http-address", endpoints.http_address or endpoints.host,
-            "--http-port", str(endpoints.http_port),
-            "--grpc-address", endpoints.grpc_address or endpoints.host,
-            "--grpc-port", str(endpoints.grpc_port),
-            "--metrics-address", endpoints.metrics_address or endpoints.host,
-            "--metrics-port", str(endpoints.metrics_port),
+            "--http-address", endpoints.http.address,
+            "--http-port", str(endpoints.http.port),
+            "--grpc-address", endpoints.grpc.address,
+            "--grpc-port", str(endpoints.grpc.port),
+            "--metrics-address", endpoints.metrics.address,
+            "--metrics-port", str(endpoints.metrics.port),
             "--log-verbose", "0",
             *(self.access.flags() if self.access is not None else []),
             *self._extra_args,
@@ -107,15 +110,19 @@ class TritonServerProcess:
     def start(
         self, repo: Path, env: dict[str, str] | None = None, listen: TritonListen | None = None
     ) -> TritonEndpoints:
-        """Launch the server (default: free loopback ports); ``env`` adds to the install's environment."""
+        """Launch the server (default: every listener a private Unix socket); ``env`` adds to the
+        install's environment."""
         if self._proc is not None:
             raise TritonServerError("tritonserver is already started")
-        endpoints = (listen or TritonListen()).endpoints()
+        listen = listen or TritonListen()
+        if len(listen.exposed) < 3 and self._socket_dir is None:
+            self._socket_dir = private_socket_dir()
+        endpoints = listen.endpoints(self._socket_dir)
         return self._launch(repo, env, endpoints, log_mode="wb")
 
     def restart(self, repo: Path, env: dict[str, str] | None = None) -> TritonEndpoints:
         """Kill the server now (its requests in flight fail at once) and start a new one on the
-        same ports, so that clients reconnect to the address they know."""
+        same ports and sockets, so that clients reconnect to the address they know."""
         endpoints = self.endpoints
         if self._proc is not None:
             self._remember_shm_regions()
@@ -130,9 +137,15 @@ class TritonServerProcess:
         environment = self._install.environment()
         environment.update(env or {})
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        for stale in endpoints.sockets():  # Triton's HTTP server cannot bind over an old socket
+            stale.unlink(missing_ok=True)
         cmd = self.command(repo, endpoints)
         logger.debug("starting %s", " ".join(cmd))
-        with open(self._log_path, log_mode) as log:
+        if log_mode == "wb":
+            self._log_path.write_bytes(b"")
+        self._log_path.chmod(0o600)  # the model's errors may quote a request
+        # Appending, so that the log can be cut short while the server writes (``LogRotation``).
+        with open(self._log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 cmd,
                 stdin=subprocess.DEVNULL,
@@ -140,6 +153,7 @@ class TritonServerProcess:
                 stderr=subprocess.STDOUT,
                 env=environment,
                 start_new_session=True,
+                umask=0o077,  # what tritonserver and the stub write is this user's alone
             )
         self._endpoints = endpoints
         return endpoints
@@ -160,28 +174,33 @@ class TritonServerProcess:
     def probe_model(self, model: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
         """Ask the model the readiness probe (``contract.HEALTH_PROBE``) over Triton's HTTP
         generate endpoint: None when it answered, otherwise what went wrong."""
-        url = f"{self.endpoints.http_url}/v2/models/{quote(model, safe='')}/generate"
+        path = f"/v2/models/{quote(model, safe='')}/generate"
         body = json.dumps({HEALTH_PROBE: True}).encode()
         headers = {"Content-Type": "application/json", **self._headers}
-        request = urllib.request.Request(url, data=body, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - loopback URL we built
-                return None if response.status == 200 else f"HTTP {response.status}"
-        except urllib.error.HTTPError as exc:  # the model (or Triton) answered with an error
-            return f"HTTP {exc.code}: {exc.read(2000).decode('utf-8', 'replace')}"
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            answer = http_call(self.endpoints.http, path, body=body, headers=headers, timeout=timeout)
+        except HttpCallError as exc:
             return f"no answer within {timeout:g} s: {exc}"
+        if answer.status == 200:
+            return None
+        return f"HTTP {answer.status}: {answer.body[:2000].decode('utf-8', 'replace')}"
 
     def version(self) -> str | None:
         """The running server's version (Triton's server metadata), or None if it does not say."""
-        request = urllib.request.Request(self.endpoints.http_url + "/v2", headers=self._headers)
         try:
-            with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as response:  # noqa: S310 - loopback URL
-                version = json.loads(response.read(65536)).get("version")
-        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError) as exc:
+            answer = http_call(self.endpoints.http, "/v2", headers=self._headers, timeout=PROBE_TIMEOUT_S)
+            version = json.loads(answer.body).get("version") if answer.status == 200 else None
+        except (HttpCallError, ValueError, AttributeError) as exc:
             logger.warning("could not read tritonserver's version: %s", exc)
             return None
         return version if isinstance(version, str) else None
+
+    def read_metrics(self) -> str:
+        """Triton's ``/metrics`` text; ``HttpCallError`` when the server does not answer."""
+        answer = http_call(self.endpoints.metrics, "/metrics", timeout=PROBE_TIMEOUT_S)
+        if answer.status != 200:
+            raise HttpCallError(f"tritonserver's metrics answered HTTP {answer.status}")
+        return answer.body.decode("utf-8", "replace")
 
     def exit_code(self) -> int | None:
         """None while the server runs (or was never started), else its exit status."""
@@ -202,12 +221,18 @@ class TritonServerProcess:
             code = self.exit_code()
             if code is not None:
                 raise TritonServerError(f"tritonserver exited with status {code} while starting: {self._why()}")
-            if _http_ok(endpoints.http_url + path, self._headers):
+            if self._http_ok(endpoints, path):
                 self._remember_shm_regions()
                 return
             if time.monotonic() >= deadline:
                 raise TritonServerError(f"tritonserver was not ready after {timeout:.0f} s: {self._why()}")
             time.sleep(POLL_INTERVAL_S)
+
+    def _http_ok(self, endpoints: TritonEndpoints, path: str) -> bool:
+        try:
+            return http_call(endpoints.http, path, headers=self._headers, timeout=PROBE_TIMEOUT_S).status == 200
+        except HttpCallError:
+            return False  # not listening yet; a 400/503 (listening, not ready) also keeps polling
 
     def wait_exit(self, timeout: float | None) -> int | None:
         """Wait up to ``timeout`` seconds for the server to exit; its status, or None if it runs on."""
@@ -235,6 +260,9 @@ class TritonServerProcess:
                 logger.warning("tritonserver (pid %d) did not stop in %g s; killing it", proc.pid, timeout)
                 kill_group(proc.pid)
         self._reap(proc)
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
         return proc.returncode
 
     def _reap(self, proc: subprocess.Popen[bytes]) -> None:
@@ -257,13 +285,16 @@ class TritonServerProcess:
             return "(no tritonserver log)"
 
     def _remember_shm_regions(self) -> None:
-        """Record the shm regions named on the command lines of this server's stubs."""
+        """Record the shm regions named on the command lines of this server's stubs, and make
+        each new one this user's alone: Triton creates them readable by everyone (mode 0644, set
+        after creation, so no umask helps), and every request and response passes through them."""
         if self._proc is None:
             return
         for pid in group_members(self._proc.pid):
             for arg in cmdline(pid):
-                if arg.startswith(SHM_PREFIX) and "/" not in arg:
+                if arg.startswith(SHM_PREFIX) and "/" not in arg and arg not in self._shm_regions:
                     self._shm_regions.add(arg)
+                    _make_private(SHM_DIR / arg)
 
     def _remove_own_shm_regions(self) -> None:
         for name in sorted(self._shm_regions):
@@ -274,11 +305,7 @@ class TritonServerProcess:
         self._shm_regions.clear()
 
 
-def _http_ok(url: str, headers: dict[str, str]) -> bool:
-    try:
-        request = urllib.request.Request(url, headers=headers)
-        with urllib.request.urlopen(request, timeout=2.0) as response:  # noqa: S310 - loopback URL we built
-            return bool(response.status == 200)
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        # Not listening yet, or listening but not ready (400/503): keep polling.
-        return False
+def _make_private(path: Path) -> None:
+    # Gone already: its stub was the model's auto-complete pass, which exits at once.
+    with contextlib.suppress(FileNotFoundError):
+        path.chmod(0o600)

@@ -1,8 +1,8 @@
 """End-to-end fixtures: the real tritonserver with the tiny model, and the frontend in a thread.
 
 ``triton_server`` starts one tritonserver per session through the launcher's own
-``TritonServerProcess`` (same binary preparation, same generated model repository, loopback
-ports) and stops it by PID at the end; ``trained_triton_server`` does the same for the tiny
+``TritonServerProcess`` (same binary preparation, same generated model repository, the same
+private Unix sockets) and stops it by PID at the end; ``trained_triton_server`` does the same for the tiny
 model trained to call a tool and to think (only when a test asks for it). ``frontend_factory`` starts uvicorn frontends against it
 in background threads, each on a free 127.0.0.1 port; ``frontend_url`` is the default one.
 Every test in this folder is marked ``e2e``.
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from openai_frontend.launcher.cache import cache_root
@@ -40,12 +41,23 @@ FRONTEND_START_TIMEOUT_S = 30.0
 class TritonHandle:
     """A running tritonserver serving the tiny model as ``model_name``."""
 
-    grpc_url: str  # "127.0.0.1:PORT", for tritonclient.grpc and FrontendSettings.triton_grpc_url
-    http_url: str  # "http://127.0.0.1:PORT"
+    grpc_url: str  # "unix:PATH:0", for tritonclient.grpc and FrontendSettings.triton_grpc_url
     model_name: str  # the Triton model name ("triton_chat")
     served_model_name: str  # the name clients send as `model`
     settings: EngineSettings
     process: TritonServerProcess
+
+    def http_client(self, timeout: float) -> httpx.Client:
+        """An httpx client for tritonserver's own HTTP listener (a Unix socket of this user's)."""
+        return triton_http_client(self.process, timeout)
+
+
+def triton_http_client(process: TritonServerProcess, timeout: float) -> httpx.Client:
+    listener = process.endpoints.http
+    if listener.socket_path is None:
+        return httpx.Client(base_url=listener.http_url(), timeout=timeout)
+    transport = httpx.HTTPTransport(uds=listener.socket_path)
+    return httpx.Client(base_url="http://localhost", transport=transport, timeout=timeout)
 
 
 def start_triton(repo_parent: Path, settings: EngineSettings, log_path: Path) -> TritonServerProcess:
@@ -89,7 +101,7 @@ def triton_server(
     process = start_triton(work / "models", settings, work / "tritonserver.log")
     endpoints = process.endpoints
     try:
-        yield TritonHandle(endpoints.grpc_url, endpoints.http_url, MODEL_NAME, SERVED_MODEL_NAME, settings, process)
+        yield TritonHandle(endpoints.grpc_url, MODEL_NAME, SERVED_MODEL_NAME, settings, process)
     finally:
         process.stop()
 
@@ -109,7 +121,7 @@ def trained_triton_server(trained_model_dir: Path, tmp_path_factory: pytest.Temp
     process = start_triton(work / "models", settings, work / "tritonserver.log")
     endpoints = process.endpoints
     try:
-        yield TritonHandle(endpoints.grpc_url, endpoints.http_url, MODEL_NAME, TRAINED_MODEL_NAME, settings, process)
+        yield TritonHandle(endpoints.grpc_url, MODEL_NAME, TRAINED_MODEL_NAME, settings, process)
     finally:
         process.stop()
 

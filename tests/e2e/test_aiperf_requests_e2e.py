@@ -47,7 +47,7 @@ def _replay(client: httpx.Client, request: dict[str, Any], body: str) -> tuple[h
 def test_triton_streams_text_output_to_aiperfs_template_requests(triton_server: TritonHandle, index: int) -> None:
     request = _captured("triton")[index]
     assert request["path"] == f"/v2/models/{triton_server.model_name}/generate_stream"
-    with httpx.Client(base_url=triton_server.http_url, timeout=TIMEOUT_S) as client:
+    with triton_server.http_client(TIMEOUT_S) as client:
         reply, events = _replay(client, request, request["body"])
     assert reply.status_code == 200, events
     assert reply.headers["content-type"].startswith("text/event-stream")
@@ -66,7 +66,7 @@ def test_triton_reads_the_request_parameters_aiperf_sends(triton_server: TritonH
     body = json.loads(request["body"])
     assert set(body) == {"text_input", "max_tokens", "stream", "ignore_eos"}
     counted = json.dumps({**body, "max_tokens": 5, "return_num_output_tokens": True})
-    with httpx.Client(base_url=triton_server.http_url, timeout=TIMEOUT_S) as client:
+    with triton_server.http_client(TIMEOUT_S) as client:
         reply, events = _replay(client, request, counted)
     assert reply.status_code == 200, events
     assert sum(json.loads(event)["num_output_tokens"] for event in events) == 5

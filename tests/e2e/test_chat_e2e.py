@@ -187,8 +187,7 @@ def test_token_counts_come_last_or_with_every_response_when_asked(triton_server:
 
 def running_sequences(triton_server: TritonHandle) -> float:
     """The engine's running-batch gauge, as Triton's /metrics publishes it."""
-    metrics_url = triton_server.process.endpoints.metrics_url
-    text = httpx.get(metrics_url, timeout=10).text
+    text = triton_server.process.read_metrics()
     for line in text.splitlines():
         if line.startswith("triton_chat_num_sequences_running{"):
             return float(line.rsplit(" ", 1)[1])

@@ -59,7 +59,7 @@ def test_two_instances_share_the_requests_and_report_apart(tiny_model_dir: Path,
         _read_until(launcher, f"serving 'tiny' at {base}/v1", lines)
         said = "".join(lines)
         assert "2 model instances: each stream gets its own responses" in said
-        assert re.search(rf"tritonserver listens on gRPC 127\.0\.0\.1:\d+, HTTP http://127\.0\.0\.1:\d+, "
+        assert re.search(rf"tritonserver listens on gRPC unix:\S+/grpc:0, HTTP http\+unix://\S+/http, "
                          rf"metrics http://127\.0\.0\.1:{metrics_port}/metrics", said), said  # fmt: skip
         # The model's gauges on the fixed port: one series per instance.
         triton_text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text

@@ -39,7 +39,7 @@ def _serve(folder: Path, name: str, work: Path) -> Iterator[TritonHandle]:
     process = start_triton(work / "models", settings, work / "tritonserver.log")
     endpoints = process.endpoints
     try:
-        yield TritonHandle(endpoints.grpc_url, endpoints.http_url, MODEL_NAME, name, settings, process)
+        yield TritonHandle(endpoints.grpc_url, MODEL_NAME, name, settings, process)
     finally:
         process.stop()
 

@@ -67,7 +67,7 @@ def fuzzed_triton(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     process = start_triton(work / "models", settings, work / "tritonserver.log")
     endpoints = process.endpoints
     try:
-        yield TritonHandle(endpoints.grpc_url, endpoints.http_url, MODEL_NAME, SERVED, settings, process)
+        yield TritonHandle(endpoints.grpc_url, MODEL_NAME, SERVED, settings, process)
     finally:
         process.stop()
 

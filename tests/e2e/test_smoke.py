@@ -114,9 +114,12 @@ def test_frontend_lists_the_model_and_answers(triton_server: TritonHandle, front
         assert 1 <= data["usage"]["completion_tokens"] <= 8
 
 
-def _start_launcher(tiny_model_dir: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], int]:
+def _start_launcher(
+    tiny_model_dir: Path, tmp_path: Path, *extra: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], int]:
+    """``serve`` with the tiny model on a free port; ``env`` adds to this process's environment."""
     port = free_port()
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
     cmd = [
         sys.executable, "-m", "openai_frontend.launcher", "serve", "--model", str(tiny_model_dir),
@@ -171,7 +174,7 @@ def test_launcher_serves_then_stops_cleanly_on_ctrl_c(tiny_model_dir: Path, tmp_
     launcher, port = _start_launcher(tiny_model_dir, tmp_path, "--stream-interval", "4")
     lines: list[str] = []
     try:
-        _read_until(launcher, f"serving 'tiny' at http://127.0.0.1:{port}/v1 (Triton gRPC at 127.0.0.1:", lines)
+        _read_until(launcher, f"serving 'tiny' at http://127.0.0.1:{port}/v1 (Triton gRPC at unix:", lines)
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
             assert http.get("/v1/models").json()["data"][0]["id"] == "tiny"
             body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

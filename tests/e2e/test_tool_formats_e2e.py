@@ -43,7 +43,7 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     endpoints = process.endpoints
     try:
         triton = TritonHandle(
-            endpoints.grpc_url, endpoints.http_url, MODEL_NAME, settings.served_model_name, settings, process
+            endpoints.grpc_url, MODEL_NAME, settings.served_model_name, settings, process
         )
         frontends = [_run_frontend(_frontend_values(triton, {}))]
         try:

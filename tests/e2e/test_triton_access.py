@@ -1,5 +1,6 @@
-"""tritonserver started with a per-start secret: a local process without it cannot run inference
-or register shared memory, on the gRPC port or the HTTP one; the launcher's calls still work."""
+"""tritonserver with listeners the user put on TCP ports: its administrative APIs (shared memory,
+model repository) refuse a local process without the per-start secret, on the gRPC port and the
+HTTP one, while inference, readiness and the version read need no secret (nothing is given it)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from openai_frontend.launcher.cache import cache_root
 from openai_frontend.launcher.triton_access import SECRET_HEADER, RestrictedAccess, version_problem
+from openai_frontend.launcher.triton_endpoints import TritonListen
 from openai_frontend.launcher.triton_install import locate_tritonserver
 from openai_frontend.launcher.tritonserver import SHM_PREFIX, TritonServerProcess
 from tests.e2e.test_tritonserver_process import ECHO_MODEL, _repo
@@ -25,11 +27,12 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def restricted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServerProcess]:
     root = tmp_path_factory.mktemp("restricted")
-    access = RestrictedAccess.for_frontend(api_keys=True)
-    process = TritonServerProcess(locate_tritonserver(cache_root()), root / "tritonserver.log", access=access)
-    process.start(_repo(root / "repo", ECHO_MODEL))
+    process = TritonServerProcess(
+        locate_tritonserver(cache_root()), root / "tritonserver.log", access=RestrictedAccess()
+    )
+    process.start(_repo(root / "repo", ECHO_MODEL), listen=TritonListen.loopback())
     try:
-        process.wait_ready(120, "echo")  # the launcher's own readiness calls carry the secret
+        process.wait_ready(120, "echo")  # the launcher's readiness calls carry no secret
         yield process
     finally:
         process.stop()
@@ -57,40 +60,37 @@ def _http(url: str, body: dict[str, object] | None, headers: dict[str, str] | No
         return exc.code
 
 
-def test_without_the_secret_grpc_refuses_inference_and_shared_memory(restricted: TritonServerProcess) -> None:
+def test_without_the_secret_grpc_refuses_shared_memory_and_the_repository(restricted: TritonServerProcess) -> None:
     client = grpcclient.InferenceServerClient(restricted.endpoints.grpc_url)
     try:
-        with pytest.raises(InferenceServerException, match="restricted|[Pp]ermission|authoriz"):
-            client.infer("echo", [_echo_input()])
         with pytest.raises(InferenceServerException, match="restricted|[Pp]ermission|authoriz"):
             client.register_system_shared_memory("stolen", _stub_region(restricted), 1024)
         with pytest.raises(InferenceServerException):
             client.get_system_shared_memory_status()
         with pytest.raises(InferenceServerException):
             client.get_model_repository_index()
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("echo", [_echo_input()])
+        # Inference is not restricted: only a decoupled model's refusal of a unary call is left.
+        assert "restricted" not in str(caught.value).lower() and "decoupled" in str(caught.value).lower()
     finally:
         client.close()
 
 
-def test_without_the_secret_http_refuses_inference_and_shared_memory(restricted: TritonServerProcess) -> None:
+def test_without_the_secret_http_refuses_shared_memory_and_the_repository(restricted: TritonServerProcess) -> None:
     base = restricted.endpoints.http_url
-    assert _http(f"{base}/v2/models/echo/generate", {"IN": "hi"}) in (401, 403)
     register = {"key": _stub_region(restricted), "offset": 0, "byte_size": 1024}
     assert _http(f"{base}/v2/systemsharedmemory/region/stolen/register", register) in (401, 403)
     assert _http(f"{base}/v2/repository/index", {}) in (401, 403)
-    assert _http(f"{base}/v2/health/ready", None) in (401, 403)
     wrong = {SECRET_HEADER: "not-the-secret"}
     assert _http(f"{base}/v2/systemsharedmemory/region/stolen/register", register, wrong) in (401, 403)
+    assert _http(f"{base}/v2/health/ready", None) == 200
 
 
-def test_with_the_secret_the_launcher_probes_and_reads_the_version(restricted: TritonServerProcess) -> None:
+def test_the_secret_opens_the_admin_apis_and_the_version_needs_none(restricted: TritonServerProcess) -> None:
     assert restricted.access is not None
     client = grpcclient.InferenceServerClient(restricted.endpoints.grpc_url)
     try:
-        with pytest.raises(InferenceServerException) as caught:
-            client.infer("echo", [_echo_input()], headers=restricted.access.grpc_headers)
-        # Past the check: only a decoupled model's refusal of a unary call is left.
-        assert "restricted" not in str(caught.value).lower() and "decoupled" in str(caught.value).lower()
         status = client.get_system_shared_memory_status(headers=restricted.access.grpc_headers)
         assert status is not None
     finally:

@@ -1,7 +1,8 @@
 """TritonServerProcess on the real tritonserver with a throwaway decoupled echo model.
 
-Independent of the chat model: checks the binary preparation, loopback binding, streaming of a
-decoupled model, and that stopping (cleanly or by force) leaves no process and no shared memory.
+Independent of the chat model: checks the binary preparation, the private Unix sockets, streaming
+of a decoupled model, and that stopping (cleanly or by force) leaves no process, no socket and no
+shared memory.
 """
 
 from __future__ import annotations
@@ -97,7 +98,9 @@ def test_echo_model_streams_and_stops_cleanly(tmp_path: Path) -> None:
         pgid = process.pid
         assert pgid is not None and len(group_pids(pgid)) >= 2  # the server and its stub
         endpoints = process.endpoints
-        assert endpoints.host == "127.0.0.1"
+        sockets = endpoints.sockets()
+        assert all(path.is_socket() for path in sockets) and len(sockets) == 3
+        assert sockets[0].parent.stat().st_mode & 0o777 == 0o700  # no other user may enter
         assert _stream_echo(endpoints.grpc_url, b"hi") == [
             (b"hi0", False),
             (b"hi1", False),
@@ -112,6 +115,7 @@ def test_echo_model_streams_and_stops_cleanly(tmp_path: Path) -> None:
     assert code == 0
     assert group_pids(pgid) == []
     assert not any((SHM_DIR / name).exists() for name in regions)
+    assert not sockets[0].parent.exists()
     assert process.stop() == 0  # idempotent
 
 

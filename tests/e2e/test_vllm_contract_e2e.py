@@ -23,7 +23,6 @@ import queue
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -356,8 +355,8 @@ def test_http_generate_reads_sampling_parameters_from_the_request_parameters(tri
         "return_num_output_tokens": True,
         "return_finish_reason": True,
     }
-    url = f"{triton_server.http_url}/v2/models/{triton_server.model_name}/generate"
-    reply = httpx.post(url, json=body, timeout=RESPONSE_TIMEOUT_S)
+    with triton_server.http_client(RESPONSE_TIMEOUT_S) as client:
+        reply = client.post(f"/v2/models/{triton_server.model_name}/generate", json=body)
     assert reply.status_code == 200, reply.text
     answer = reply.json()
     assert answer["num_output_tokens"] == 5 and answer["finish_reason"] == "length"

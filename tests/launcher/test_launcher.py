@@ -32,7 +32,7 @@ from openai_frontend.launcher.network import is_loopback
 from openai_frontend.launcher.options import FrontendOptions, ServeOptions, engine_settings
 from openai_frontend.launcher.serve import run_serve
 from openai_frontend.launcher.triton_access import SECRET_HEADER, RestrictedAccess
-from openai_frontend.launcher.triton_endpoints import TritonEndpoints
+from openai_frontend.launcher.triton_endpoints import TritonListen
 from openai_frontend.launcher.triton_install import TritonInstall
 from openai_frontend.launcher.tritonserver import TritonServerProcess
 from python_backend.protocol.settings import EngineSettings, SettingsError
@@ -229,15 +229,18 @@ def test_backend_python_path_puts_the_project_first(monkeypatch: pytest.MonkeyPa
 
 
 # --- tritonserver ------------------------------------------------------------------------------
-def test_command_binds_every_listener_to_loopback(tmp_path: Path) -> None:
+def test_command_binds_every_listener_to_a_private_socket_by_default(tmp_path: Path) -> None:
     install = TritonInstall(server=Path("/x/tritonserver"), backend_dir=Path("/x/backends"))
     process = TritonServerProcess(install, tmp_path / "log")
-    cmd = process.command(tmp_path, TritonEndpoints("127.0.0.1", 1, 2, 3))
+    endpoints = TritonListen().endpoints(tmp_path / "sockets")
+    cmd = process.command(tmp_path, endpoints)
     pairs = dict(zip(cmd[1::2], cmd[2::2], strict=False))
-    for flag in ("--http-address", "--grpc-address", "--metrics-address"):
-        assert pairs[flag] == "127.0.0.1"
-    assert (pairs["--http-port"], pairs["--grpc-port"], pairs["--metrics-port"]) == ("1", "2", "3")
+    for name in ("http", "grpc", "metrics"):
+        assert pairs[f"--{name}-address"] == f"unix:{tmp_path / 'sockets' / name}"
     assert pairs["--backend-directory"] == "/x/backends" and pairs["--log-verbose"] == "0"
+    assert not any("restricted" in arg for arg in cmd)  # no secret where other users read it
+    assert endpoints.grpc_url == f"unix:{tmp_path / 'sockets' / 'grpc'}:0"
+    assert endpoints.grpc_socket == tmp_path / "sockets" / "grpc:0"
 
 
 def test_tritonserver_on_path_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -362,22 +365,15 @@ def test_frontend_connections_send_small_writes_at_once() -> None:
     assert asyncio.run(accepted_nodelay()) != 0
 
 
-def test_a_restricted_server_needs_the_secret_for_every_api_when_keys_are_set(tmp_path: Path) -> None:
+def test_an_exposed_listener_keeps_the_admin_apis_behind_a_secret_no_caller_needs(tmp_path: Path) -> None:
     install = TritonInstall(server=Path("/x/tritonserver"), backend_dir=None)
-    keyed, keyless = RestrictedAccess.for_frontend(api_keys=True), RestrictedAccess.for_frontend(api_keys=False)
-    assert keyed.secret != keyless.secret and len(keyed.secret) >= 32  # a new secret each start
-    assert keyed.secret not in repr(keyed)
-    endpoints = TritonEndpoints("127.0.0.1", 1, 2, 3)
-    cmd = TritonServerProcess(install, tmp_path / "log", access=keyed).command(tmp_path, endpoints)
+    first, second = RestrictedAccess(), RestrictedAccess()
+    assert first.secret != second.secret and len(first.secret) >= 32  # a new secret each start
+    assert first.secret not in repr(first)
+    endpoints = TritonListen.loopback().endpoints()
+    cmd = TritonServerProcess(install, tmp_path / "log", access=first).command(tmp_path, endpoints)
     for flag in ("--grpc-restricted-protocol", "--http-restricted-api"):
         (rule,) = [arg.split("=", 1)[1] for arg in cmd if arg.startswith(flag + "=")]
         apis, header = rule.split(":", 1)
-        assert set(apis.split(",")) >= {"inference", "health", "shared-memory", "model-repository"}
-        assert header == f"{SECRET_HEADER}={keyed.secret}"
-    # Without keys, inference stays open (the frontend is keyless too) but the admin APIs are not.
-    cmd = TritonServerProcess(install, tmp_path / "log", access=keyless).command(tmp_path, endpoints)
-    (rule,) = [arg for arg in cmd if arg.startswith("--grpc-restricted-protocol=")]
-    keyless_apis = set(rule.split("=", 1)[1].split(":", 1)[0].split(","))
-    assert "inference" not in keyless_apis and {"shared-memory", "model-repository"} <= keyless_apis
-    # The frontend's gRPC calls carry the header under the prefix Triton's gRPC endpoint expects.
-    assert keyed.grpc_headers == {f"triton-grpc-protocol-{SECRET_HEADER}": keyed.secret}
+        assert set(apis.split(",")) == {"shared-memory", "model-repository", "trace", "logging"}
+        assert header == f"{SECRET_HEADER}={first.secret}"

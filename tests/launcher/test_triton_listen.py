@@ -1,5 +1,5 @@
-"""``serve``'s tritonserver listener flags: loopback and free ports by default, fixed ports and
-addresses on request, exposure only with ``--allow-external``."""
+"""``serve``'s tritonserver listener flags: private Unix sockets by default, TCP ports and
+addresses on request, exposure only with ``--allow-external``, no TCP inference beside a key."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from openai_frontend.launcher.cli import parse_args, parse_serve_args
 from openai_frontend.launcher.options import FrontendOptions
-from openai_frontend.launcher.triton_endpoints import TritonListen
+from openai_frontend.launcher.triton_endpoints import TritonListen, private_socket_dir
 from openai_frontend.launcher.triton_install import TritonInstall
 from openai_frontend.launcher.tritonserver import TritonServerProcess
 
@@ -18,12 +18,33 @@ def _flag_values(cmd: list[str]) -> dict[str, str]:
     return {flag: value for flag, value in zip(cmd, cmd[1:], strict=False) if flag.startswith("--")}
 
 
-def test_by_default_every_listener_is_loopback_on_a_free_port() -> None:
+def test_by_default_every_listener_is_a_private_socket(tmp_path: Path) -> None:
     listen = parse_serve_args(["serve"]).triton_listen
-    assert listen == TritonListen()
-    endpoints = listen.endpoints()
-    assert len({endpoints.grpc_port, endpoints.http_port, endpoints.metrics_port}) == 3
-    assert endpoints.grpc_url == f"127.0.0.1:{endpoints.grpc_port}"
+    assert listen == TritonListen() and listen.exposed == ()
+    endpoints = listen.endpoints(tmp_path)
+    assert [endpoints.http.socket_path, endpoints.metrics.socket_path] == [
+        str(tmp_path / "http"),
+        str(tmp_path / "metrics"),
+    ]
+    assert endpoints.grpc_url == f"unix:{tmp_path}/grpc:0"
+    assert sorted(endpoints.sockets()) == sorted([tmp_path / "grpc:0", tmp_path / "http", tmp_path / "metrics"])
+
+
+def test_a_port_alone_puts_that_listener_on_loopback_tcp(tmp_path: Path) -> None:
+    listen = parse_serve_args(["serve", "--triton-metrics-port", "0"]).triton_listen
+    assert listen.exposed == ("metrics",)
+    endpoints = listen.endpoints(tmp_path)
+    assert endpoints.metrics.address == "127.0.0.1" and endpoints.metrics.port > 0
+    assert endpoints.grpc.socket_path == str(tmp_path / "grpc")
+
+
+def test_the_private_socket_directory_is_this_users_alone() -> None:
+    folder = private_socket_dir()
+    try:
+        assert folder.stat().st_mode & 0o777 == 0o700
+        assert len(str(folder / "metrics")) < 100  # within sun_path
+    finally:
+        folder.rmdir()
 
 
 def test_fixed_ports_and_addresses_reach_the_command_line(tmp_path: Path) -> None:
@@ -46,7 +67,8 @@ def test_fixed_ports_and_addresses_reach_the_command_line(tmp_path: Path) -> Non
 
 
 def test_a_specific_address_is_reached_at_that_address() -> None:
-    endpoints = TritonListen(grpc_address="::1", grpc_port=5, http_address="10.1.2.3", http_port=6).endpoints()
+    listen = TritonListen(grpc_address="::1", grpc_port=5, http_address="10.1.2.3", http_port=6, metrics_address="::1")
+    endpoints = listen.endpoints()
     assert endpoints.grpc_url == "[::1]:5"
     assert endpoints.http_url == "http://10.1.2.3:6"
 
@@ -57,6 +79,11 @@ def test_a_specific_address_is_reached_at_that_address() -> None:
         (["--triton-grpc-address", "0.0.0.0"], "--triton-grpc-address 0.0.0.0 would let other machines reach"),
         (["--triton-metrics-port", "70000"], "must be a port number 0-65535"),
         (["--triton-grpc-port", "9000", "--triton-http-port", "9000"], "--triton-http-port 9000 is also --triton-grpc"),
+        (
+            ["--triton-http-port", "8000", "--api-key", "k"],
+            "--triton-http-port puts tritonserver's HTTP listener on TCP",
+        ),
+        (["--triton-grpc-address", "127.0.0.1", "--api-key", "k"], "it cannot go with --api-key"),
     ],
 )
 def test_bad_listener_flags_are_usage_errors(argv: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
