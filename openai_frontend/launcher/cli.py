@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from openai_frontend.launcher.dtype_check import check_dtype_name
 from openai_frontend.launcher.engine_flags import add_engine_flags, engine_values, positive_int
 from openai_frontend.launcher.http_flags import (
     add_http_flags,
+    api_keys_with_environment,
     check_http_flags,
     http_limits,
     non_negative_int,
@@ -163,6 +165,7 @@ def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions | RepositoryOp
         return parse_serve_args(argv)
     if args.command == "repository":
         return _repository_options(parser, args)
+    args.api_keys = api_keys_with_environment(args.api_keys, os.environ)
     check_http_flags(parser, args)
     return FrontendOptions(
         triton_url=args.triton_url,
@@ -239,6 +242,7 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
     """Parse ``serve ...`` arguments; usage errors exit with status 2 like any argparse error."""
     parser = build_parser(_config_defaults(argv))
     args = parser.parse_args(argv)
+    args.api_keys = api_keys_with_environment(args.api_keys, os.environ)
     check_http_flags(parser, args)
     if args.ready_timeout <= 0:
         parser.error("--ready-timeout must be > 0")

@@ -11,6 +11,7 @@ and declared here.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from openai_frontend.launcher.options import OperationsOptions
 from openai_frontend.settings import FlagInfo, FrontendSettings, HttpLimits, flag_info
 
 DEFAULT_DRAIN_TIMEOUT_S = 30.0  # as tritonserver's --exit-timeout-secs
+API_KEY_ENV = "TRITON_CHAT_API_KEY"  # the key, kept off the command line
 
 
 def non_negative_int(text: str) -> int:
@@ -114,6 +116,15 @@ def operations_options(args: argparse.Namespace) -> OperationsOptions:
         sse_keepalive_s=args.sse_keepalive,
         log_format=args.log_format,
     )
+
+
+def api_keys_with_environment(keys: list[str], environ: Mapping[str, str]) -> list[str]:
+    """The ``--api-key`` values, else the key in ``API_KEY_ENV`` (as vLLM's ``VLLM_API_KEY``): other
+    local users can read a command line, never another user's environment."""
+    if keys:
+        return keys
+    value = environ.get(API_KEY_ENV, "")
+    return [value] if value else []
 
 
 def check_http_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -1,0 +1,190 @@
+"""Another local user gets nothing from ``serve`` but its frontend port: run as ``nobody``.
+
+With the key in ``TRITON_CHAT_API_KEY`` and without a key, ``serve``'s processes (launcher,
+tritonserver, the model's stub) carry no secret on a command line, listen on no TCP port but the
+frontend's, tritonserver's Unix sockets cannot be opened and the stub's shared memory (every
+request and response passes through it) cannot be read; through the frontend a keyed server
+answers 401. The other user is a process started as ``nobody`` with the system's Python (the
+project's interpreter may sit where ``nobody`` may not enter), reading what any local user can.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from openai_frontend.launcher.tritonserver import SHM_PREFIX
+from tests.e2e.test_smoke import _finish, _read_until, _start_launcher
+
+pytestmark = pytest.mark.e2e
+
+KEY = "local-user-test-key-0123456789"
+OTHER_USER = "nobody"
+
+# What the other user tries: read every command line and environment of serve's processes, read
+# the stub's shared memory, open each Unix socket, call each TCP port of theirs (there should be
+# none), and the frontend without a key.
+PROBE = r"""
+import json, socket, sys, urllib.error, urllib.request
+job = json.loads(sys.argv[1])
+seen = {"cmdlines": [], "environ_readable": [], "shm": {}, "sockets": {}, "ports": {}, "frontend": None}
+for pid in job["pids"]:
+    try:
+        seen["cmdlines"].append(open(f"/proc/{pid}/cmdline", "rb").read().decode("utf-8", "replace"))
+    except OSError:
+        pass
+    try:
+        open(f"/proc/{pid}/environ", "rb").read()
+        seen["environ_readable"].append(pid)
+    except OSError:
+        pass
+for path in job["shm"]:
+    try:
+        open(path, "rb").read(1)
+        seen["shm"][path] = "read"
+    except OSError as exc:
+        seen["shm"][path] = type(exc).__name__
+for path in job["sockets"]:
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(path)
+        seen["sockets"][path] = "connected"
+    except OSError as exc:
+        seen["sockets"][path] = type(exc).__name__
+    finally:
+        s.close()
+for port in job["ports"]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=5) as r:
+            seen["ports"][str(port)] = r.status
+    except urllib.error.HTTPError as exc:
+        seen["ports"][str(port)] = exc.code
+    except OSError as exc:
+        seen["ports"][str(port)] = type(exc).__name__
+body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
+request = urllib.request.Request(f"http://127.0.0.1:{job['frontend']}/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(request, timeout=60) as r:
+        seen["frontend"] = r.status
+except urllib.error.HTTPError as exc:
+    seen["frontend"] = exc.code
+print(json.dumps(seen))
+"""
+
+
+def _other_user_python() -> str:
+    if os.geteuid() != 0:
+        pytest.skip("running a process as another user needs root")
+    try:
+        pwd.getpwnam(OTHER_USER)
+    except KeyError:
+        pytest.skip(f"no user {OTHER_USER!r} on this machine")
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3", shutil.which("python3")):
+        if candidate and os.access(candidate, os.X_OK) and _runs_as_other_user(candidate):
+            return candidate
+    pytest.skip(f"no Python that {OTHER_USER!r} may run")
+
+
+def _runs_as_other_user(python: str) -> bool:
+    done = subprocess.run(
+        [python, "-c", "pass"], user=OTHER_USER, group="nogroup", extra_groups=[], cwd="/", capture_output=True
+    )
+    return done.returncode == 0
+
+
+def _children(pid: int) -> list[int]:
+    """``pid`` and every descendant, from each process's parent in /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, frontier = [pid], [pid]
+    while frontier:
+        frontier = [child for child, parent in parents.items() if parent in frontier]
+        tree += frontier
+    return tree
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+    except OSError:
+        return []
+
+
+def _tcp_listen_ports(pids: list[int]) -> set[int]:
+    """The TCP ports these processes listen on (their socket inodes in /proc/net/tcp{,6})."""
+    inodes: set[str] = set()
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+@pytest.mark.parametrize("keyed", [True, False], ids=["key-in-environment", "no-key"])
+def test_another_local_user_reaches_only_the_frontend(tiny_model_dir: Path, tmp_path: Path, keyed: bool) -> None:
+    python = _other_user_python()
+    env = {"TRITON_CHAT_API_KEY": KEY} if keyed else {}
+    launcher, port = _start_launcher(tiny_model_dir, tmp_path, env=env)
+    lines: list[str] = []
+    try:
+        _read_until(launcher, f"serving 'tiny' at http://127.0.0.1:{port}/v1", lines)
+        said = "".join(lines)
+        found = re.search(r"tritonserver listens on gRPC unix:(\S+):0, HTTP http\+unix://(\S+), metrics "
+                          r"http\+unix://(\S+)/metrics", said)  # fmt: skip
+        assert found, said
+        sockets = [f"{found[1]}:0", found[2], found[3]]
+        assert all(Path(path).is_socket() for path in sockets)
+        pids = _children(launcher.pid)
+        assert len(pids) >= 3, pids  # the launcher, tritonserver and the model's stub
+        ports = _tcp_listen_ports(pids)
+        assert ports == {port}, f"serve's processes listen on TCP {sorted(ports)}, not only the frontend's {port}"
+        shm = sorted({f"/dev/shm/{arg}" for pid in pids for arg in _cmdline(pid) if arg.startswith(SHM_PREFIX)})
+        assert shm and all(Path(path).exists() for path in shm)  # the stub's requests and responses
+        job = json.dumps({"pids": pids, "shm": shm, "sockets": sockets, "ports": [], "frontend": port})
+        probe = subprocess.run(
+            [python, "-c", PROBE, job],
+            user=OTHER_USER,
+            group="nogroup",
+            extra_groups=[],
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert probe.returncode == 0, probe.stderr
+        seen = json.loads(probe.stdout)
+    finally:
+        code = _finish(launcher, signal.SIGINT, lines)
+    assert code == 0, "".join(lines)
+    assert len(seen["cmdlines"]) >= 3
+    for cmdline in seen["cmdlines"]:
+        assert "secret" not in cmdline and "restricted" not in cmdline and KEY not in cmdline, cmdline
+    assert seen["environ_readable"] == []
+    assert all(outcome == "PermissionError" for outcome in seen["sockets"].values()), seen["sockets"]
+    assert all(outcome == "PermissionError" for outcome in seen["shm"].values()), seen["shm"]
+    assert seen["frontend"] == (401 if keyed else 200)
