@@ -46,6 +46,11 @@ class TokenizeQuery:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def param(self) -> str:
+        """The field that carries the text: what an error about it as a whole names."""
+        return "prompt" if self.messages is None else "messages"
+
+    @property
     def special_tokens(self) -> bool:
         if self.add_special_tokens is not None:
             return self.add_special_tokens
@@ -71,6 +76,7 @@ class DetokenizeQuery:
     """Turn token ids back into text (special tokens kept, as vLLM's ``/detokenize`` does)."""
 
     tokens: list[int]
+    param = "tokens"  # the field that carries the ids
 
     def to_wire(self) -> str:
         return json.dumps({"tokens": self.tokens})

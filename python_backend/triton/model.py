@@ -44,7 +44,7 @@ from python_backend.sampling.structured import GrammarCompiler
 from python_backend.text.output_formats import resolve_formats
 from python_backend.triton.channels import ChannelRegistry, Outgoing
 from python_backend.triton.metrics import MetricsReporter
-from python_backend.triton.preparer import Arrival, RequestPreparer, usable_cpus
+from python_backend.triton.preparer import Arrival, Query, RequestPreparer, usable_cpus
 from python_backend.triton.sender import ResponseLink, ResponseSender
 
 logger = logging.getLogger("triton_chat")
@@ -249,30 +249,24 @@ class TritonPythonModel:
         delta = contract.ChoiceDelta(index=0, text=health.to_json())
         self._sender.put(Outgoing(sender, EngineEvent(request_id, delta=delta, final=True)))
 
-    def _answer_tokenize(self, sender: ResponseLink, request_id: str, query: str) -> None:
-        """No generation: the tokenizer's answer, outside the batch, on a preparer thread (a
-        multi-megabyte text takes seconds, which the stub's thread must never spend)."""
+    def _answer_tokenize(self, sender: ResponseLink, request_id: str, text: str) -> None:
+        """No generation: the tokenizer's answer, outside the batch, on a preparer thread under the
+        preparation deadline (a multi-megabyte text takes seconds, which the stub's thread must
+        never spend, and a preparer thread only so long)."""
 
-        def answer() -> None:
-            try:
-                self._tokenize(sender, request_id, query)
-            except ContractError as exc:
-                self._fail(sender, request_id, exc.info)
-            except Exception:
-                logger.exception("tokenize query %s failed", request_id)
-                self._fail(sender, request_id, _INTERNAL)
+        def answer(query: Query) -> str:
+            read = read_query(text)
+            query.prompt_field = read.param
+            limits = self._engine.limits
+            return answer_query(
+                read, self._tokenizer, max_model_len=limits.max_seq_len, vocab_size=len(self._tokenizer)
+            )
 
-        self._preparer.run(answer)
+        def respond(reply: str) -> None:
+            delta = contract.ChoiceDelta(index=0, text=reply)
+            self._sender.put(Outgoing(sender, EngineEvent(request_id, delta=delta, final=True)))
 
-    def _tokenize(self, sender: ResponseLink, request_id: str, query: str) -> None:
-        text = answer_query(
-            read_query(query),
-            self._tokenizer,
-            max_model_len=self._engine.limits.max_seq_len,
-            vocab_size=len(self._tokenizer),
-        )
-        delta = contract.ChoiceDelta(index=0, text=text)
-        self._sender.put(Outgoing(sender, EngineEvent(request_id, delta=delta, final=True)))
+        self._preparer.put(Query(request_id, answer, respond, lambda info: self._fail(sender, request_id, info)))
 
     def _cancel(self, target: str) -> None:
         """``cancel_request``: a request id, or an open channel's name (its caller is done with it)."""

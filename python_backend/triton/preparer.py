@@ -15,6 +15,8 @@ none holds up the requests behind it:
 ``Arrival`` is what ``execute`` hands over: the request's inputs, read while Triton's call lasts,
 and a waiting place the engine already holds for it (so 429s stay exact); every way out of here
 (joined, refused, timed out, stopped) settles the place exactly once, on the coordinator's thread.
+A ``Query`` (a tokenize request) is answered beside the engine, holding no place: its answer is
+computed on a preparer thread under the same deadline, and sent or refused exactly once.
 
 Why threads of their own: ``execute`` runs on the stub's only thread, which also reads every new
 request, cancellation and health probe; a request that takes seconds to prepare there would
@@ -91,6 +93,19 @@ class Arrival:
         return contract.TEXT_INPUT if contract.TEXT_INPUT in self.inputs else contract.MESSAGES
 
 
+@dataclass
+class Query:
+    """A request answered beside the engine (a tokenize query), prepared like an ``Arrival``."""
+
+    request_id: str
+    # On a preparer thread: the answer's text, or ContractError for a bad query; it may name the
+    # query's ``prompt_field`` once it has read which kind the query is.
+    answer: Callable[[Query], str]
+    respond: Callable[[str], None]  # on the coordinator's thread, at most once
+    refuse: Callable[[ErrorInfo], None]  # the same
+    prompt_field: str = contract.TOKENIZE  # what a refusal at the deadline names
+
+
 @dataclass(frozen=True)
 class PreparerStats:
     """Counts since start, for the metrics thread (plain ints: read without a lock)."""
@@ -103,7 +118,7 @@ class PreparerStats:
 class _Waiting:
     """A request between its arrival and the engine; ``stage`` says what it waits for."""
 
-    arrival: Arrival
+    arrival: Arrival | Query
     stage: str = _PREPARING
     prepared: PreparedRequest | None = None
     started: bool = False  # a preparer thread took it up (set on that thread)
@@ -149,13 +164,13 @@ class RequestPreparer:
     timeout_s: float  # grammar_compile_timeout_s
     prepare_timeout_s: float = 30.0
     workers: int = 1  # preparer threads
-    _queue: queue.SimpleQueue[Arrival | _Done | _Cancel | None] = field(default_factory=queue.SimpleQueue)
+    _queue: queue.SimpleQueue[Arrival | Query | _Done | _Cancel | None] = field(default_factory=queue.SimpleQueue)
     # The coordinator's own (its thread only): deadlines of the requests in a stage, and the
     # requests not yet settled by id.
     _deadlines: list[tuple[float, int, str, _Waiting]] = field(default_factory=list)
     _held: dict[str, _Waiting] = field(default_factory=dict)
     _order: itertools.count[int] = field(default_factory=itertools.count)
-    _work: queue.SimpleQueue[_Waiting | Callable[[], None] | None] = field(default_factory=queue.SimpleQueue)
+    _work: queue.SimpleQueue[_Waiting | None] = field(default_factory=queue.SimpleQueue)
     _thread: threading.Thread | None = None
     _timeouts: int = 0
     _late: int = 0
@@ -170,13 +185,8 @@ class RequestPreparer:
         self._thread = threading.Thread(target=self._run, name="triton-chat-prepare", daemon=True)
         self._thread.start()
 
-    def put(self, arrival: Arrival) -> None:
+    def put(self, arrival: Arrival | Query) -> None:
         self._queue.put(arrival)
-
-    def run(self, task: Callable[[], None]) -> None:
-        """Run other per-request work that may take long (a tokenize query) on a preparer thread;
-        ``task`` answers its request itself, errors included."""
-        self._work.put(task)
 
     def cancel(self, request_id: str) -> None:
         """A ``cancel_request`` for a request that may still be here: the engine's record of an
@@ -207,7 +217,7 @@ class RequestPreparer:
             if item is None:
                 stopping = True  # what arrived is still prepared, until its deadline
                 continue
-            if isinstance(item, Arrival):
+            if isinstance(item, Arrival | Query):
                 self._start_preparing(item)
             elif isinstance(item, _Cancel):
                 held = self._held.get(item.request_id)
@@ -234,7 +244,7 @@ class RequestPreparer:
         waiting.stage = stage
         heapq.heappush(self._deadlines, (time.monotonic() + timeout_s, next(self._order), stage, waiting))
 
-    def _start_preparing(self, arrival: Arrival) -> None:
+    def _start_preparing(self, arrival: Arrival | Query) -> None:
         waiting = _Waiting(arrival)
         self._held[arrival.request_id] = waiting
         self._wait_for(waiting, _PREPARING, self.prepare_timeout_s)
@@ -253,17 +263,23 @@ class RequestPreparer:
             logger.error("request %s could not be read", _id(waiting), exc_info=error)
             self._settle(waiting, _INTERNAL)
             return
+        arrival = waiting.arrival
+        if isinstance(arrival, Query):
+            waiting.settled = True
+            self._release(waiting)
+            arrival.respond(item.result)
+            return
         prepared: PreparedRequest = item.result
         waiting.prepared = prepared
         try:
             response_format = prepared.params.response_format
             if response_format is None:
-                self._join(waiting, prepared, None)
+                self._join(waiting, arrival, prepared, None)
                 return
             spec = self.grammars.spec(response_format)
             compiled = self.grammars.cached(spec)
             if compiled is not None:
-                self._join(waiting, prepared, compiled)
+                self._join(waiting, arrival, prepared, compiled)
                 return
             self._wait_for(waiting, _COMPILING, self.timeout_s)
             self.grammars.compile_async(spec).add_done_callback(lambda done: self._compile_done(waiting, done))
@@ -282,8 +298,8 @@ class RequestPreparer:
             self._settle(waiting, error.info)
         elif error is not None:
             self._settle(waiting, _INTERNAL)
-        elif waiting.prepared is not None:
-            self._join(waiting, waiting.prepared, item.result)
+        elif waiting.prepared is not None and isinstance(waiting.arrival, Arrival):
+            self._join(waiting, waiting.arrival, waiting.prepared, item.result)
 
     def _expire(self, now: float) -> None:
         while self._deadlines and self._deadlines[0][0] <= now:
@@ -311,10 +327,9 @@ class RequestPreparer:
                 info = preparers_busy(self.prepare_timeout_s, self.workers)
             self._settle(waiting, info)
 
-    def _join(self, waiting: _Waiting, prepared: PreparedRequest, grammar: Any) -> None:
+    def _join(self, waiting: _Waiting, arrival: Arrival, prepared: PreparedRequest, grammar: Any) -> None:
         """Hand the request to the engine, in the place held for it."""
         waiting.settled = True
-        arrival = waiting.arrival
         self._release(waiting)
         try:
             request = self.make_request(arrival, prepared, grammar)
@@ -345,8 +360,11 @@ class RequestPreparer:
         if self._held.get(waiting.arrival.request_id) is waiting:  # ids may repeat
             del self._held[waiting.arrival.request_id]
 
-    def _refuse(self, arrival: Arrival, info: ErrorInfo) -> None:
-        """Answer a request that never reached the engine, and give its place back."""
+    def _refuse(self, arrival: Arrival | Query, info: ErrorInfo) -> None:
+        """Answer a request that never reached the engine, and give its place back (a query holds none)."""
+        if isinstance(arrival, Query):
+            arrival.refuse(info)
+            return
         self.engine.unreserve()
         self.fail(arrival, info)
 
@@ -362,17 +380,13 @@ class RequestPreparer:
             waiting = self._work.get()
             if waiting is None:
                 return
-            if not isinstance(waiting, _Waiting):
-                try:
-                    waiting()
-                except Exception:  # the task answers its own errors; this is a bug in it
-                    logger.exception("a task on a preparer thread failed")
-                continue
             if waiting.settled:
                 continue  # refused while it waited for a thread: nothing to compute
             waiting.started = True
+            arrival = waiting.arrival
             try:
-                done = _Done(waiting, _PREPARING, result=self.decode(waiting.arrival))
+                result = arrival.answer(arrival) if isinstance(arrival, Query) else self.decode(arrival)
+                done = _Done(waiting, _PREPARING, result=result)
             except Exception as exc:  # the coordinator answers it (a ContractError is a 400)
                 done = _Done(waiting, _PREPARING, error=exc)
             self._queue.put(done)

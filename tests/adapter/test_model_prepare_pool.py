@@ -215,3 +215,65 @@ def test_a_slow_tokenize_query_does_not_hold_up_the_stubs_thread(
     assert error_of(ended_once(query.get_response_sender())) is None
     assert error_of(ended_once(probe.get_response_sender())) is None
     assert error_of(ended_once(plain.get_response_sender())) is None
+
+
+@pytest.fixture
+def slow_queries(adapter: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> Iterator[SlowPrompts]:
+    """Tokenize queries are answered only once ``release`` is set (a multi-megabyte text)."""
+    slow = SlowPrompts(threading.Event(), threading.Event())
+    real = adapter.answer_query
+
+    def answer_query(*args: Any, **kwargs: Any) -> str:
+        slow.started.set()
+        slow.release.wait(60)
+        return str(real(*args, **kwargs))
+
+    monkeypatch.setattr(adapter, "answer_query", answer_query)
+    yield slow
+    slow.release.set()  # never leave a preparer thread waiting
+
+
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [
+        (TokenizeQuery(prompt="Hello"), "prompt"),
+        (TokenizeQuery(messages=[{"role": "user", "content": "Hi"}]), "messages"),
+    ],
+)
+def test_a_tokenize_query_not_answered_in_time_is_a_400_and_its_late_answer_is_dropped(
+    serve: Callable[..., Served], slow_queries: SlowPrompts, query: TokenizeQuery, param: str
+) -> None:
+    served = serve(prepare_timeout_s="2", prepare_workers="1")
+    slow = control_request(contract.TOKENIZE, query.to_wire(), "tokenize")
+    started = time.monotonic()
+    served.execute(slow)
+    slow.get_response_sender().wait_final(timeout=WAIT_S)
+    waited = time.monotonic() - started
+    slow_queries.release.set()
+    # One preparer thread: this one is prepared after the slow query's answer came back.
+    after = chat_request("after", parameters=SHORT)
+    served.execute(after)
+    after.get_response_sender().wait_final()
+    stats = served.model._preparer.stats()
+    served.finalize()
+    error = error_of(ended_once(slow.get_response_sender()))
+    assert error is not None and (error.status, error.code, error.param) == (400, "prepare_timeout", param)
+    assert 2.0 <= waited < 6.0
+    assert error_of(ended_once(after.get_response_sender())) is None
+    assert stats == PreparerStats(prepare_timeouts=1, late_preparations=1)
+
+
+def test_a_tokenize_query_that_never_got_a_free_preparer_is_a_429(
+    serve: Callable[..., Served], slow_prompts: SlowPrompts
+) -> None:
+    served = serve(prepare_timeout_s="2", prepare_workers="1")
+    slow = slow_request("slow")
+    served.execute(slow)
+    assert slow_prompts.started.wait(WAIT_S)
+    queued = control_request(contract.TOKENIZE, TokenizeQuery(prompt="Hello").to_wire(), "tokenize")
+    served.execute(queued)
+    queued.get_response_sender().wait_final(timeout=WAIT_S)
+    slow.get_response_sender().wait_final(timeout=WAIT_S)
+    served.finalize()
+    error = error_of(ended_once(queued.get_response_sender()))
+    assert error is not None and (error.status, error.code) == (429, "preparers_busy")

@@ -75,6 +75,9 @@ def test_ids_are_detokenized_with_special_tokens_kept(serve: Callable[..., Serve
     [
         ('{"tokens": [1, 1000000]}', "tokens.1"),
         ('{"tokens": [-3]}', "tokens.0"),
+        (json.dumps({"prompt": "x" * (4 * 1024 * 1024 + 1)}), "prompt"),  # the input ceiling
+        (json.dumps({"tokens": [1] * (4 * 1024 * 1024 // 3 + 1)}), "tokens"),
+        ("[" * 100_000 + "]" * 100_000, "tokenize"),
         ('{"prompt": "a", "tokens": [1]}', "tokenize"),
         ("[1, 2]", "tokenize"),
         ('{"messages": [{"role": "user", "content": ""}]}', "messages.0.content"),
