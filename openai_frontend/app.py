@@ -55,7 +55,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        created = TritonBackend.from_settings(settings) if state.backend is None else None
+        created = TritonBackend.from_settings(settings, observed.backend_state) if state.backend is None else None
         if created is not None:
             state.backend = created
         try:

@@ -158,6 +158,12 @@ class FrontendSettings(BaseModel):
         description="the response channel: one gRPC response per engine step for the streamed deltas of all "
         "streaming requests, instead of one per delta",
     )
+    backend_probe_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="seconds between checks that tritonserver answers (gRPC ServerLive, which must answer "
+        "within as long); while one fails, requests get a 503 `backend_unavailable` at once",
+    )
     allowed_origins: Annotated[
         list[str], FlagInfo("--allowed-origins", "allowed_origins", metavar="ORIGIN", docs=_ALLOWED_ORIGINS_DOCS)
     ] = Field(default_factory=list, description="an origin browsers may call the API from (CORS)")

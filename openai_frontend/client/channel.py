@@ -180,7 +180,9 @@ class ResponseChannel:
         logger.debug("response channel %s open", name)
 
     def _refuse(self, reason: str, retry_s: float) -> None:
-        logger.warning("no response channel (per-request streams for %g s): %s", retry_s, reason)
+        # An open that failed on the way is an outage, which ``client.health`` reports once.
+        log = logger.info if retry_s == UNREACHABLE_RETRY_S else logger.warning
+        log("no response channel (per-request streams for %g s): %s", retry_s, reason)
         self._refused_until = time.monotonic() + retry_s
 
     async def _read(self, channel: _Open) -> None:

@@ -3,7 +3,8 @@
 Owns ``GuardedReads``: each read of the stream runs in a task of its own, awaited through
 ``asyncio.shield``, so a consumer that is cancelled (a client that disconnects, a token timeout)
 leaves the read running; and ``cancel_when_idle``, which cancels the call only once that read
-has completed, or after ``CANCEL_GRACE_S``.
+has completed, or after ``CANCEL_GRACE_S``. A ``stop`` future (the backend went down,
+``client.health``) ends a read that waits with ``ReadsStopped``, the read itself left running.
 
 Why: grpc.aio leaks a batch's native memory when the read under it is cancelled, or fails because
 the call was cancelled under it (grpc/grpc#43360, open in grpcio 1.85.3, the latest): measured
@@ -27,13 +28,18 @@ import anyio
 CANCEL_GRACE_S = 0.1
 
 
+class ReadsStopped(Exception):
+    """The ``stop`` future completed while a read waited for the stream's next response."""
+
+
 class GuardedReads:
     """Async iterator over a grpc.aio (or tritonclient aio) response stream; see the module doc."""
 
-    def __init__(self, responses: Any) -> None:
+    def __init__(self, responses: Any, stop: asyncio.Future[None] | None = None) -> None:
         self._responses = responses  # has __aiter__ and cancel()
         self._iterator = responses.__aiter__()
         self._pending: asyncio.Future[Any] | None = None
+        self._stop = stop
 
     def __aiter__(self) -> GuardedReads:
         return self
@@ -41,6 +47,11 @@ class GuardedReads:
     async def __anext__(self) -> Any:
         if self._pending is None:
             self._pending = asyncio.ensure_future(self._iterator.__anext__())
+        if self._stop is not None and not self._pending.done():
+            # Neither future is cancelled by the wait, nor by a cancel of this task in it.
+            await asyncio.wait((self._pending, self._stop), return_when=asyncio.FIRST_COMPLETED)
+            if not self._pending.done():
+                raise ReadsStopped()
         item = await asyncio.shield(self._pending)  # StopAsyncIteration at the end passes through
         self._pending = None
         return item

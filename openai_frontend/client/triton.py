@@ -1,10 +1,12 @@
-"""``ChatBackend`` over Triton's gRPC streaming API: the only module that imports tritonclient.
+"""``ChatBackend`` over Triton's gRPC streaming API (tritonclient stays inside ``openai_frontend.client``).
 
 Owns: turning a ``BackendRequest`` into the contract's input tensors (``build_infer_inputs``),
 one ``ModelStreamInfer`` call per request (and per readiness probe), decoding each response into
 a ``ChoiceDelta``, mapping Triton and gRPC failures to ``BackendError``, and cancelling the gRPC
 call when the consumer stops early (client disconnect), so that Triton marks the request
-cancelled and the engine frees the slot.
+cancelled and the engine frees the slot. While ``client.health`` says tritonserver does not answer,
+every call fails at once with 503 ``backend_unavailable``, and calls in flight fail when it
+starts to say so.
 
 How the end of a request is detected: the request iterator yields one request and returns, which
 half-closes the stream; Triton finishes the stream once that request's final flag is sent, so the
@@ -19,25 +21,28 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import anyio
 import grpc
 import numpy as np
-from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferInput, KeepAliveOptions
+from tritonclient.grpc import InferInput
 from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from openai_frontend.client.base import BackendError, BackendRequest, backend_unavailable
 from openai_frontend.client.channel import ChannelLost, ResponseChannel, control_request
-from openai_frontend.client.reads import GuardedReads
+from openai_frontend.client.connection import HeaderClient, channel_args, live_probe, rpc_summary
+from openai_frontend.client.health import BackendHealth
+from openai_frontend.client.own_stream import OwnStream, rpc_error
+from openai_frontend.client.reads import GuardedReads, ReadsStopped
 from openai_frontend.client.results import contract_input, ends_stream, is_final, outputs_by_name
 from openai_frontend.client.tokenize import ask_model
 from openai_frontend.settings import FrontendSettings
 from python_backend.protocol import contract
 from python_backend.protocol.channel_wire import ChannelEntry
-from python_backend.protocol.errors import ErrorInfo, e2e_timeout
+from python_backend.protocol.errors import ErrorInfo
 from python_backend.protocol.tokenize import DetokenizeAnswer, DetokenizeQuery, TokenizeAnswer, TokenizeQuery
 
 logger = logging.getLogger(__name__)
@@ -79,129 +84,69 @@ def probe_inputs() -> list[InferInput]:
     return [contract_input(contract.HEALTH_PROBE, contract.bool_tensor(True))]
 
 
-def _rpc_error(exc: grpc.RpcError, timeout_s: float) -> BackendError:
-    code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return BackendError(e2e_timeout(timeout_s))
-    # Details (addresses, Triton internals) go to the log only.
-    logger.warning("Triton call failed: %s", exc)
-    return backend_unavailable()
-
-
 CANCEL_WAIT_S = 1.0  # for the model's answer to a cancel_request, then for the request's end
 
 
-class OwnStream:
-    """A channel-bound request's own stream, read by a task of its own: it carries only an error
-    (put on the queue as ``BackendError``) or the end; ``ended`` says the end came without one."""
-
-    def __init__(self, reads: GuardedReads, queue: asyncio.Queue[Any], timeout_s: float) -> None:
-        self.reads = reads
-        self.ended = False
-        self._queue = queue
-        self._timeout_s = timeout_s
-        self.task: asyncio.Future[None] = asyncio.ensure_future(self._read())
-
-    async def _read(self) -> None:
-        failed = False
-        try:
-            async for _result, error in self.reads:
-                if error is not None and not failed:
-                    failed = True  # the request's last response; read on to the stream's end
-                    self._queue.put_nowait(BackendError(ErrorInfo.from_wire(str(error))))
-        except grpc.RpcError as exc:
-            if not failed:
-                self._queue.put_nowait(_rpc_error(exc, self._timeout_s))
-            return
-        if not failed:
-            self.ended = True
-            self._queue.put_nowait(_STREAM_ENDED)
-
-    async def last_entry(self) -> Any:
-        """The next item once the stream ended: the model flushed the channel before it sent the
-        final flag, so the last entry is at most a message behind; if it never comes, the answer is lost."""
-        try:
-            return await asyncio.wait_for(self._queue.get(), LAST_ENTRY_WAIT_S)
-        except asyncio.TimeoutError:
-            return ChannelLost("the request's stream ended without its last entry on the channel")
-
-
-_STREAM_ENDED = object()
-LAST_ENTRY_WAIT_S = 5.0
-
-
-# Reconnect at most a second after tritonserver is back (gRPC's default backoff grows to 120 s):
-# the launcher restarts a tritonserver whose model process died on the same port, and the first
-# request after its model is ready should find the channel connected (the model restarts after a crash).
-RECONNECT_BACKOFF_MS = 1000
-
-
-def channel_args() -> list[tuple[str, Any]]:
-    """tritonclient's own channel options (message sizes, keepalive) plus a short reconnect backoff."""
-    keepalive = KeepAliveOptions()
-    return [
-        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
-        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
-        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
-        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
-        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
-        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
-        ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.min_reconnect_backoff_ms", 100),
-        ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
-    ]
-
-
-class HeaderClient:
-    """The gRPC client with headers added to every call: a server started with restricted APIs
-    (``--grpc-restricted-protocol``) answers only calls that carry its secret header."""
-
-    def __init__(self, client: Any, headers: dict[str, str]) -> None:
-        self._client = client  # tritonclient.grpc.aio.InferenceServerClient (or a stand-in)
-        self._headers = dict(headers)
-
-    def stream_infer(self, inputs_iterator: Any, stream_timeout: float | None = None) -> Any:
-        return self._client.stream_infer(inputs_iterator, stream_timeout=stream_timeout, headers=self._headers)
-
-    async def close(self) -> None:
-        await self._client.close()
+_BACKEND_DOWN = object()  # put on a channel request's queue when the backend goes down
 
 
 class TritonBackend:
     """A ``ChatBackend`` that calls one decoupled Triton model over gRPC."""
 
     def __init__(
-        self, client: Any, model_name: str, request_timeout_s: float, channel: ResponseChannel | None = None
+        self,
+        client: Any,
+        model_name: str,
+        request_timeout_s: float,
+        channel: ResponseChannel | None = None,
+        health: BackendHealth | None = None,
     ) -> None:
-        """``channel``: streamed deltas come over it (``client/channel.py``); None: per request."""
+        """``channel``: streamed deltas come over it (``client/channel.py``); None: per request.
+        ``health``: while it says down, calls fail at once with 503 (``client/health.py``)."""
         self._client = client  # tritonclient.grpc.aio.InferenceServerClient (or a stand-in in tests)
         self._model_name = model_name
         self._timeout_s = request_timeout_s
         self._channel = channel
+        self._health = health
         self._background: set[asyncio.Future[None]] = set()  # own streams read on to their end
         self._ready_answer: tuple[float, bool] | None = None  # (monotonic time, ready)
         self._ready_probe: asyncio.Future[bool] | None = None
 
     @classmethod
-    def from_settings(cls, settings: FrontendSettings) -> TritonBackend:
-        """Create the gRPC client; call from inside the event loop (grpc.aio channels bind to it)."""
+    def from_settings(
+        cls, settings: FrontendSettings, on_health_change: Callable[[bool], None] | None = None
+    ) -> TritonBackend:
+        """Create the gRPC client and start probing it; call from inside the event loop (grpc.aio
+        channels bind to it). ``on_health_change(up)``: each change of the backend's state."""
         client: Any = InferenceServerClient(url=settings.triton_grpc_url, channel_args=channel_args())
         if settings.triton_headers:
             client = HeaderClient(client, settings.triton_headers)
         channel = ResponseChannel(client, settings.triton_model_name) if settings.response_channel else None
-        return cls(client, settings.triton_model_name, settings.request_timeout_s, channel)
+        health = BackendHealth(live_probe(client), settings.backend_probe_interval_s, on_health_change)
+        health.start()
+        return cls(client, settings.triton_model_name, settings.request_timeout_s, channel, health)
 
     def generate(self, req: BackendRequest) -> AsyncGenerator[contract.ChoiceDelta, None]:
         return self._stream(req)
 
+    def _down_signal(self) -> asyncio.Future[None] | None:
+        """What a new call waits on besides its answer (None: no health kept); while the backend
+        is down, the 503 at once."""
+        if self._health is None:
+            return None
+        if not self._health.up:
+            raise backend_unavailable()
+        return self._health.down_signal()
+
     async def _stream(self, req: BackendRequest) -> AsyncGenerator[contract.ChoiceDelta, None]:
+        down = self._down_signal()
         channel, queue = self._channel, asyncio.Queue[Any]()
-        channel_name = await channel.subscribe(req.request_id, queue) if channel is not None and req.stream else None
+        channel_name = await self._subscribe(channel, req.request_id, queue, down) if channel and req.stream else None
         try:
             if channel_name is None:
-                deltas = self._generate(req)
+                deltas = self._generate(req, down)
             else:
-                deltas = self._generate_on_channel(req, channel_name, queue)
+                deltas = self._generate_on_channel(req, channel_name, queue, down)
             try:
                 async for delta in deltas:
                     yield delta
@@ -211,6 +156,23 @@ class TritonBackend:
             if channel is not None and channel_name is not None:
                 channel.unsubscribe(req.request_id)
 
+    @staticmethod
+    async def _subscribe(
+        channel: ResponseChannel, request_id: str, queue: asyncio.Queue[Any], down: asyncio.Future[None] | None
+    ) -> str | None:
+        """``channel.subscribe``, or the 503 when the backend goes down while a channel opens."""
+        if down is None:
+            return await channel.subscribe(request_id, queue)
+        task = asyncio.ensure_future(channel.subscribe(request_id, queue))
+        try:
+            await asyncio.wait((task, down), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not task.done():  # left before the open ended: drop the subscription it makes
+                task.add_done_callback(lambda opened: _drop_subscription(channel, request_id, opened))
+        if not task.done():
+            raise backend_unavailable()
+        return task.result()
+
     async def _requests(self, req: BackendRequest, channel_name: str | None = None) -> AsyncIterator[dict[str, Any]]:
         # Built here, inside the stream's own task, so a bad input surfaces as a stream error.
         inputs = build_infer_inputs(req)
@@ -218,14 +180,16 @@ class TritonBackend:
             inputs.append(contract_input(contract.STREAM_CHANNEL, contract.bytes_tensor(channel_name)))
         yield {"model_name": self._model_name, "inputs": inputs, "request_id": req.request_id}
 
-    async def _generate(self, req: BackendRequest) -> AsyncGenerator[contract.ChoiceDelta, None]:
+    async def _generate(
+        self, req: BackendRequest, down: asyncio.Future[None] | None
+    ) -> AsyncGenerator[contract.ChoiceDelta, None]:
         try:
             responses = self._client.stream_infer(self._requests(req), stream_timeout=self._timeout_s)
         except InferenceServerException as exc:
-            logger.warning("Triton stream could not start: %s", exc)
+            logger.warning("Triton stream could not start: %s", rpc_summary(exc))
             raise backend_unavailable() from exc
         finished = False
-        reads = GuardedReads(responses)
+        reads = GuardedReads(responses, down)
         try:
             async for result, error in reads:
                 if finished:
@@ -244,7 +208,9 @@ class TritonBackend:
                 # reading on to that end, rather than cancelling, matters: a cancel that reaches
                 # Triton after the final response leaves the model unable to unload at shutdown.
         except grpc.RpcError as exc:
-            raise _rpc_error(exc, self._timeout_s) from exc
+            raise rpc_error(exc, self._timeout_s, self._health) from exc
+        except ReadsStopped as exc:  # the backend went down: the call is cancelled below
+            raise backend_unavailable() from exc
         finally:
             if not finished:
                 # The consumer left early (client disconnect) or the call failed: tell Triton to
@@ -252,17 +218,23 @@ class TritonBackend:
                 await reads.cancel_when_idle(ends_stream)
 
     async def _generate_on_channel(
-        self, req: BackendRequest, channel_name: str, queue: asyncio.Queue[Any]
+        self, req: BackendRequest, channel_name: str, queue: asyncio.Queue[Any], down: asyncio.Future[None] | None
     ) -> AsyncGenerator[contract.ChoiceDelta, None]:
         """Deltas from the channel (through ``queue``, subscribed by the caller); errors and the
-        end from the request's own stream."""
+        end from the request's own stream; ``_BACKEND_DOWN`` when ``down`` completes."""
         try:
             responses = self._client.stream_infer(self._requests(req, channel_name), stream_timeout=self._timeout_s)
         except InferenceServerException as exc:
-            logger.warning("Triton stream could not start: %s", exc)
+            logger.warning("Triton stream could not start: %s", rpc_summary(exc))
             raise backend_unavailable() from exc
-        own = OwnStream(GuardedReads(responses), queue, self._timeout_s)
+        own = OwnStream(GuardedReads(responses), queue, self._timeout_s, self._health)
         finished = False
+
+        def wake(_down: asyncio.Future[None]) -> None:
+            queue.put_nowait(_BACKEND_DOWN)
+
+        if down is not None:
+            down.add_done_callback(wake)
         try:
             while True:
                 item = await (queue.get() if not own.ended else own.last_entry())
@@ -273,12 +245,20 @@ class TritonBackend:
                     if item.last:
                         return
                 elif isinstance(item, ChannelLost):
-                    logger.warning("request %s lost its response channel: %s", req.request_id, item.reason)
+                    # Each request in flight on the channel: one line each, and the health decides
+                    # whether tritonserver is gone (its one warning).
+                    logger.info("request %s lost its response channel: %s", req.request_id, item.reason)
+                    if self._health is not None:
+                        self._health.suspect()
                     raise backend_unavailable()
                 elif isinstance(item, BackendError):
                     finished = True  # an error is the request's last response
                     raise item
+                elif item is _BACKEND_DOWN:
+                    raise backend_unavailable()
         finally:
+            if down is not None:
+                down.remove_done_callback(wake)
             if not finished:
                 await self._cancel(req.request_id, own)
             self._background.add(own.task)  # reads on to the stream's end: no cancel after the final
@@ -289,6 +269,10 @@ class TritonBackend:
         a gRPC cancel only if that does not work, since it would cancel under the read in flight
         (client/reads.py), and on a channel a request's own stream is silent until its end."""
         with anyio.CancelScope(shield=True):  # this runs while the consumer is being cancelled
+            if self._health is not None and not self._health.up:
+                # Nobody would answer the model's cancel: cancel the call (Triton sees it when back).
+                await own.reads.cancel_when_idle(ends_stream)
+                return
             try:
                 cancel = control_request(
                     self._client, self._model_name, contract.CANCEL_REQUEST, request_id, CANCEL_WAIT_S
@@ -301,10 +285,25 @@ class TritonBackend:
                 await own.reads.cancel_when_idle(ends_stream)
 
     async def tokenize(self, query: TokenizeQuery) -> TokenizeAnswer:
-        return TokenizeAnswer.from_wire(await ask_model(self._client, self._model_name, query, self._timeout_s))
+        return TokenizeAnswer.from_wire(await self._ask(query))
 
     async def detokenize(self, query: DetokenizeQuery) -> DetokenizeAnswer:
-        return DetokenizeAnswer.from_wire(await ask_model(self._client, self._model_name, query, self._timeout_s))
+        return DetokenizeAnswer.from_wire(await self._ask(query))
+
+    async def _ask(self, query: TokenizeQuery | DetokenizeQuery) -> str:
+        """``ask_model``, or the 503 at once while the backend is down or when it goes down."""
+        down = self._down_signal()
+        if down is None:
+            return await ask_model(self._client, self._model_name, query, self._timeout_s)
+        task = asyncio.ensure_future(ask_model(self._client, self._model_name, query, self._timeout_s))
+        try:
+            await asyncio.wait((task, down), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not task.done():  # the backend went down, or our caller left: grpc.aio cancels the call
+                task.cancel()
+        if not task.done() or task.cancelled():
+            raise backend_unavailable()
+        return task.result()
 
     async def is_ready(self) -> bool:
         """Whether the model answers the health probe within ``READY_TIMEOUT_S``.
@@ -312,6 +311,8 @@ class TritonBackend:
         A probe inference, not Triton's model readiness: Triton says READY for as long as the
         model is loaded, also when its process hangs or its engine loop died (``liveness.py``).
         """
+        if self._health is not None and not self._health.up:
+            return False  # tritonserver does not answer at all: no probe inference to wait for
         answer = self._ready_answer
         if answer is not None and time.monotonic() - answer[0] < READY_REUSE_S:
             return answer[1]
@@ -356,6 +357,15 @@ class TritonBackend:
         return problem
 
     async def close(self) -> None:
+        if self._health is not None:
+            await self._health.close()
         if self._channel is not None:
             await self._channel.close()
         await self._client.close()
+
+
+def _drop_subscription(channel: ResponseChannel, request_id: str, subscribed: asyncio.Future[str | None]) -> None:
+    """Unsubscribe a request that left while its channel opened (``subscribe`` never raises:
+    the open's failures are the channel's to handle)."""
+    if not subscribed.cancelled() and subscribed.exception() is None:
+        channel.unsubscribe(request_id)

@@ -4,7 +4,8 @@ Owns: ``FrontendMetrics`` (one registry per app, never prometheus_client's proce
 so two apps in one process count apart), ``ChatObservation`` (what one chat request's answer
 adds: time to first token, inter-token latency, end-to-end latency, queue time, tokens, finish
 reasons, prefix-cache queries and hits, a failure or cancellation seen after the response
-started) and ``MetricsMiddleware`` (requests running, and what the HTTP status of a chat request
+started), the backend's state (``backend_state``: up or down, and the outages counted) and
+``MetricsMiddleware`` (requests running, and what the HTTP status of a chat request
 says: failures, cancellations, rejections). Names follow vLLM's and MindIE's dashboards without
 vLLM's ``vllm:`` prefix, or with it (``prefix="vllm:"``, so vLLM's Grafana dashboards work as they
 are); every family has the ``model_name`` label. The engine's own gauges (running and waiting
@@ -100,6 +101,15 @@ class FrontendMetrics:
         # family is there (at 0) for dashboards that chart it. Refusals are requests_rejected.
         self.preemptions = Counter(f"{p}num_preemptions", "Requests preempted by the engine", labels, registry=r)
         self.preemptions.labels(model_name)
+        # 1 until the backend's health says otherwise (``client.health``): it starts up.
+        self.backend_up = Gauge(
+            f"{p}backend_up", "1 while tritonserver answers the frontend's probes, else 0", labels, registry=r
+        )
+        self.backend_up.labels(model_name).set(1)
+        self.backend_outages = Counter(
+            f"{p}backend_outages", "Times tritonserver stopped answering the frontend's probes", labels, registry=r
+        )
+        self.backend_outages.labels(model_name)
         if engine_metrics is not None:
             r.register(EngineCollector(engine_metrics, model_name, prefix))
         # The children observed per streamed token, looked up once (labels() costs a lock and a dict).
@@ -112,6 +122,12 @@ class FrontendMetrics:
     def observe(self, started: float) -> ChatObservation:
         """What one chat request's answer adds, timed from ``started`` (``time.monotonic()``)."""
         return ChatObservation(self, started)
+
+    def backend_state(self, up: bool) -> None:
+        """The backend's health changed (``client.health``): down counts one outage."""
+        self.backend_up.labels(self.model_name).set(1 if up else 0)
+        if not up:
+            self.backend_outages.labels(self.model_name).inc()
 
     def media_fetched(self, result: str, size: int) -> None:
         """One remote media fetch: ``ok`` with its size, or the failure's code (size 0)."""

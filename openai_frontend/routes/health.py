@@ -1,9 +1,11 @@
 """``GET /health`` (liveness) and ``GET /health/ready`` (readiness).
 
-Owns: the probe answers. Liveness never calls the backend (it must stay fast under load);
-readiness is 200 only when the backend says the model is ready and the server is not draining,
-else the 503 envelope. Neither
-body carries internal details. Both are open without an API key (``auth.PUBLIC_PATHS``).
+Owns: the probe answers. Liveness never calls the backend (it must stay fast under load, and a
+frontend restarted for a backend outage would not bring tritonserver back); readiness is 200
+only when the backend says the model is ready and the server is not draining, else the 503
+envelope: at once while tritonserver does not answer the frontend's own probes
+(``client.health``), the same state in which inference requests get their 503. Neither body
+carries internal details. Both are open without an API key (``auth.PUBLIC_PATHS``).
 """
 
 from __future__ import annotations

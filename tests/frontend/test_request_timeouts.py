@@ -12,7 +12,7 @@ from test_chat_stream import parse_sse
 
 from openai_frontend.chat.serving import paced
 from openai_frontend.client.base import BackendError
-from openai_frontend.client.triton import _rpc_error
+from openai_frontend.client.own_stream import rpc_error as _rpc_error
 from python_backend.protocol.contract import ChoiceDelta
 
 TOKEN_TIMEOUT_S = 0.3
