@@ -20,7 +20,7 @@ import torch
 from benchmarks.traffic import TrafficRequest, Workload
 from python_backend.engine.engine import Engine
 from python_backend.engine.sequence import EngineEvent, EngineRequest
-from python_backend.model.allocator import freeze_startup_objects, keep_freed_memory
+from python_backend.model.allocator import GlibcHeap, HeapKeeper, HeapPolicy, freeze_startup_objects, keep_freed_memory
 from python_backend.model.loader import load_model
 from python_backend.model.threads import serialize_current_thread
 from python_backend.prompt.chat_template import render_prompt
@@ -73,9 +73,14 @@ def run_engine(settings: EngineSettings, requests: list[TrafficRequest], concurr
     if not settings.torch_threads:
         settings = replace(settings, torch_threads=threads)
     loaded = load_model(settings)
-    if loaded.device.type == "cpu" and settings.cpu_keep_freed_memory:
-        keep_freed_memory()  # the heap policy the served model runs with (triton/model.py)
-    engine = Engine(loaded, settings)
+    # The heap policy the served model runs with, its cap and its idle give-back (triton/model.py).
+    policy = HeapPolicy.capped_mb(settings.cpu_keep_freed_memory_mb)
+    keeps = loaded.device.type == "cpu" and settings.cpu_keep_freed_memory and keep_freed_memory(policy)
+    heap = HeapKeeper(policy.keep_cap, GlibcHeap()) if keeps else None
+    if heap is None:
+        engine = Engine(loaded, settings)
+    else:
+        engine = Engine(loaded, settings, after_pass=heap.after_pass, on_idle=heap.release)
     engine.start()
     freeze_startup_objects()  # as served; given back below
     slots, finished = threading.Semaphore(concurrency), threading.Semaphore(0)

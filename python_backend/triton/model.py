@@ -29,7 +29,13 @@ import triton_python_backend_utils as pb_utils
 from python_backend.engine.engine import Engine
 from python_backend.engine.liveness import health_problem
 from python_backend.engine.sequence import EngineEvent, EngineRequest
-from python_backend.model.allocator import freeze_startup_objects, keep_freed_memory, release_freed_memory
+from python_backend.model.allocator import (
+    GlibcHeap,
+    HeapKeeper,
+    HeapPolicy,
+    freeze_startup_objects,
+    keep_freed_memory,
+)
 from python_backend.model.loader import load_model
 from python_backend.model.threads import confine_serving_threads, pinned_cpus, serialize_current_thread
 from python_backend.parallel.ranks import RankGroup
@@ -120,22 +126,31 @@ class TritonPythonModel:
         )
         self._grammars = GrammarCompiler(loaded.tokenizer, loaded.vocab_size, settings.max_response_format_bytes)
         on_cpu = loaded.device.type == "cpu"
-        # Kept under load, given back when the engine goes idle (model/allocator.py).
-        keeps = on_cpu and settings.cpu_keep_freed_memory and keep_freed_memory()
+        # Kept under load up to its cap, given back when the engine goes idle (model/allocator.py).
+        policy = HeapPolicy.capped_mb(settings.cpu_keep_freed_memory_mb)
+        keeps = on_cpu and settings.cpu_keep_freed_memory and keep_freed_memory(policy)
+        heap = HeapKeeper(policy.keep_cap, GlibcHeap()) if keeps else None
         cpus = pinned_cpus(settings.torch_threads, on_cpu, settings.cpu_bind_threads)
         if cpus is not None:
             confine_serving_threads(cpus[0])
             logger.info("compute threads pinned to CPUs %s; the stub's other threads share CPU %d", cpus, cpus[0])
         self._channels = ChannelRegistry()
         self._sender = ResponseSender(self._channels)
+        sender = self._sender
+
+        def after_pass() -> None:
+            sender.pass_ended()
+            if heap is not None:
+                heap.after_pass()
+
         ranks = self._ranks.sync if self._ranks is not None else None
         self._engine = Engine(
             loaded,
             settings,
             compute_cpus=cpus,
-            after_pass=self._sender.pass_ended,
+            after_pass=after_pass,
             ranks=ranks,
-            on_idle=release_freed_memory if keeps else None,
+            on_idle=heap.release if heap is not None else None,
         )
         self._engine.start()
         self._preparer = RequestPreparer(

@@ -75,6 +75,21 @@ class CpuSettings:
             "tunables",
         ),
     )
+    # 512 MiB: a C=64 burst's buffers on the demo model fit (the faults saved stay saved), and a
+    # spike's peak is not held while requests keep coming (it was 2.2 GB until the next idle).
+    cpu_keep_freed_memory_mb: int = setting(
+        512,
+        SettingInfo(
+            "on CPU, freed memory the model's process keeps resident for reuse at most, in MiB",
+            flag="--cpu-keep-freed-memory-mb",
+            minimum=1,
+            metavar="MB",
+            docs="CPU, with `cpu_keep_freed_memory`: the most freed memory the model's process keeps "
+            "resident while requests run. glibc trims its heap's top above it, and at most once a second "
+            "between steps the engine gives the free memory inside the heap back (`malloc_trim`) once what "
+            "is resident beyond what is in use passes it, so a load spike is not held until the next idle",
+        ),
+    )
     # auto keeps float32 keys/values for a 16-bit text model on CPU without the C kernel:
     # PyTorch's decode attention is 2-5x faster that way, for twice the KV memory. bfloat16 halves
     # a float32 model's KV bytes, which decode attention reads from DRAM every step.
