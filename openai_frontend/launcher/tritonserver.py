@@ -33,6 +33,7 @@ from openai_frontend.launcher.process_group import (
     running,
     wait_group_gone,
 )
+from openai_frontend.launcher.tied_child import TiedSpawner
 from openai_frontend.launcher.triton_access import RestrictedAccess
 from openai_frontend.launcher.triton_endpoints import TritonEndpoints, TritonListen, private_socket_dir
 from openai_frontend.launcher.triton_install import TritonInstall
@@ -73,6 +74,7 @@ class TritonServerProcess:
         self._endpoints: TritonEndpoints | None = None
         self._shm_regions: set[str] = set()
         self._socket_dir: Path | None = None  # the private listeners' directory (mode 0700)
+        self._spawner = TiedSpawner()  # the server is killed with this process, SIGKILL included
 
     @property
     def pid(self) -> int | None:
@@ -146,7 +148,7 @@ class TritonServerProcess:
         self._log_path.chmod(0o600)  # the model's errors may quote a request
         # Appending, so that the log can be cut short while the server writes (``LogRotation``).
         with open(self._log_path, "ab") as log:
-            self._proc = subprocess.Popen(
+            self._proc = self._spawner.popen(
                 cmd,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

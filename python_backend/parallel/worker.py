@@ -10,32 +10,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import threading
-import time
 
 from python_backend.engine.engine import Engine
 from python_backend.model.loader import load_model
 from python_backend.parallel.group import RankPlan, join, leave, rank_settings
+from python_backend.parallel.lifeline import exit_with_parent
 from python_backend.parallel.sync import FollowerSync
 from python_backend.protocol.settings import EngineSettings
 
 logger = logging.getLogger("triton_chat.rank")
 
-PARENT_POLL_S = 0.5
-ORPHANED_EXIT = 3
-
-
-def _exit_with_parent(parent: int) -> None:
-    """End this process when ``parent`` is gone (it is then re-parented)."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(PARENT_POLL_S)
-        logger.error("rank 0 (pid %d) is gone; exiting", parent)
-        os._exit(ORPHANED_EXIT)  # no cleanup to wait for: the group is gone with rank 0
-
-    threading.Thread(target=watch, name="triton-chat-parent", daemon=True).start()
+HEALTH_POLL_S = 0.5  # how often the engine loop is checked while rank 0 runs
 
 
 def run(settings: EngineSettings, plan: RankPlan) -> int:
@@ -47,7 +32,7 @@ def run(settings: EngineSettings, plan: RankPlan) -> int:
         sync = FollowerSync(channel, loaded)
         engine = Engine(loaded, mine, ranks=sync)
         engine.start()
-        while not sync.stopped.wait(PARENT_POLL_S):
+        while not sync.stopped.wait(HEALTH_POLL_S):
             if not engine.health().running:
                 logger.error("rank %d: the engine loop ended before rank 0 stopped it", plan.rank)
                 return 1
@@ -65,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", required=True, help="the model's parameters as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s rank {args.rank} %(name)s: %(message)s")
-    _exit_with_parent(args.parent)
+    exit_with_parent(args.parent, "rank 0")
     settings = EngineSettings.from_parameters(json.loads(args.settings))
     return run(settings, RankPlan(args.rank, settings.tensor_parallel_size, args.address))
 

@@ -50,6 +50,7 @@ from python_backend.sampling.structured import GrammarCompiler
 from python_backend.text.output_formats import resolve_formats
 from python_backend.triton.channels import ChannelRegistry, Outgoing
 from python_backend.triton.metrics import MetricsReporter
+from python_backend.triton.orphan import end_with_tritonserver
 from python_backend.triton.preparer import Arrival, Query, RequestPreparer, usable_cpus
 from python_backend.triton.sender import ResponseLink, ResponseSender
 
@@ -91,6 +92,7 @@ def _die_fast_on_crash() -> None:
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        end_with_tritonserver()  # before anything it could leave behind: ranks, memory
         model_config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(model_config):
             raise pb_utils.TritonModelException("triton-chat needs model_transaction_policy { decoupled: true }")

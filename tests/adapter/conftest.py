@@ -20,8 +20,13 @@ from tests.fakes import pb_utils
 
 @pytest.fixture
 def adapter(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    """``python_backend.triton.model``, imported against the fake module for this test only."""
-    return pb_utils.install(monkeypatch)
+    """``python_backend.triton.model``, imported against the fake module for this test only.
+
+    Without its lifeline thread: pytest is no stub, and its parent is no tritonserver
+    (``tests/parallel/test_lifeline.py`` tests the lifeline itself)."""
+    module = pb_utils.install(monkeypatch)
+    monkeypatch.setattr(module, "end_with_tritonserver", lambda: None)
+    return module
 
 
 @pytest.fixture

@@ -28,6 +28,29 @@ def group_pids(pgid: int) -> list[int]:
     return pids
 
 
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every descendant, from each process's parent in /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, frontier = [pid], [pid]
+    while frontier:
+        frontier = [child for child, parent in parents.items() if parent in frontier]
+        tree += frontier
+    return tree
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+    except OSError:
+        return []
+
+
 def stop(process: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
     """Send ``sig``, wait; kill the process's whole group if it does not exit. Its exit status."""
     process.send_signal(sig)

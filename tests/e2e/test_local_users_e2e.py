@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from openai_frontend.launcher.tritonserver import SHM_PREFIX
+from tests.e2e.processes import cmdline, descendants
 from tests.e2e.test_smoke import _finish, _read_until, _start_launcher
 
 pytestmark = pytest.mark.e2e
@@ -101,29 +102,6 @@ def _runs_as_other_user(python: str) -> bool:
     return done.returncode == 0
 
 
-def _children(pid: int) -> list[int]:
-    """``pid`` and every descendant, from each process's parent in /proc."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    tree, frontier = [pid], [pid]
-    while frontier:
-        frontier = [child for child, parent in parents.items() if parent in frontier]
-        tree += frontier
-    return tree
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")
-    except OSError:
-        return []
-
-
 def _tcp_listen_ports(pids: list[int]) -> set[int]:
     """The TCP ports these processes listen on (their socket inodes in /proc/net/tcp{,6})."""
     inodes: set[str] = set()
@@ -158,11 +136,11 @@ def test_another_local_user_reaches_only_the_frontend(tiny_model_dir: Path, tmp_
         assert found, said
         sockets = [f"{found[1]}:0", found[2], found[3]]
         assert all(Path(path).is_socket() for path in sockets)
-        pids = _children(launcher.pid)
+        pids = descendants(launcher.pid)
         assert len(pids) >= 3, pids  # the launcher, tritonserver and the model's stub
         ports = _tcp_listen_ports(pids)
         assert ports == {port}, f"serve's processes listen on TCP {sorted(ports)}, not only the frontend's {port}"
-        shm = sorted({f"/dev/shm/{arg}" for pid in pids for arg in _cmdline(pid) if arg.startswith(SHM_PREFIX)})
+        shm = sorted({f"/dev/shm/{arg}" for pid in pids for arg in cmdline(pid) if arg.startswith(SHM_PREFIX)})
         assert shm and all(Path(path).exists() for path in shm)  # the stub's requests and responses
         job = json.dumps({"pids": pids, "shm": shm, "sockets": sockets, "ports": [], "frontend": port})
         probe = subprocess.run(
@@ -182,8 +160,8 @@ def test_another_local_user_reaches_only_the_frontend(tiny_model_dir: Path, tmp_
         code = _finish(launcher, signal.SIGINT, lines)
     assert code == 0, "".join(lines)
     assert len(seen["cmdlines"]) >= 3
-    for cmdline in seen["cmdlines"]:
-        assert "secret" not in cmdline and "restricted" not in cmdline and KEY not in cmdline, cmdline
+    for line in seen["cmdlines"]:
+        assert "secret" not in line and "restricted" not in line and KEY not in line, line
     assert seen["environ_readable"] == []
     assert all(outcome == "PermissionError" for outcome in seen["sockets"].values()), seen["sockets"]
     assert all(outcome == "PermissionError" for outcome in seen["shm"].values()), seen["shm"]

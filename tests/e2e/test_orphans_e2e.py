@@ -1,0 +1,85 @@
+"""``serve`` killed outright (SIGKILL, no handler runs) under load leaves nothing behind.
+
+tritonserver dies with the launcher (the kernel's parent-death signal), the model's stub and any
+tensor-parallel rank with their parent (their lifeline), and the stub removes its shared memory:
+within 10 s no process of the tree and no region is left, and the frontend's port is free again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from openai_frontend.launcher.tritonserver import SHM_DIR, SHM_PREFIX
+from tests.e2e.processes import cmdline, descendants
+from tests.e2e.test_smoke import _read_until, _start_launcher
+
+pytestmark = pytest.mark.e2e
+
+GONE_WITHIN_S = 10.0
+STREAMS = 4
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has freed everything; init reaps it
+
+
+def _stream_until_cut(port: int, index: int, streaming: threading.Event) -> str:
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": f"request {index}: tell me a long story"}],
+        "max_tokens": 4000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    try:
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60) as reply:
+            for _ in reply.iter_lines():
+                streaming.set()
+    except httpx.HTTPError as exc:
+        return type(exc).__name__
+    return "finished"
+
+
+def test_sigkill_of_serve_under_load_leaves_no_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+    launcher, port = _start_launcher(tiny_model_dir, tmp_path, "--max-iter-times", "4000")
+    lines: list[str] = []
+    pids: list[int] = []
+    try:
+        _read_until(launcher, f"serving 'tiny' at http://127.0.0.1:{port}/v1", lines)
+        streaming = threading.Event()
+        with ThreadPoolExecutor(STREAMS) as pool:
+            outcomes = [pool.submit(_stream_until_cut, port, i, streaming) for i in range(STREAMS)]
+            assert streaming.wait(60), "no stream started"
+            pids = descendants(launcher.pid)
+            assert len(pids) >= 3, pids  # the launcher, tritonserver and the model's stub
+            regions = [SHM_DIR / arg for pid in pids for arg in cmdline(pid) if arg.startswith(SHM_PREFIX)]
+            assert regions and all(region.exists() for region in regions)
+            os.kill(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+            killed = time.monotonic()
+            while any(_alive(pid) for pid in pids) and time.monotonic() - killed < GONE_WITHIN_S:
+                time.sleep(0.1)
+            left = [pid for pid in pids if _alive(pid)]
+            assert left == [], f"still running {time.monotonic() - killed:.1f} s after SIGKILL: {left}"
+            assert [region for region in regions if region.exists()] == []
+            assert all(outcome.result(timeout=60) != "finished" for outcome in outcomes)
+        with socket.socket() as probe:  # the frontend's port is free for the next start
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as any server binds
+            probe.bind(("127.0.0.1", port))
+    finally:
+        for pid in pids:  # a failed test leaves nothing running (processes this test started)
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,72 @@
+"""A process with a lifeline ends, after its clean-up, as soon as its parent is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from python_backend.parallel.lifeline import ORPHANED_EXIT
+from python_backend.triton.orphan import SHM_DIR, own_regions
+
+ROOT = Path(__file__).resolve().parents[2]
+EXIT_WAIT_S = 10.0
+# The parent starts the child and prints its pid; the child's lifeline cleans up a file it names.
+PARENT = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+print(child.pid, flush=True)
+sys.stdin.read()
+"""
+CHILD = """
+import os, sys, threading
+from pathlib import Path
+from python_backend.parallel.lifeline import exit_with_parent
+marker = Path(sys.argv[1])
+exit_with_parent(os.getppid(), "the test's parent", lambda: marker.unlink())
+marker.write_text("alive")
+threading.Event().wait()
+"""
+
+
+def test_the_child_cleans_up_and_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
+    marker = tmp_path / "alive"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, CHILD, str(marker)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    child: psutil.Process | None = None
+    try:
+        assert parent.stdout is not None
+        child = psutil.Process(int(parent.stdout.readline()))
+        deadline = time.monotonic() + EXIT_WAIT_S
+        while not marker.exists():  # the lifeline is armed once the marker is written
+            assert time.monotonic() < deadline and child.is_running(), "the child never started"
+            time.sleep(0.05)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        # The child is the parent's: reparented, its exit status goes to init; psutil sees it end.
+        child.wait(EXIT_WAIT_S)  # raises psutil.TimeoutExpired if it stays
+        assert not marker.exists()  # the clean-up ran before the exit
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if child is not None and child.is_running():
+            child.kill()
+
+
+def test_the_stub_removes_only_the_regions_its_command_line_names() -> None:
+    cmdline = ["triton_python_backend_stub", "/models/1/model.py", "triton_python_backend_shm_region_abc", "1048576"]
+    assert own_regions(cmdline) == [SHM_DIR / "triton_python_backend_shm_region_abc"]
+    assert own_regions(["stub", "/dev/shm/triton_python_backend_shm_region_x/../../etc"]) == []
+    assert ORPHANED_EXIT != 0
