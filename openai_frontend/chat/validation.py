@@ -5,7 +5,8 @@ generation endpoint shares (``load_json_object``, ``parse_body``, ``check_genera
 (docs/api.md, validation): JSON body -> every string, keys included, is valid Unicode (``json``
 accepts lone surrogate escapes such as ``"\\ud800"``, which no encoder, tokenizer or response can
 carry) -> ``messages`` (``python_backend.protocol.messages``, then the media parts' syntax and policy,
-``media.parts.extract_media``, without any I/O) -> body schema, refused known fields (400) and
+``media.parts.extract_media``, without any I/O) -> ``tools`` under the input ceilings
+(``python_backend.protocol.input_limits``: a schema too deep for the chat template) -> body schema, refused known fields (400) and
 unknown fields -> ``stream_options`` -> generation parameters (``python_backend.protocol.params.parse_parameters``, the backend's own rules) -> ``model``
 (404 when not served) -> ``echo``. The backend is sent the parsed parameters' canonical form
 (``GenerationParams.to_wire``), never the body's own spelling. The first failure raises ``ContractError`` naming the field. Media are
@@ -15,6 +16,7 @@ loaded only after all of this passed (``media.loader``, called by the route).
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -24,7 +26,8 @@ from openai_frontend.chat.schemas import ChatCompletionRequest, GenerationReques
 from openai_frontend.http.errors import info_from_validation_errors
 from openai_frontend.media.parts import MediaRef, extract_media
 from openai_frontend.settings import FrontendSettings
-from python_backend.protocol.errors import ContractError, invalid, invalid_json, model_not_found
+from python_backend.protocol.errors import ContractError, invalid, invalid_json, json_too_deep, model_not_found
+from python_backend.protocol.input_limits import check_tools
 from python_backend.protocol.messages import validate_messages
 from python_backend.protocol.params import GenerationParams, parse_parameters
 
@@ -70,7 +73,9 @@ def load_json_object(body: bytes) -> dict[str, Any]:
     """The request body as a JSON object, or the contract's 400."""
     try:
         data = json.loads(body)
-    except (ValueError, RecursionError) as exc:
+    except RecursionError as exc:  # the parser recurses once per level of arrays and objects
+        raise ContractError(json_too_deep(sys.getrecursionlimit())) from exc
+    except ValueError as exc:
         raise ContractError(invalid_json()) from exc
     if not isinstance(data, dict):
         raise invalid("request body must be a JSON object", None)
@@ -199,6 +204,7 @@ def validate_chat_request(body: bytes, settings: FrontendSettings) -> ValidatedC
     """Check a raw request body; raise ``ContractError`` (400 or 404) naming the first bad field."""
     data = load_json_object(body)
     media = extract_media(validate_messages(data.get("messages")), settings.media)
+    check_tools(data.get("tools"))
     request = parse_body(ChatCompletionRequest, data)
     checked = check_generation(request, request.to_backend_parameters(), settings)
     if media.refs and checked.params.prompt_logprobs is not None:

@@ -1,7 +1,7 @@
 """Validation of one completions request body.
 
 Owns: ``validate_completion_request`` and the ``ValidatedCompletion`` it returns. Order: JSON
-body -> body schema -> ``prompt`` -> ``suffix`` / ``echo`` / ``logprobs`` -> the shared steps
+body -> body schema -> ``prompt`` (all of it under the input ceiling, then each) -> ``suffix`` / ``echo`` / ``logprobs`` -> the shared steps
 (``chat.validation.check_generation``: unknown fields, stream options, generation parameters,
 ``model``). The first failure raises ``ContractError`` naming the field the client sent.
 
@@ -30,6 +30,7 @@ from openai_frontend.chat.validation import check_generation, load_json_object, 
 from openai_frontend.completions.schemas import CompletionRequest
 from openai_frontend.settings import FrontendSettings
 from python_backend.protocol.errors import invalid
+from python_backend.protocol.input_limits import check_input_size
 from python_backend.protocol.params import MAX_N, GenerationParams
 
 MAX_LOGPROBS = 5
@@ -118,6 +119,7 @@ def _logprobs(value: Any) -> dict[str, Any]:
 def validate_completion_request(body: bytes, settings: FrontendSettings) -> ValidatedCompletion:
     """Check a raw request body; raise ``ContractError`` (400 or 404) naming the first bad field."""
     request = parse_body(CompletionRequest, load_json_object(body))
+    check_input_size(request.prompt, "prompt")  # every prompt together, before any is looked at
     prompts, prompt_params = _prompts(request.prompt)
     if request.suffix is not None:
         raise invalid("'suffix' is not supported: this server does not insert text after a completion", "suffix")

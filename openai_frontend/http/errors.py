@@ -10,6 +10,7 @@ unexpected exceptions are logged in full and answered with a fixed 500 message.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ from python_backend.protocol.errors import (
     http_error,
     internal,
     invalid_json,
+    json_too_deep,
     request_timeout,
 )
 
@@ -93,6 +95,8 @@ async def _request_validation_error(_: Request, exc: RequestValidationError) -> 
 
 
 async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if isinstance(exc.__cause__, RecursionError):  # FastAPI's body parser gave up on a deep body
+        return error_response(json_too_deep(sys.getrecursionlimit()))
     return error_response(http_error(exc.status_code, str(exc.detail)), headers=exc.headers)
 
 

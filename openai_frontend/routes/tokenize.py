@@ -2,7 +2,8 @@
 
 Owns: the bodies (``{"model", "prompt"}`` or ``{"model", "messages", "add_generation_prompt"}``
 to ``{"count", "max_model_len", "tokens"}``; ``{"model", "tokens"}`` to ``{"prompt"}``), their
-checks at this edge (the same ``messages`` rules as chat, a served ``model``, unknown fields
+checks at this edge (the same ``messages`` rules as chat, ``prompt``, ``tokens`` and ``tools``
+under the input ceilings before anything goes to the model, a served ``model``, unknown fields
 refused by name), and asking the model, which owns the tokenizer and the chat template (the
 contract's ``tokenize`` request, answered without generating).
 """
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from openai_frontend.chat.schemas import documented_errors
 from openai_frontend.state import frontend_state, require_backend
 from python_backend.protocol.errors import ContractError, invalid, model_not_found
+from python_backend.protocol.input_limits import check_input_size, check_tools
 from python_backend.protocol.messages import validate_messages
 from python_backend.protocol.tokenize import DetokenizeQuery, TokenizeQuery, check_tokens
 
@@ -65,9 +67,12 @@ def _query(body: TokenizeRequest) -> TokenizeQuery:
     if (body.prompt is None) == (body.messages is None):
         raise invalid("give exactly one of 'prompt' and 'messages'", "prompt" if body.prompt is not None else None)
     if body.prompt is not None:
+        check_input_size(body.prompt, "prompt")
         return TokenizeQuery(prompt=body.prompt, add_special_tokens=body.add_special_tokens)
+    messages = validate_messages(body.messages)
+    check_tools(body.tools)
     return TokenizeQuery(
-        messages=validate_messages(body.messages),
+        messages=messages,
         add_generation_prompt=body.add_generation_prompt,
         add_special_tokens=body.add_special_tokens,
         tools=body.tools,
