@@ -42,9 +42,7 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     process = start_triton(work / "models", settings, work / "tritonserver.log")
     endpoints = process.endpoints
     try:
-        triton = TritonHandle(
-            endpoints.grpc_url, MODEL_NAME, settings.served_model_name, settings, process
-        )
+        triton = TritonHandle(endpoints.grpc_url, MODEL_NAME, settings.served_model_name, settings, process)
         frontends = [_run_frontend(_frontend_values(triton, {}))]
         try:
             yield name, settings.served_model_name, frontends[0].url
