@@ -27,6 +27,7 @@ from openai_frontend.launcher.http_flags import (
     operations_options,
 )
 from openai_frontend.launcher.log_format import configure_launcher_logging
+from openai_frontend.launcher.log_rotation import BACKUPS, DEFAULT_MAX_MB
 from openai_frontend.launcher.model_check import ModelFolderError
 from openai_frontend.launcher.model_repo import ModelRepositoryError
 from openai_frontend.launcher.options import (
@@ -105,6 +106,14 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
         type=Path,
         metavar="FILE",
         help="tritonserver's log file (default: <cache>/logs/tritonserver-<port>.log)",
+    )
+    triton.add_argument(
+        "--triton-log-max-mb",
+        type=non_negative_int,
+        default=DEFAULT_MAX_MB,
+        metavar="MB",
+        help=f"past this size, keep tritonserver's log as <log>.1 ({BACKUPS} copies kept) and start it "
+        f"afresh; 0: never (default: {DEFAULT_MAX_MB})",
     )
 
     add_triton_listen_flags(triton)
@@ -294,6 +303,7 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         operations=operations_options(args),
         metrics_vllm_names=args.metrics_vllm_names,
         triton_log=args.triton_log,
+        triton_log_max_mb=args.triton_log_max_mb,
         triton_listen=listen,
         instances=args.instances,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,

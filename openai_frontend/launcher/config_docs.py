@@ -70,6 +70,13 @@ SUPERVISOR_ROWS = (
         "dies, the server exits, or the model has not answered its readiness probe for 30 s (hung); past it the "
         "launcher stops with status 1. `0`: never restart",
     ),
+    LauncherRow(
+        "--triton-log-max-mb",
+        "",
+        "`serve` only: past this many MiB, tritonserver's log (`--triton-log`) is kept as `<log>.1` (the one "
+        "before as `<log>.2`, older ones dropped) and started afresh, so a model that logs an error per request "
+        "cannot fill the disk. `0`: never",
+    ),
 )
 
 

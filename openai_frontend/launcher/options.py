@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from openai_frontend.launcher.log_rotation import DEFAULT_MAX_MB
 from openai_frontend.launcher.supervisor import MAX_RESTARTS
 from openai_frontend.launcher.triton_endpoints import TritonListen
 from openai_frontend.settings import HttpLimits
@@ -58,6 +59,7 @@ class ServeOptions:
     strict_params: bool
     ready_timeout_s: float
     triton_log: Path | None  # None: <cache>/logs/tritonserver-<port>.log
+    triton_log_max_mb: int = DEFAULT_MAX_MB  # rotate tritonserver's log past this (0: never)
     tls: TlsFiles | None = None  # HTTPS for the frontend
     drain_timeout_s: float = 0.0  # SIGTERM: seconds requests in flight get to finish (0: stop at once)
     token_timeout_s: float = 600.0  # FrontendSettings.token_timeout_s (MindIE tokenTimeout)

@@ -26,6 +26,7 @@ from typing import Any
 from openai_frontend.launcher.cache import cache_root
 from openai_frontend.launcher.demo_model import DEMO_DTYPE, DEMO_SERVED_NAME, DemoModelError, ensure_demo_model
 from openai_frontend.launcher.dtype_check import check_dtype, checkpoint_torch_dtype
+from openai_frontend.launcher.log_rotation import MIB, LogRotation
 from openai_frontend.launcher.model_check import ModelFolder, ModelFolderError, check_device, check_model_folder
 from openai_frontend.launcher.model_repo import (
     MODEL_NAME,
@@ -195,6 +196,7 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
         on_fatal=state.triton_lost,
         max_restarts=options.max_restarts,
         drain=server.config.app.state.frontend.drain,
+        log_rotation=LogRotation(log_path, options.triton_log_max_mb * MIB),
     )
     watcher = threading.Thread(target=supervisor.run, name="triton-watch", daemon=True)
     # uvicorn installs its own SIGINT/SIGTERM handlers while it runs and afterwards restores

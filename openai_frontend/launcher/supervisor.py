@@ -12,6 +12,9 @@ notices three ways:
   a hung stub, or an engine loop that stalled or died. The frontend's readiness already says 503
   from the first failed probe; this is the recovery.
 
+It also keeps tritonserver's log under its size limit (``LogRotation``, ``--triton-log-max-mb``),
+looking at it every tick: a model that logs a traceback per bad request must not fill the disk.
+
 It also stops tritonserver at once (``DEADLINE_STOP_S``) when the frontend's drain has run out of
 time: the requests still in flight are being cut anyway, and a graceful stop of the model takes
 seconds (the stub's interpreter teardown after ``finalize``), which the exit would wait for.
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from openai_frontend.launcher.log_rotation import LogRotation
 from openai_frontend.launcher.tritonserver import TritonServerError, TritonServerProcess
 
 logger = logging.getLogger("openai_frontend.launcher")
@@ -73,6 +77,7 @@ class Supervisor:
     stop: threading.Event = field(default_factory=threading.Event)
     drain: Drain | None = None  # the frontend's drain, once it has one
     restarts: deque[float] = field(default_factory=deque)  # monotonic times of recent restarts
+    log_rotation: LogRotation | None = None  # tritonserver's log, kept under its size
 
     def run(self) -> None:
         watched = set(self.triton.model_processes())
@@ -88,6 +93,7 @@ class Supervisor:
                 return
             if stopping:
                 return
+            self._rotate_log()
             draining = self.drain is not None and self.drain.draining
             reason = self._lost(watched)
             # No probes while draining: readiness is 503 already, and a probe (up to its
@@ -106,6 +112,16 @@ class Supervisor:
             hang = _HangClock()
             next_probe = time.monotonic() + PROBE_INTERVAL_S
             logger.info("tritonserver restarted (pid %s); the model is ready again", self.triton.pid)
+
+    def _rotate_log(self) -> None:
+        if self.log_rotation is None:
+            return
+        try:
+            self.log_rotation.check()
+        except OSError as exc:
+            # A full disk or a removed folder: say so once and stop rotating, but keep watching.
+            logger.warning("cannot rotate tritonserver's log %s any more: %s", self.log_rotation.path, exc)
+            self.log_rotation = None
 
     def _drain_cut(self) -> bool:
         """The drain's deadline has passed and the frontend is done waiting for what it cut."""
