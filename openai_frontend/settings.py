@@ -113,11 +113,6 @@ class FrontendSettings(BaseModel):
 
     triton_grpc_url: str = Field(default="127.0.0.1:8001", description="host:port of Triton's gRPC endpoint")
     triton_model_name: str = Field(default="triton_chat", description="the Triton model that serves chat requests")
-    triton_headers: dict[str, str] = Field(
-        default_factory=dict,
-        repr=False,  # the launcher's per-start secret: never in a log line
-        description="headers sent with every call to Triton (the launcher's restricted-API secret)",
-    )
     served_model_name: str = Field(..., min_length=1, description="the `model` name clients send")
     lora_names: list[str] = Field(default_factory=list, description="LoRA adapter names clients may send as `model`")
     openai_mode: Annotated[

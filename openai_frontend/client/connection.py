@@ -1,10 +1,9 @@
-"""The frontend's gRPC connection to tritonserver: its channel options, the headers every call
-carries, the liveness probe ``client.health`` runs over it, and one-line descriptions of failures.
+"""The frontend's gRPC connection to tritonserver: its channel options, the liveness probe
+``client.health`` runs over it, and one-line descriptions of failures.
 
-Owns ``channel_args`` (tritonclient's options plus a short reconnect backoff), ``HeaderClient``
-(the client with the launcher's restricted-API header on every call), ``live_probe`` (``ServerLive``
-with a deadline: whether tritonserver answers at all, not whether the model does) and
-``rpc_summary`` (a failed call as one log line: grpc.aio's own text is six, with addresses).
+Owns ``channel_args`` (tritonclient's options plus a short reconnect backoff), ``live_probe``
+(``ServerLive`` with a deadline: whether tritonserver answers at all, not whether the model does)
+and ``rpc_summary`` (a failed call as one log line: grpc.aio's own text is six, with addresses).
 """
 
 from __future__ import annotations
@@ -37,24 +36,6 @@ def channel_args() -> list[tuple[str, Any]]:
         ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
     ]
-
-
-class HeaderClient:
-    """The gRPC client with headers added to every call: a server started with restricted APIs
-    (``--grpc-restricted-protocol``) answers only calls that carry its secret header."""
-
-    def __init__(self, client: Any, headers: dict[str, str]) -> None:
-        self._client = client  # tritonclient.grpc.aio.InferenceServerClient (or a stand-in)
-        self._headers = dict(headers)
-
-    def stream_infer(self, inputs_iterator: Any, stream_timeout: float | None = None) -> Any:
-        return self._client.stream_infer(inputs_iterator, stream_timeout=stream_timeout, headers=self._headers)
-
-    async def is_server_live(self, client_timeout: float | None = None) -> bool:
-        return bool(await self._client.is_server_live(headers=self._headers, client_timeout=client_timeout))
-
-    async def close(self) -> None:
-        await self._client.close()
 
 
 def _first_line(text: str) -> str:

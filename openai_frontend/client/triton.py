@@ -33,7 +33,7 @@ from tritonclient.utils import InferenceServerException
 
 from openai_frontend.client.base import BackendError, BackendRequest, backend_unavailable
 from openai_frontend.client.channel import ChannelLost, ResponseChannel, control_request
-from openai_frontend.client.connection import HeaderClient, channel_args, live_probe, rpc_summary
+from openai_frontend.client.connection import channel_args, live_probe, rpc_summary
 from openai_frontend.client.health import BackendHealth
 from openai_frontend.client.own_stream import OwnStream, rpc_error
 from openai_frontend.client.reads import GuardedReads, ReadsStopped
@@ -119,8 +119,6 @@ class TritonBackend:
         """Create the gRPC client and start probing it; call from inside the event loop (grpc.aio
         channels bind to it). ``on_health_change(up)``: each change of the backend's state."""
         client: Any = InferenceServerClient(url=settings.triton_grpc_url, channel_args=channel_args())
-        if settings.triton_headers:
-            client = HeaderClient(client, settings.triton_headers)
         channel = ResponseChannel(client, settings.triton_model_name) if settings.response_channel else None
         health = BackendHealth(live_probe(client), settings.backend_probe_interval_s, on_health_change)
         health.start()

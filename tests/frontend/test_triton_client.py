@@ -17,7 +17,7 @@ from tritonclient.grpc import InferResult, service_pb2
 from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor, serialize_byte_tensor
 
 from openai_frontend.client.base import BackendError, BackendRequest
-from openai_frontend.client.triton import READY_TIMEOUT_S, HeaderClient, TritonBackend, build_infer_inputs
+from openai_frontend.client.triton import READY_TIMEOUT_S, TritonBackend, build_infer_inputs
 from python_backend.protocol import contract
 from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, TokenLogprob, TopLogprob
 from python_backend.protocol.errors import ErrorInfo
@@ -249,29 +249,3 @@ async def test_a_caller_that_leaves_does_not_cancel_the_shared_probe() -> None:
     leaving.cancel()
     assert await staying
     assert not client.streams[0].cancelled
-
-
-def test_every_call_to_a_restricted_triton_carries_the_secret_headers() -> None:
-    class Recording:
-        def __init__(self) -> None:
-            self.calls: list[tuple[float | None, dict[str, str] | None]] = []
-            self.closed = False
-
-        def stream_infer(
-            self, inputs_iterator: Any, stream_timeout: float | None = None, headers: dict[str, str] | None = None
-        ) -> str:
-            self.calls.append((stream_timeout, headers))
-            return "stream"
-
-        async def close(self) -> None:
-            self.closed = True
-
-    inner = Recording()
-    client = HeaderClient(inner, {"triton-grpc-protocol-triton-chat-secret": "s3cret"})
-    assert client.stream_infer(iter(()), stream_timeout=2.0) == "stream"
-    assert client.stream_infer(iter(())) == "stream"
-    assert inner.calls == [(2.0, {"triton-grpc-protocol-triton-chat-secret": "s3cret"})] + [
-        (None, {"triton-grpc-protocol-triton-chat-secret": "s3cret"})
-    ]
-    asyncio.run(client.close())
-    assert inner.closed
