@@ -137,7 +137,7 @@ def test_a_hung_model_process_fails_readiness_at_once_and_is_restarted(tiny_mode
 def test_a_segfault_of_the_model_process_is_answered_within_2_s(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A stub that dies of SIGSEGV dies at once (no native backtrace to symbolize first), so its
     stream ends and a new request gets its 503 within 2 s; with --api-key, the restarted server
-    still takes the frontend's calls (they carry the per-start secret)."""
+    still takes the frontend's calls (over the same private sockets)."""
     launcher, port = _start_launcher(
         tiny_model_dir, tmp_path, "--max-iter-times", "30000", "--max-seq-len", "32768", "--api-key", "k1"
     )
