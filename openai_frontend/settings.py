@@ -50,7 +50,10 @@ def flag_info(name: str) -> FlagInfo | None:
 # The docs table says more than --help has room for.
 _OPENAI_MODE_DOCS = "`vllm` (or absent): MindIE's formats; anything else: plain OpenAI behaviour"
 _FULL_TEXT_DOCS = "streamed `delta.content` is the cumulative text; the last chunk adds `full_text`"
-_API_KEYS_DOCS = "accepted `Authorization: Bearer` keys; empty: no authentication"
+_API_KEYS_DOCS = (
+    "accepted `Authorization: Bearer` keys; none given: the `TRITON_CHAT_API_KEY` environment variable, which "
+    "other local users cannot read as they can a command line; empty: no authentication"
+)
 _TOKEN_TIMEOUT_DOCS = (
     "seconds a stream may wait for its next response from the model, its first included (queue wait and "
     "prefill count): past it a stream that has not started gets a 504, one that has gets an error event "
