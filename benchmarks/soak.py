@@ -1,18 +1,22 @@
 """Soak: the served path under a long mixed load, checked for leaks and for disconnects under load.
 
-    .venv/bin/python -m benchmarks.soak --model DIR --duration 1200   # the slow tier: 20 min
+    .venv/bin/python -m benchmarks.soak --model DIR --duration 1800 --checkpoints 6   # 30 min
     .venv/bin/python -m benchmarks.soak --model DIR --duration 120    # the fast tier (CI runs it)
 
-Owns the run: start ``triton-chat serve`` on the model, send ``soak_traffic``'s mix for a warm-up,
-let the server go idle and sample each of its processes (the launcher with the frontend,
-tritonserver, the model's stub: resident memory, open files, threads), send the mix again for the
-duration, go idle and sample again, stop the server, and print one JSON report whose ``verdict``
-holds the soak's checks: no unexpected answer, resident memory up by at most 5 % per process after the
-warm-up (less the prefix cache, which fills up to its own budget before it evicts), open files
-and threads not growing (within ``COUNT_SLACK``), no engine slot left taken when idle (the
-frontend's and the engine's gauges back to 0), the same processes at the end (nothing
-restarted), and no shared-memory region or temporary folder left once the server has stopped.
-Samples are taken idle both times so that requests in flight do not count as growth.
+Owns the run: start ``triton-chat serve`` on the model and sample each of its processes idle
+(``soak_memory``: the launcher with the frontend, tritonserver, each model stub: resident memory,
+open files, threads), send ``soak_traffic``'s mix for a warm-up, let the server go idle and sample
+again, send the mix for the duration in ``checkpoints`` segments with an idle sample after each
+(and each process's peak resident memory under load, sampled every second), stop the server, and
+print one JSON report: resident MiB per process at start, after the warm-up and at the end, its
+growth per 10 minutes over the soak and over its second half (a leak keeps its slope, allocator
+warm-up flattens), and a ``verdict`` with the soak's checks: no unexpected answer, resident
+memory up by at most 5 % per process after the warm-up (less the prefix cache, which fills up to
+its own budget before it evicts), open files and threads not growing (within ``COUNT_SLACK``), no
+engine slot left taken when idle (the frontend's and the engine's gauges back to 0), the same
+processes at the end (nothing restarted), and no shared-memory region or temporary folder left
+once the server has stopped. Samples are taken idle so that requests in flight do not count as
+growth.
 """
 
 from __future__ import annotations
@@ -29,12 +33,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
-import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks import servers
+from benchmarks.soak_memory import MIB, PeakRss, ProcessSample, RssTrend, sample_processes, served_processes, stub_names
 from benchmarks.soak_traffic import Tally, run_traffic
-from openai_frontend.launcher.tritonserver import SHM_DIR, SHM_PREFIX, STUB_NAME
+from openai_frontend.launcher.tritonserver import SHM_DIR, SHM_PREFIX
+
+# How tritonserver is told to bind a Unix socket (the launcher's private listeners).
+UNIX = "unix:"
 
 logger = logging.getLogger("benchmarks.soak")
 
@@ -52,21 +59,6 @@ ENGINE_GAUGES = (
 PREFIX_GAUGE = "triton_chat_prefix_cache_bytes"
 
 
-@dataclass(frozen=True)
-class ProcessSample:
-    pid: int
-    rss_bytes: int
-    open_files: int
-    threads: int
-    # What the process holds on purpose and bounds itself: the stub's prefix cache fills up to its
-    # budget (cached prompts and finished answers, for later turns) before it evicts anything.
-    cache_bytes: int = 0
-
-    @property
-    def unaccounted_bytes(self) -> int:
-        return self.rss_bytes - self.cache_bytes
-
-
 @dataclass
 class SoakReport:
     model: str
@@ -79,8 +71,11 @@ class SoakReport:
     at_end: dict[str, ProcessSample]
     idle_gauges: dict[str, float]  # frontend and engine gauges once idle after the soak
     leftovers: list[str]  # shm regions and temp folders left after the server stopped
-    # Resident MiB per process at each idle checkpoint (the last is ``at_end``): a leak is a trend.
-    rss_mib_series: dict[str, list[float]] = field(default_factory=dict)
+    at_start: dict[str, ProcessSample] = field(default_factory=dict)  # idle, before any request
+    # Resident MiB per process at each idle checkpoint, the first after the warm-up, the last
+    # ``at_end``: a leak is a trend.
+    rss_trend: RssTrend = field(default_factory=RssTrend)
+    rss_mib_peak: dict[str, float] = field(default_factory=dict)  # under load, after the warm-up
     verdict: dict[str, bool] = field(default_factory=dict)
 
     def judge(self) -> None:
@@ -112,33 +107,29 @@ class SoakReport:
     def passed(self) -> bool:
         return bool(self.verdict) and all(self.verdict.values())
 
+    def rss_mib(self) -> dict[str, dict[str, float]]:
+        """Resident MiB per process: idle at start, after the warm-up, at the end; peak under load."""
+        points = {"start": self.at_start, "after_warmup": self.after_warmup, "end": self.at_end}
+        table: dict[str, dict[str, float]] = {}
+        for point, samples in points.items():
+            for name, sample in samples.items():
+                table.setdefault(name, {})[point] = round(sample.rss_bytes / MIB, 1)
+        for name, peak in self.rss_mib_peak.items():
+            table.setdefault(name, {})["peak_under_load"] = peak
+        return table
+
     def to_json(self) -> str:
         body = asdict(self)
         body["rss_growth"] = {name: round(value, 4) for name, value in self.rss_growth().items()}
+        body["rss_mib"] = self.rss_mib()
+        body["rss_mib_per_10min"] = self.rss_trend.per_10min()
+        body["rss_mib_per_10min_second_half"] = self.rss_trend.per_10min(second_half=True)
         return json.dumps(body, indent=2)
 
 
-def served_processes(launcher_pid: int) -> dict[str, psutil.Process]:
-    """The launcher (with the frontend), tritonserver and the model's stub, by role."""
-    root = psutil.Process(launcher_pid)
-    found = {"launcher": root}
-    for child in root.children(recursive=True):
-        name = Path((child.cmdline() or [child.name()])[0]).name
-        if name == "tritonserver":
-            found["tritonserver"] = child
-        elif name == STUB_NAME:
-            found["stub"] = child
-    return found
-
-
 def _sample(launcher_pid: int) -> dict[str, ProcessSample]:
-    cache = int(_gauges(httpx.get(_triton_metrics_url(launcher_pid), timeout=10).text, (PREFIX_GAUGE,))[PREFIX_GAUGE])
-    return {
-        name: ProcessSample(
-            proc.pid, proc.memory_info().rss, proc.num_fds(), proc.num_threads(), cache if name == "stub" else 0
-        )
-        for name, proc in served_processes(launcher_pid).items()
-    }
+    cache = int(_gauges(_triton_metrics(launcher_pid), (PREFIX_GAUGE,))[PREFIX_GAUGE])
+    return sample_processes(launcher_pid, cache)
 
 
 def _gauges(text: str, names: tuple[str, ...]) -> dict[str, float]:
@@ -150,20 +141,33 @@ def _gauges(text: str, names: tuple[str, ...]) -> dict[str, float]:
     return values
 
 
-def _triton_metrics_url(launcher_pid: int) -> str:
+def _triton_metrics_address(launcher_pid: int) -> str:
+    """Where tritonserver serves its metrics: ``host:port``, or ``unix:<path>`` for a socket."""
     args = served_processes(launcher_pid)["tritonserver"].cmdline()
-    return f"http://127.0.0.1:{args[args.index('--metrics-port') + 1]}/metrics"
+    address = args[args.index("--metrics-address") + 1]
+    if address.startswith(UNIX):
+        return address
+    return f"{address}:{args[args.index('--metrics-port') + 1]}"
+
+
+def _triton_metrics(launcher_pid: int) -> str:
+    """tritonserver's ``/metrics`` text, over TCP or its private Unix socket."""
+    address = _triton_metrics_address(launcher_pid)
+    if address.startswith(UNIX):
+        transport = httpx.HTTPTransport(uds=address.removeprefix(UNIX))
+        with httpx.Client(transport=transport, timeout=10) as client:
+            return client.get("http://triton/metrics").text
+    return httpx.get(f"http://{address}/metrics", timeout=10).text
 
 
 def _wait_idle(base_url: str, launcher_pid: int) -> dict[str, float]:
     """Poll until no request runs anywhere (bounded); the gauges as last read."""
     frontend = base_url.removesuffix("/v1") + "/metrics"
-    engine = _triton_metrics_url(launcher_pid)
     deadline = time.monotonic() + IDLE_TIMEOUT_S
     while True:
         gauges = {
             **_gauges(httpx.get(frontend, timeout=10).text, ("num_requests_running",)),
-            **_gauges(httpx.get(engine, timeout=10).text, ENGINE_GAUGES),
+            **_gauges(_triton_metrics(launcher_pid), ENGINE_GAUGES),
         }
         if not any(gauges.values()) or time.monotonic() > deadline:
             # The stub's gauges refresh every 0.2 s; the engine gives its kept heap back 1-1.5 s
@@ -177,14 +181,20 @@ def _own_resources(launcher_pid: int) -> set[Path]:
     """The shared-memory regions and the temporary folder of this server alone.
 
     Another triton-chat on the same machine has its own, so only what this server's processes name
-    (the stub's regions in its argv, tritonserver's model repository under the run folder) counts.
+    (the stubs' regions in their argv, the run folder of tritonserver's model repository, the
+    folder of its private sockets) counts.
     """
     processes = served_processes(launcher_pid)
-    own = {SHM_DIR / arg for arg in processes["stub"].cmdline() if arg.startswith(SHM_PREFIX)}
+    stubs = [processes[name] for name in stub_names(processes)]
+    own = {SHM_DIR / arg for stub in stubs for arg in stub.cmdline() if arg.startswith(SHM_PREFIX)}
     args = processes["tritonserver"].cmdline()
     repository = Path(args[args.index("--model-repository") + 1])
-    if repository.parent.name.startswith("triton-chat-") and repository.parent.parent == Path(tempfile.gettempdir()):
-        own.add(repository.parent)
+    folders = [repository.parent]
+    metrics = _triton_metrics_address(launcher_pid)
+    if metrics.startswith(UNIX):  # the folder of tritonserver's private sockets
+        folders.append(Path(metrics.removeprefix(UNIX)).parent)
+    temp = Path(tempfile.gettempdir())
+    own.update(f for f in folders if f.name.startswith("triton-chat-") and f.parent == temp)
     return own
 
 
@@ -203,31 +213,36 @@ def run_soak(
     own: set[Path] = set()
     server = servers.ours(model_dir, dtype, log, max_num_seqs=concurrency, extra_args=server_args)
     server.start()
-    series: dict[str, list[float]] = {}
+    trend = RssTrend()
     try:
         pid = server.pid
         own = _own_resources(pid)
+        _wait_idle(server.base_url, pid)
+        at_start = _sample(pid)
         warmup = asyncio.run(run_traffic(server.base_url, "bench", concurrency, warmup_s, seed))
         _wait_idle(server.base_url, pid)
         after_warmup = at_end = _sample(pid)
+        started = time.monotonic()
+        trend.add(0.0, after_warmup)
         soak = Tally()
-        for segment in range(checkpoints):
-            part = asyncio.run(
-                run_traffic(server.base_url, "bench", concurrency, duration_s / checkpoints, seed + 1 + segment)
-            )
-            soak.add(part)
-            gauges = _wait_idle(server.base_url, pid)
-            at_end = _sample(pid)
-            own |= _own_resources(pid)
-            for name, sample in at_end.items():
-                series.setdefault(name, []).append(round(sample.rss_bytes / (1 << 20), 1))
-            logger.info("checkpoint %d/%d: %s", segment + 1, checkpoints, {n: v[-1] for n, v in series.items()})
+        with PeakRss(pid) as peak:
+            for segment in range(checkpoints):
+                part = asyncio.run(
+                    run_traffic(server.base_url, "bench", concurrency, duration_s / checkpoints, seed + 1 + segment)
+                )
+                soak.add(part)
+                gauges = _wait_idle(server.base_url, pid)
+                at_end = _sample(pid)
+                own |= _own_resources(pid)
+                trend.add(time.monotonic() - started, at_end)
+                logger.info("checkpoint %d/%d: %s", segment + 1, checkpoints, {n: v[-1] for n, v in trend.mib.items()})
     finally:
         server.stop()
     leftovers = sorted(str(path) for path in own if path.exists())
     report = SoakReport(
-        model_dir, concurrency, warmup_s, duration_s, warmup, soak, after_warmup, at_end, gauges, leftovers, series
-    )
+        model_dir, concurrency, warmup_s, duration_s, warmup, soak, after_warmup, at_end, gauges, leftovers,
+        at_start, trend, {name: round(value / MIB, 1) for name, value in peak.peaks.items()},
+    )  # fmt: skip
     report.judge()
     return report
 
