@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,9 +80,10 @@ class _Open:
 class ResponseChannel:
     """This frontend's channels to one model; see the module doc."""
 
-    def __init__(self, client: Any, model_name: str) -> None:
+    def __init__(self, client: Any, model_name: str, heard: Callable[[], None] | None = None) -> None:
         self._client = client  # tritonclient.grpc.aio.InferenceServerClient (or a stand-in)
         self._model_name = model_name
+        self._heard = heard  # told of each entry read (``BackendHealth.heard_from``)
         self._current: _Open | None = None  # the channel new requests go to
         self._channels: dict[str, _Open] = {}  # every open channel, retired ones included
         self._opening: asyncio.Future[None] | None = None
@@ -158,7 +159,7 @@ class ResponseChannel:
             }
 
         try:
-            reads = GuardedReads(self._client.stream_infer(request()))
+            reads = GuardedReads(self._client.stream_infer(request()), on_item=self._heard)
         except InferenceServerException as exc:
             self._refuse(f"the stream could not start: {exc}", UNREACHABLE_RETRY_S)
             return

@@ -2,11 +2,15 @@
 
 Owns the backend's up/down state and the probe loop that keeps it: every ``interval_s`` a probe
 (``ServerLive`` over the frontend's gRPC client, in ``client.triton``) that must answer within
-``interval_s``. A probe that fails or goes unanswered marks the backend down; the first one that
-answers marks it up again. A call that found tritonserver unreachable (``suspect``) only runs the
-next probe at once, so a model that is merely unloading (UNAVAILABLE from a live server) does
-not count as an outage. Each change is one warning line and one ``on_change`` call (the metrics);
-no request logs it again.
+``interval_s``. ``MISSES_TO_DOWN`` probes in a row that fail or go unanswered mark the backend
+down (after a miss the next probe runs at once, so a refused connection is down in a fraction of
+a second and a stopped server within about that many intervals); the first one that answers
+marks it up again. A response on any of the frontend's streams while a probe waits is an answer
+too (``heard_from``): on a busy host a probe can wait past its deadline while tritonserver is
+plainly serving, and calling that an outage would fail every request in flight. A call that
+found tritonserver unreachable (``suspect``) only runs the next probe at once, so a model that is
+merely unloading (UNAVAILABLE from a live server) does not count as an outage. Each change is
+one warning line and one ``on_change`` call (the metrics); no request logs it again.
 
 While down, ``down_signal`` is a completed future: new requests fail at once (503
 ``backend_unavailable``), and requests in flight, which wait on it, fail when it completes. A
@@ -26,6 +30,9 @@ logger = logging.getLogger(__name__)
 
 # Past the probe's own gRPC deadline, for the call to give up: the deadline is the gRPC core's.
 PROBE_SLACK_S = 0.5
+# Probes in a row that must fail before the backend is down: one late answer on a busy host is
+# not an outage, three (with no stream answering meanwhile) are.
+MISSES_TO_DOWN = 3
 # Between two probes at least: a burst of failing calls asks for one probe, not one each.
 MIN_PROBE_GAP_S = 0.05
 
@@ -44,6 +51,8 @@ class BackendHealth:
         self._interval_s = interval_s
         self._on_change = on_change
         self._up = True  # until a probe says otherwise: the launcher starts us once it is ready
+        self._misses = 0  # failed probes in a row
+        self._heard = 0.0  # monotonic time of the last response read on any stream
         self._down_since = 0.0
         self._down: asyncio.Future[None] | None = None  # completed while down; created in the loop
         self._wake = asyncio.Event()
@@ -71,6 +80,10 @@ class BackendHealth:
         if self._task is None:
             self._task = asyncio.ensure_future(self._run())
 
+    def heard_from(self) -> None:
+        """A response from tritonserver arrived on some stream: it answers."""
+        self._heard = time.monotonic()
+
     def suspect(self) -> None:
         """A call found tritonserver unreachable: probe now rather than at the next interval."""
         self._wake.set()
@@ -83,18 +96,24 @@ class BackendHealth:
                 await task
 
     async def check(self) -> None:
-        """One probe, and the state it says."""
+        """One probe, and the state it says with the probes before it."""
+        started = time.monotonic()
         try:
             problem = await asyncio.wait_for(self._probe(self._interval_s), self._interval_s + PROBE_SLACK_S)
         except asyncio.TimeoutError:
             problem = f"no answer within {self._interval_s:g} s"
-        self._record(problem)
+        if problem is not None and self._heard >= started:
+            problem = None  # the probe was slow, but a stream got its answer meanwhile
+        self._misses = 0 if problem is None else self._misses + 1
+        if problem is None or self._misses >= MISSES_TO_DOWN or not self._up:
+            self._record(problem)
 
     async def _run(self) -> None:
         while True:
             await self.check()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._interval_s)
+            if not (self._up and self._misses):  # after a miss while up: the next probe at once
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._interval_s)
             self._wake.clear()
             await asyncio.sleep(MIN_PROBE_GAP_S)
 

@@ -35,11 +35,14 @@ class ReadsStopped(Exception):
 class GuardedReads:
     """Async iterator over a grpc.aio (or tritonclient aio) response stream; see the module doc."""
 
-    def __init__(self, responses: Any, stop: asyncio.Future[None] | None = None) -> None:
+    def __init__(
+        self, responses: Any, stop: asyncio.Future[None] | None = None, on_item: Callable[[], None] | None = None
+    ) -> None:
         self._responses = responses  # has __aiter__ and cancel()
         self._iterator = responses.__aiter__()
         self._pending: asyncio.Future[Any] | None = None
         self._stop = stop
+        self._on_item = on_item  # told of each response read (``BackendHealth.heard_from``)
 
     def __aiter__(self) -> GuardedReads:
         return self
@@ -54,6 +57,8 @@ class GuardedReads:
                 raise ReadsStopped()
         item = await asyncio.shield(self._pending)  # StopAsyncIteration at the end passes through
         self._pending = None
+        if self._on_item is not None:
+            self._on_item()
         return item
 
     async def cancel_when_idle(self, ends_stream: Callable[[Any], bool]) -> None:

@@ -119,13 +119,21 @@ class TritonBackend:
         """Create the gRPC client and start probing it; call from inside the event loop (grpc.aio
         channels bind to it). ``on_health_change(up)``: each change of the backend's state."""
         client: Any = InferenceServerClient(url=settings.triton_grpc_url, channel_args=channel_args())
-        channel = ResponseChannel(client, settings.triton_model_name) if settings.response_channel else None
         health = BackendHealth(live_probe(client), settings.backend_probe_interval_s, on_health_change)
+        channel = (
+            ResponseChannel(client, settings.triton_model_name, health.heard_from)
+            if settings.response_channel
+            else None
+        )
         health.start()
         return cls(client, settings.triton_model_name, settings.request_timeout_s, channel, health)
 
     def generate(self, req: BackendRequest) -> AsyncGenerator[contract.ChoiceDelta, None]:
         return self._stream(req)
+
+    def _heard(self) -> None:
+        if self._health is not None:
+            self._health.heard_from()
 
     def _down_signal(self) -> asyncio.Future[None] | None:
         """What a new call waits on besides its answer (None: no health kept); while the backend
@@ -187,7 +195,7 @@ class TritonBackend:
             logger.warning("Triton stream could not start: %s", rpc_summary(exc))
             raise backend_unavailable() from exc
         finished = False
-        reads = GuardedReads(responses, down)
+        reads = GuardedReads(responses, down, self._heard)
         try:
             async for result, error in reads:
                 if finished:
@@ -225,7 +233,7 @@ class TritonBackend:
         except InferenceServerException as exc:
             logger.warning("Triton stream could not start: %s", rpc_summary(exc))
             raise backend_unavailable() from exc
-        own = OwnStream(GuardedReads(responses), queue, self._timeout_s, self._health)
+        own = OwnStream(GuardedReads(responses, on_item=self._heard), queue, self._timeout_s, self._health)
         finished = False
 
         def wake(_down: asyncio.Future[None]) -> None:
@@ -342,7 +350,7 @@ class TritonBackend:
         responses = self._client.stream_infer(request(), stream_timeout=READY_TIMEOUT_S)
         problem: str | None = "the stream ended without an answer"
         answered = False
-        reads = GuardedReads(responses)
+        reads = GuardedReads(responses, on_item=self._heard)
         try:
             async for result, error in reads:
                 if answered:

@@ -4,7 +4,7 @@ A stopped server accepts the frontend's connections and never answers, so only t
 probe deadline can tell (``openai_frontend/client/health.py``). This test stops a tritonserver of
 its own (by its PID, never the session's shared one: other tests keep using that), sends 50
 requests, each of which must get its 503 ``backend_unavailable`` with ``Retry-After`` within
-two probe intervals and a margin (they used to hang ~39 s, or to the end-to-end timeout), then
+the probes that declare it down and a margin (they used to hang ~39 s, or to the end-to-end timeout), then
 resumes it and waits for service to come back. The frontend's log must say it once each way.
 """
 
@@ -23,6 +23,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from openai_frontend.client.health import MISSES_TO_DOWN
 from openai_frontend.launcher.model_repo import MODEL_NAME
 from openai_frontend.launcher.tritonserver import TritonServerProcess
 from python_backend.protocol.settings import EngineSettings
@@ -31,9 +32,9 @@ from tests.fixtures.device import engine_test_device
 
 SERVED = "tiny-outage"
 PROBE_S = 0.5
-# A probe in flight when the server stopped answers; the next one goes unanswered for PROBE_S.
-# The margin is for a busy machine; without the probe a request waited until its deadline.
-BOUND_S = 2 * PROBE_S + 3.0
+# A probe in flight when the server stopped answers; the next MISSES_TO_DOWN go unanswered for
+# PROBE_S each. The margin is for a busy machine; without the probe a request waited until its deadline.
+BOUND_S = (MISSES_TO_DOWN + 1) * PROBE_S + 3.0
 REQUESTS = 50
 RESUME_TIMEOUT_S = 60.0
 

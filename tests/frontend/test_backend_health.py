@@ -1,7 +1,7 @@
 """A backend outage as the frontend's users and operators see it, with scripted probes and clients.
 
-``BackendHealth`` (``client/health.py``) says down after one failed or unanswered probe and up
-after one answered: one warning line per change, the ``backend_up`` gauge and the
+``BackendHealth`` (``client/health.py``) says down after ``MISSES_TO_DOWN`` failed or unanswered
+probes in a row with no stream answering meanwhile, and up after one answered: one warning line per change, the ``backend_up`` gauge and the
 ``backend_outages_total`` counter on ``/metrics``. While down, ``TritonBackend`` answers every
 call with 503 ``backend_unavailable`` without a gRPC call, and calls in flight (a stopped server
 accepts them and never answers) fail when the state changes, not at their deadline.
@@ -18,16 +18,17 @@ import grpc
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
 
 from openai_frontend.app import create_app
 from openai_frontend.client.base import BackendError, BackendRequest
 from openai_frontend.client.channel import ResponseChannel
-from openai_frontend.client.health import BackendHealth
+from openai_frontend.client.health import MISSES_TO_DOWN, BackendHealth
 from openai_frontend.client.own_stream import rpc_error
 from openai_frontend.client.triton import TritonBackend
 from openai_frontend.http.metrics import FrontendMetrics
 from python_backend.protocol.tokenize import TokenizeQuery
-from tests.fakes.grpc import ChannelModel, FakeStream
+from tests.fakes.grpc import ChannelModel, FakeClient, FakeStream
 from tests.frontend.frontend_fakes import chat_body, settings
 
 HEALTH_LOGGER = "openai_frontend.client.health"
@@ -71,7 +72,8 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 async def _down(health: BackendHealth, probes: Probes) -> None:
     probes.answer = False
-    await health.check()
+    for _ in range(MISSES_TO_DOWN):
+        await health.check()
     assert not health.up
 
 
@@ -98,14 +100,56 @@ async def test_one_warning_per_change_of_state_however_many_probes(caplog: pytes
     assert all(r.name == HEALTH_LOGGER for r in caplog.records if r.levelno >= logging.WARNING)
 
 
-async def test_an_unanswered_probe_is_down_within_the_interval() -> None:
+async def test_unanswered_probes_in_a_row_are_down_within_their_intervals() -> None:
     probes = Probes()
     probes.answer = "hang"
-    health = BackendHealth(probes, 0.2)
+    changes: list[bool] = []
+    health = BackendHealth(probes, 0.2, changes.append)
     started = time.monotonic()
-    await asyncio.wait_for(health.check(), WAIT_S)
-    assert not health.up
-    assert time.monotonic() - started < WAIT_S
+    health.start()
+    try:
+        while health.up and time.monotonic() - started < WAIT_S:
+            await asyncio.sleep(0.01)
+        assert not health.up and changes == [False]
+        assert probes.calls == MISSES_TO_DOWN  # one after the other, no interval between misses
+    finally:
+        await health.close()
+
+
+async def test_one_late_probe_is_not_an_outage() -> None:
+    probes, changes = Probes(), list[bool]()
+    health = BackendHealth(probes, 0.5, changes.append)
+    probes.answer = False
+    for _ in range(MISSES_TO_DOWN - 1):
+        await health.check()
+    probes.answer = True
+    await health.check()
+    probes.answer = False
+    for _ in range(MISSES_TO_DOWN - 1):
+        await health.check()
+    assert health.up and changes == []
+
+
+async def test_a_probe_late_on_a_busy_host_is_no_miss_while_streams_get_answers() -> None:
+    class LateProbe(Probes):
+        """tritonserver serving streams but answering ServerLive past its deadline."""
+
+        def __init__(self, health: list[BackendHealth]) -> None:
+            super().__init__()
+            self.health = health
+
+        async def __call__(self, timeout_s: float) -> str | None:
+            self.calls += 1
+            self.health[0].heard_from()  # a stream's response arrives while the probe waits
+            return "DEADLINE_EXCEEDED: Deadline Exceeded"
+
+    holder: list[BackendHealth] = []
+    probes, changes = LateProbe(holder), list[bool]()
+    health = BackendHealth(probes, 0.5, changes.append)
+    holder.append(health)
+    for _ in range(3 * MISSES_TO_DOWN):
+        await health.check()
+    assert health.up and changes == [] and not health.down_signal().done()
 
 
 async def test_the_outage_is_a_gauge_and_a_counter_on_metrics() -> None:
@@ -212,3 +256,17 @@ async def test_the_http_answers_while_down_are_503_with_retry_after_and_not_read
         assert (await http.get("/health/ready")).status_code == 503
         assert (await http.get("/health")).status_code == 200  # the frontend itself is alive
     assert client.streams == []
+
+
+async def test_a_response_read_on_a_stream_counts_as_an_answer() -> None:
+    info_error = InferenceServerException(msg="the model is busy")
+    client, probes = FakeClient([(None, info_error)], delay_s=0.05), Probes()
+    probes.answer = "hang"  # ServerLive stuck behind a busy host
+    health = BackendHealth(probes, 0.2)
+    backend = TritonBackend(client, "triton_chat", 600, health=health)
+    for _ in range(MISSES_TO_DOWN):
+        answered = asyncio.ensure_future(anext(backend.generate(REQUEST)))
+        await asyncio.wait_for(health.check(), WAIT_S)
+        with pytest.raises(BackendError):
+            await asyncio.wait_for(answered, WAIT_S)
+    assert health.up and len(client.streams) == MISSES_TO_DOWN
