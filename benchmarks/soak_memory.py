@@ -128,12 +128,27 @@ class RssTrend:
             self.mib.setdefault(name, []).append(round(sample.rss_bytes / MIB, 1))
             self.unaccounted_mib.setdefault(name, []).append(round(sample.unaccounted_bytes / MIB, 1))
 
+    def _first(self, second_half: bool) -> int:
+        return (len(self.times_s) - 1) // 2 if second_half else 0
+
+    def growth(self, second_half: bool = False) -> dict[str, float]:
+        """Relative growth, less the prefix cache, from the first checkpoint (or the middle one)
+        to the last."""
+        if len(self.times_s) < 2:
+            return {}
+        first = self._first(second_half)
+        return {
+            name: values[-1] / values[first] - 1
+            for name, values in self.unaccounted_mib.items()
+            if len(values) == len(self.times_s) and values[first] > 0
+        }
+
     def per_10min(self, second_half: bool = False) -> dict[str, float]:
         """MiB of growth per 10 minutes, less the prefix cache, from the first checkpoint (or the
         middle one) to the last."""
         if len(self.times_s) < 2:
             return {}
-        first = (len(self.times_s) - 1) // 2 if second_half else 0
+        first = self._first(second_half)
         span = self.times_s[-1] - self.times_s[first]
         if span <= 0:
             return {}

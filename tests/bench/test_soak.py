@@ -100,3 +100,25 @@ def test_peaks_are_sampled_for_every_process_while_a_load_runs(fake_server: int)
         peak.sample()
     assert set(peak.peaks) == {"launcher", "stub", "stub-2", "tritonserver"}
     assert all(value > 0 for value in peak.peaks.values())
+
+
+def _report(trend: RssTrend) -> SoakReport:
+    first = {name: _sample(i, values[0]) for i, (name, values) in enumerate(trend.mib.items())}
+    last = {name: _sample(i, values[-1]) for i, (name, values) in enumerate(trend.mib.items())}
+    report = SoakReport("DIR", 8, 60.0, 1800.0, Tally(), Tally(), first, last, {}, [], {}, trend)
+    report.judge()
+    return report
+
+
+def test_a_heap_that_fills_in_the_first_minutes_passes_and_a_steady_leak_fails() -> None:
+    warming, leaking = RssTrend(), RssTrend()
+    # Measured shape: the model's kept heap fills to its cap in the first ten minutes, then flat.
+    for minute, stub in enumerate((1046.0, 1084.3, 1113.5, 1096.3, 1101.8, 1102.1, 1102.0)):
+        warming.add(minute * 300.0, _samples(94.5, 40.0, stub))
+    for minute in range(7):
+        leaking.add(minute * 300.0, _samples(94.5, 40.0, 1000.0 + 20.0 * minute))
+    warm = _report(warming)
+    assert warm.rss_growth()["stub"] > 0.05  # from the end of a one-minute warm-up
+    assert warm.verdict["rss_growth_within_5_percent"] is True
+    assert json.loads(warm.to_json())["rss_growth_second_half"]["stub"] == 0.0052
+    assert _report(leaking).verdict["rss_growth_within_5_percent"] is False
