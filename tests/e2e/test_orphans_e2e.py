@@ -1,4 +1,4 @@
-"""``serve`` killed outright (SIGKILL, no handler runs) under load leaves nothing behind.
+"""``serve`` killed outright (SIGKILL, no handler runs) under load leaves no process behind.
 
 tritonserver dies with the launcher (the kernel's parent-death signal), the model's stub and any
 tensor-parallel rank with their parent (their lifeline), and the stub removes its shared memory:
@@ -8,8 +8,10 @@ within 10 s no process of the tree and no region is left, and the frontend's por
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -53,10 +55,24 @@ def _stream_until_cut(port: int, index: int, streaming: threading.Event) -> str:
     return "finished"
 
 
+def _run_folders(pids: list[int]) -> set[Path]:
+    """The temporary folders this server's processes name (``/tmp/triton-chat-*``)."""
+    temp = Path(tempfile.gettempdir())
+    found: set[Path] = set()
+    for pid in pids:
+        for arg in cmdline(pid):
+            path = Path(arg.removeprefix("unix:"))
+            for parent in (path, *path.parents):
+                if parent.parent in (temp, Path("/tmp")) and parent.name.startswith("triton-chat-"):  # noqa: S108
+                    found.add(parent)
+    return found
+
+
 def test_sigkill_of_serve_under_load_leaves_no_process(tiny_model_dir: Path, tmp_path: Path) -> None:
     launcher, port = _start_launcher(tiny_model_dir, tmp_path, "--max-iter-times", "4000")
     lines: list[str] = []
     pids: list[int] = []
+    folders: set[Path] = set()
     try:
         _read_until(launcher, f"serving 'tiny' at http://127.0.0.1:{port}/v1", lines)
         streaming = threading.Event()
@@ -67,6 +83,8 @@ def test_sigkill_of_serve_under_load_leaves_no_process(tiny_model_dir: Path, tmp
             assert len(pids) >= 3, pids  # the launcher, tritonserver and the model's stub
             regions = [SHM_DIR / arg for pid in pids for arg in cmdline(pid) if arg.startswith(SHM_PREFIX)]
             assert regions and all(region.exists() for region in regions)
+            folders.update(_run_folders(pids))
+            assert len(folders) == 2, folders  # the run folder and the private sockets' folder
             os.kill(launcher.pid, signal.SIGKILL)
             launcher.wait()
             killed = time.monotonic()
@@ -83,3 +101,7 @@ def test_sigkill_of_serve_under_load_leaves_no_process(tiny_model_dir: Path, tmp
         for pid in pids:  # a failed test leaves nothing running (processes this test started)
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        # No handler of serve ran, so its run folder (the model repository) and the folder of its
+        # private sockets stay, as any program's temporary files do: this test's own are removed.
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
