@@ -40,10 +40,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks import servers
 from benchmarks.soak_memory import MIB, PeakRss, ProcessSample, RssTrend, sample_processes, served_processes, stub_names
 from benchmarks.soak_traffic import Tally, run_traffic
+from openai_frontend.launcher.local_http import http_call
+from openai_frontend.launcher.triton_endpoints import Listener
 from openai_frontend.launcher.tritonserver import SHM_DIR, SHM_PREFIX
-
-# How tritonserver is told to bind a Unix socket (the launcher's private listeners).
-UNIX = "unix:"
 
 logger = logging.getLogger("benchmarks.soak")
 
@@ -153,23 +152,15 @@ def _gauges(text: str, names: tuple[str, ...]) -> dict[str, float]:
     return values
 
 
-def _triton_metrics_address(launcher_pid: int) -> str:
-    """Where tritonserver serves its metrics: ``host:port``, or ``unix:<path>`` for a socket."""
+def _triton_metrics_listener(launcher_pid: int) -> Listener:
+    """Where tritonserver serves its metrics (TCP or its private Unix socket), from its command line."""
     args = served_processes(launcher_pid)["tritonserver"].cmdline()
-    address = args[args.index("--metrics-address") + 1]
-    if address.startswith(UNIX):
-        return address
-    return f"{address}:{args[args.index('--metrics-port') + 1]}"
+    return Listener(args[args.index("--metrics-address") + 1], int(args[args.index("--metrics-port") + 1]))
 
 
 def _triton_metrics(launcher_pid: int) -> str:
-    """tritonserver's ``/metrics`` text, over TCP or its private Unix socket."""
-    address = _triton_metrics_address(launcher_pid)
-    if address.startswith(UNIX):
-        transport = httpx.HTTPTransport(uds=address.removeprefix(UNIX))
-        with httpx.Client(transport=transport, timeout=10) as client:
-            return client.get("http://triton/metrics").text
-    return httpx.get(f"http://{address}/metrics", timeout=10).text
+    """tritonserver's ``/metrics`` text."""
+    return http_call(_triton_metrics_listener(launcher_pid), "/metrics", timeout=10).body.decode()
 
 
 def _wait_idle(base_url: str, launcher_pid: int) -> dict[str, float]:
@@ -202,9 +193,9 @@ def _own_resources(launcher_pid: int) -> set[Path]:
     args = processes["tritonserver"].cmdline()
     repository = Path(args[args.index("--model-repository") + 1])
     folders = [repository.parent]
-    metrics = _triton_metrics_address(launcher_pid)
-    if metrics.startswith(UNIX):  # the folder of tritonserver's private sockets
-        folders.append(Path(metrics.removeprefix(UNIX)).parent)
+    sockets = _triton_metrics_listener(launcher_pid).socket_path
+    if sockets is not None:  # the folder of tritonserver's private sockets
+        folders.append(Path(sockets).parent)
     temp = Path(tempfile.gettempdir())
     own.update(f for f in folders if f.name.startswith("triton-chat-") and f.parent == temp)
     return own
