@@ -105,8 +105,9 @@ class BackendHealth:
         if problem is not None and self._heard >= started:
             problem = None  # the probe was slow, but a stream got its answer meanwhile
         self._misses = 0 if problem is None else self._misses + 1
-        if problem is None or self._misses >= MISSES_TO_DOWN or not self._up:
-            self._record(problem)
+        if problem is not None and self._misses < MISSES_TO_DOWN:
+            return  # not an outage yet: the loop probes again at once
+        self._record(problem)
 
     async def _run(self) -> None:
         while True:
