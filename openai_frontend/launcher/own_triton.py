@@ -12,7 +12,6 @@ its output. Everything else (ports, addresses, other models in the repository) i
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import signal
@@ -28,6 +27,7 @@ from openai_frontend.launcher.dtype_check import check_dtype, checkpoint_torch_d
 from openai_frontend.launcher.model_check import ModelFolder, check_device, check_model_folder
 from openai_frontend.launcher.model_repo import MODEL_NAME, backend_python_path, write_model_repository
 from openai_frontend.launcher.options import RepositoryOptions
+from openai_frontend.launcher.tied_child import tied_popen
 from openai_frontend.launcher.triton_install import TritonInstall, locate_tritonserver
 from openai_frontend.launcher.triton_log import is_noise
 from python_backend.protocol.settings import EngineSettings
@@ -88,13 +88,15 @@ def run_tritonserver(args: list[str]) -> int:
     """Run tritonserver in the foreground until it exits; its exit status."""
     command = tritonserver_command(locate_tritonserver(cache_root()), args)
     logger.info("running %s", " ".join(command.argv))
-    proc = subprocess.Popen(
+    # SIGTERM when this launcher dies, even by SIGKILL: a killed ``triton-chat tritonserver``
+    # leaves no server behind.
+    proc = tied_popen(
         command.argv,
+        signal.SIGTERM,
         env=command.env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        preexec_fn=_stop_with_parent,  # safe: this process starts no threads before it
     )
 
     def forward(signum: int, frame: FrameType | None) -> None:
@@ -113,13 +115,3 @@ def run_tritonserver(args: list[str]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-PR_SET_PDEATHSIG = 1
-
-
-def _stop_with_parent() -> None:
-    """In the child before exec: SIGTERM when this launcher dies, even by SIGKILL, so that a
-    killed ``triton-chat tritonserver`` leaves no server behind (Linux's prctl; tritonserver
-    runs on Linux only)."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -54,3 +54,38 @@ def test_the_child_outlives_the_thread_that_asked_but_not_the_process() -> None:
 def test_a_failed_start_raises_in_the_caller() -> None:
     with pytest.raises(FileNotFoundError):
         TiedSpawner().popen(["/nonexistent/program"])
+
+
+def test_a_program_that_cannot_run_raises_permission_error(tmp_path: Path) -> None:
+    script = tmp_path / "not-executable"
+    script.write_text("#!/bin/sh\n")
+    with pytest.raises(PermissionError):
+        TiedSpawner().popen([str(script)])
+
+
+def test_the_popen_is_the_program_itself_with_its_options(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with open(out, "wb") as sink:
+        proc = TiedSpawner().popen(
+            ["sh", "-c", "umask; echo $MARK"], stdout=sink, env={"MARK": "x", "PATH": os.defpath}, umask=0o077
+        )
+    assert proc.wait(EXIT_WAIT_S) == 0
+    assert out.read_text().split() == ["0077", "x"]
+
+
+# Python code in the forked copy of a process with other threads (gRPC's, in the frontend) is what
+# crashed tritonserver's start; a Python after-fork hook tells whether any runs there.
+FORK_HOOK = """
+import os, sys
+from openai_frontend.launcher.tied_child import TiedSpawner
+os.register_at_fork(after_in_child=lambda: os.write(2, b"python ran in the forked child\\n"))
+proc = TiedSpawner().popen(["true"])
+sys.exit(proc.wait())
+"""
+
+
+def test_no_python_runs_between_fork_and_exec() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", FORK_HOOK], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "python ran in the forked child" not in done.stderr
