@@ -9,6 +9,7 @@ deliberate choice.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -80,7 +81,7 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
         "--config",
         type=Path,
         metavar="FILE",
-        help="MindIE-style config.json (ServerConfig, ModelConfig, LoraModules); flags override it",
+        help="MindIE-style config.json (ServerConfig, ModelConfig, LoraModules); flags override it (default: none)",
     )
     if serve_defaults:
         serve.set_defaults(**serve_defaults)
@@ -198,13 +199,33 @@ def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions | RepositoryOp
     )
 
 
+def lora_module(item: str) -> tuple[str, str] | None:
+    """One ``--lora-modules`` value: ``NAME=DIR`` or vLLM's ``{"name": NAME, "path": DIR}``
+    (its ``base_model_name`` accepted: there is one base model); None when it is neither."""
+    if item.lstrip().startswith("{"):
+        try:
+            entry = json.loads(item)
+        except json.JSONDecodeError:
+            return None
+        name, folder = entry.get("name"), entry.get("path")
+        if set(entry) - {"name", "path", "base_model_name"} or not isinstance(name, str) or not isinstance(folder, str):
+            return None
+    else:
+        name, _, folder = item.partition("=")
+    return (name, folder) if name and folder else None
+
+
+LORA_FORMS = 'NAME=DIR or {"name": NAME, "path": DIR}'
+
+
 def _repository_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> RepositoryOptions:
-    engine = engine_values(args)
+    engine = engine_values(parser, args)
     lora_modules: dict[str, str] = {}
     for item in args.lora_modules:
-        name, sep, folder = item.partition("=")
-        if not sep or not name or not folder:
-            parser.error(f"--lora-module takes NAME=DIR, got '{item}'")
+        module = lora_module(item)
+        if module is None:
+            parser.error(f"--lora-modules takes {LORA_FORMS}, got '{item}'")
+        name, folder = module
         lora_modules[name] = str(Path(folder).expanduser().resolve())
     try:
         EngineSettings(**{**engine.flags, **engine.overrides})  # type: ignore[arg-type]
@@ -256,14 +277,16 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
     if args.ready_timeout <= 0:
         parser.error("--ready-timeout must be > 0")
     listen = triton_listen(parser, args)
-    engine = engine_values(args)
+    engine = engine_values(parser, args)
     lora_modules: dict[str, str] = {}
     config = _config_path(argv)
-    lora_origin = "--lora-module" if config is None or "--lora-module" in argv else f"{config} LoraModules"
+    given = any(flag in argv for flag in ("--lora-modules", "--lora-module"))
+    lora_origin = "--lora-modules" if config is None or given else f"{config} LoraModules"
     for item in args.lora_modules:
-        name, sep, folder = item.partition("=")
-        if not sep or not name or not folder:
-            parser.error(f"{lora_origin} takes NAME=DIR, got '{item}'")
+        module = lora_module(item)
+        if module is None:
+            parser.error(f"{lora_origin} takes {LORA_FORMS}, got '{item}'")
+        name, folder = module
         if name in lora_modules:
             parser.error(f"{lora_origin}: the name '{name}' is given twice")
         if not (Path(folder).expanduser() / "adapter_config.json").is_file():

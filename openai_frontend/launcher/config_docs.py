@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import Field, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from openai_frontend.launcher.cli import build_parser
 from openai_frontend.launcher.http_flags import frontend_flags
-from python_backend.protocol.settings import EngineSettings, setting_info, setting_kind
+from python_backend.protocol.settings import EngineSettings, SettingInfo, setting_info, setting_kind
 
 DOCS_PATH = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 COMMAND = "python -m openai_frontend.launcher.config_docs"
@@ -43,14 +44,18 @@ LISTENER_ROWS = (
     LauncherRow("--port", "`port`", "port to listen on"),
     LauncherRow("--allow-external", "`allowAllZeroIpListening`", "needed for any address other machines can reach"),
     LauncherRow(
-        "--tls-cert",
+        "--ssl-certfile",
         "`httpsEnabled`, `tlsCert`, `tlsPk`",
         "HTTPS with this certificate and key (PEM)",
         default="off",
-        flags="`--tls-cert`, `--tls-key`",
+        flags="`--ssl-certfile`, `--ssl-keyfile` (`--tls-cert`, `--tls-key`)",
     ),
     LauncherRow(
-        "--tls-ca-cert", "`tlsCaCert`", "require client certificates signed by this CA (mutual TLS)", default="none"
+        "--ssl-ca-certs",
+        "`tlsCaCert`",
+        "require client certificates signed by this CA (mutual TLS)",
+        default="none",
+        flags="`--ssl-ca-certs` (`--tls-ca-cert`)",
     ),
 )
 SUPERVISOR_ROWS = (
@@ -129,18 +134,31 @@ def model_table() -> str:
         info = setting_info(spec)
         if info.flag is None and info.mindie_key is None:
             continue
+        key = f"`{info.mindie_key}`" if info.mindie_key else ""
         if info.docs_default:
             default = info.docs_default
         elif setting_kind(spec) == "bool":
             default = _switch_default(bool(spec.default), info.mindie_key is not None)
         else:
             default = _value(spec.default)
-        flag = f"`{info.flag}`" if info.flag else "—"
-        if info.metavar and "=" in info.metavar:
-            flag = f"`{info.flag} {info.metavar}` (repeatable)"
-        key = f"`{info.mindie_key}`" if info.mindie_key else ""
-        lines.append(_row(key, default, flag, info.docs or info.help))
+        lines.append(_row(key, default, _flag_cell(spec, info), info.docs or info.help))
     return "\n".join([_HEADER, *lines])
+
+
+def _flag_cell(spec: Field[Any], info: SettingInfo) -> str:
+    """The flag column: the flag (vLLM's name where it has one), then its other names."""
+    if not info.flag:
+        return "—"
+    if info.metavar and "=" in info.metavar:
+        return f"`{info.flag} {info.metavar}` (several, or repeated; also `{'`, `'.join(info.aliases)}`)"
+    names = [info.flag]
+    if setting_kind(spec) == "bool" and not info.flag.startswith("--no-"):
+        names.append("--no-" + info.flag[2:])
+    cell = ", ".join(f"`{name}`" for name in names)
+    others = [f"`{alias}`" for alias in info.aliases]
+    if info.bytes_flag:
+        others.append(f"`{info.bytes_flag}` in bytes")
+    return f"{cell} ({', '.join(others)})" if others else cell
 
 
 def parameters_table() -> str:

@@ -4,8 +4,9 @@ Owns: declaring them on an argument group (``add_http_flags``), the checks acros
 (``check_http_flags``: exposure without ``--allow-external``, TLS files, the drain and request
 timeouts, the HTTP limits) and gathering the HTTP limits (``http_limits``). The flags of
 ``FrontendSettings`` fields are generated from their ``FlagInfo`` and description
-(``frontend_flags``); those of the listener itself (address, TLS, drain) are the launcher's own
-and declared here.
+(``frontend_flags``); those of the listener itself (address, TLS under vLLM's ``--ssl-*`` names,
+drain) are the launcher's own and declared here.
+Every flag's help says its default.
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ from openai_frontend.settings import FlagInfo, FrontendSettings, HttpLimits, fla
 
 DEFAULT_DRAIN_TIMEOUT_S = 30.0  # as tritonserver's --exit-timeout-secs
 API_KEY_ENV = "TRITON_CHAT_API_KEY"  # the key, kept off the command line
+
+
+def with_default(help_text: str, default: str) -> str:
+    """``help_text`` ending in ``(default: ...)``, unless it already says its default."""
+    said = any(words in help_text for words in ("(default: ", "; default: ", "(default)"))
+    return help_text if said else f"{help_text} (default: {default})"
 
 
 def non_negative_int(text: str) -> int:
@@ -48,11 +55,32 @@ def add_http_flags(http: Any) -> None:
     http.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     http.add_argument("--port", type=_port, default=8000, help="port to listen on (default: 8000)")
     http.add_argument(
-        "--allow-external", action="store_true", help="allow a --host other machines can reach (use with --api-key)"
+        "--allow-external",
+        action="store_true",
+        help="allow a --host other machines can reach (use with --api-key) (default: off)",
     )
-    http.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate (needs --tls-key)")
-    http.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
-    http.add_argument("--tls-ca-cert", metavar="PEM", help="require client certificates signed by this CA (mTLS)")
+    # vLLM's names first; --tls-* are this launcher's older names of the same flags.
+    http.add_argument(
+        "--ssl-certfile",
+        "--tls-cert",
+        dest="tls_cert",
+        metavar="PEM",
+        help="serve HTTPS with this certificate (needs --ssl-keyfile) (default: none, plain HTTP)",
+    )
+    http.add_argument(
+        "--ssl-keyfile",
+        "--tls-key",
+        dest="tls_key",
+        metavar="PEM",
+        help="the certificate's private key (default: none)",
+    )
+    http.add_argument(
+        "--ssl-ca-certs",
+        "--tls-ca-cert",
+        dest="tls_ca_cert",
+        metavar="PEM",
+        help="require client certificates signed by this CA (mTLS) (default: none, no client certificates)",
+    )
     http.add_argument(
         "--drain-timeout",
         type=float,
@@ -81,13 +109,18 @@ def _flag_arguments(spec: FieldInfo, info: FlagInfo) -> dict[str, Any]:
         # A flag turns the setting away from its default: --no-X for those on by default.
         arguments["action"] = "store_false" if spec.default else "store_true"
         if spec.default:
-            arguments["help"] = f"turn off {spec.description}"
+            arguments["help"] = f"turn off {spec.description} (default: on)"
+        else:
+            arguments["help"] = with_default(str(spec.description), "off")
     elif spec.annotation == list[str]:
-        arguments.update(action="append", default=[])
+        repeatable = "" if "repeatable" in str(spec.description) else "repeatable; "
+        arguments.update(action="append", default=[], help=f"{spec.description} ({repeatable}default: none)")
     else:
         arguments.update(type=spec.annotation, default=spec.default)
         if spec.annotation in (float, int):
             arguments["help"] = f"{spec.description} (default: {spec.default:g})"
+        else:
+            arguments["help"] = with_default(str(spec.description), str(spec.default))
     if info.choices:
         arguments["choices"] = info.choices
     if info.metavar:
@@ -139,7 +172,7 @@ def check_http_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     if any(not key for key in args.api_keys):
         parser.error("--api-key must not be empty")
     if bool(args.tls_cert) != bool(args.tls_key):
-        parser.error("--tls-cert and --tls-key go together")
+        parser.error("--ssl-certfile and --ssl-keyfile (--tls-cert, --tls-key) go together")
     if args.drain_timeout < 0:
         parser.error("--drain-timeout must be >= 0")
     for flag in (
@@ -161,7 +194,11 @@ def check_http_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         if any(not item.strip() for item in getattr(args, flag)):
             parser.error(f"--{flag.replace('_', '-')} must not be empty")
     if args.tls_ca_cert and not args.tls_cert:
-        parser.error("--tls-ca-cert needs --tls-cert and --tls-key")
-    for flag in ("tls_cert", "tls_key", "tls_ca_cert"):
+        parser.error("--ssl-ca-certs needs --ssl-certfile and --ssl-keyfile")
+    for flag, shown in (
+        ("tls_cert", "--ssl-certfile"),
+        ("tls_key", "--ssl-keyfile"),
+        ("tls_ca_cert", "--ssl-ca-certs"),
+    ):
         if getattr(args, flag) and not Path(getattr(args, flag)).is_file():
-            parser.error(f"--{flag.replace('_', '-')}: '{getattr(args, flag)}' is not a file")
+            parser.error(f"{shown}: '{getattr(args, flag)}' is not a file")

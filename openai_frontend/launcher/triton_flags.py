@@ -42,7 +42,7 @@ def add_triton_listen_flags(group: Any) -> None:
             f"--triton-{listener}-address",
             default=None,
             metavar="ADDRESS",
-            help=f"put tritonserver's {shown} listener on TCP at this address (with a port flag: "
+            help=f"put tritonserver's {shown} listener on TCP at this address (default: none; with a port flag: "
             f"{LOOPBACK}; others need --allow-external)",
         )
 

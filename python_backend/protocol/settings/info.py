@@ -33,7 +33,9 @@ class SettingInfo:
     """What users are told about one setting, and where else it can be given."""
 
     help: str  # one line: the flag's --help text
-    flag: str | None = None  # the `triton-chat serve` flag; None: config.pbtxt only
+    flag: str | None = None  # the `triton-chat serve` flag (vLLM's name where it has one); None: config.pbtxt only
+    aliases: tuple[str, ...] = ()  # other names of the same flag (ours from before, vLLM's short ones)
+    bytes_flag: str | None = None  # MB settings: a flag giving the same setting in bytes (vLLM's unit)
     mindie_key: str | None = None  # its key in MindIE's config.json ModelConfig, where one exists
     choices: tuple[str, ...] = ()  # the valid values of a string setting; () = any (checked apart)
     minimum: int | None = None  # integers: the smallest valid value

@@ -119,6 +119,7 @@ class LimitSettings:
             "KV-cache budget; 0 = automatic",
             flag="--kv-cache-memory-mb",
             mindie_key="kvCacheMemoryMb",
+            bytes_flag="--kv-cache-memory-bytes",
             minimum=0,
             metavar="MB",
             group=LIMITS_GROUP,
@@ -131,8 +132,9 @@ class LimitSettings:
     enable_prefix_caching: bool = setting(
         True,
         SettingInfo(
-            "recompute every prompt in full instead of reusing the keys/values of a cached prefix",
-            flag="--no-enable-prefix-caching",
+            "reuse the keys/values of a cached prompt prefix; --no-enable-prefix-caching recomputes every "
+            "prompt in full",
+            flag="--enable-prefix-caching",
             group=LIMITS_GROUP,
             docs="reuse the keys/values of a cached prompt start (system prompt, earlier turns); "
             "`usage.prompt_tokens_details.cached_tokens` says how many prompt tokens were reused",
@@ -156,7 +158,8 @@ class LimitSettings:
         0,
         SettingInfo(
             "prompt + output tokens at most; 0 = the model's context length",
-            flag="--max-seq-len",
+            flag="--max-model-len",
+            aliases=("--max-seq-len",),
             mindie_key="maxSeqLen",
             minimum=0,
             metavar="N",
@@ -168,7 +171,7 @@ class LimitSettings:
     max_input_token_len: int = setting(
         0,
         SettingInfo(
-            "prompt tokens at most; 0 = max-seq-len - 1",
+            "prompt tokens at most; 0 = --max-model-len - 1",
             flag="--max-input-token-len",
             mindie_key="maxInputTokenLen",
             minimum=0,
@@ -207,7 +210,7 @@ class LimitSettings:
     stream_interval: int = setting(
         1,
         SettingInfo(
-            "tokens per streamed response after the first (as vLLM's); 1 = every token (default)",
+            "tokens per streamed response after the first (as vLLM's); 1 = every token",
             flag="--stream-interval",
             minimum=1,
             metavar="N",

@@ -69,6 +69,7 @@ class ModelSettings:
         SettingInfo(
             "devices (ranks) one model instance is split over; 1 = no tensor parallel",
             flag="--tensor-parallel-size",
+            aliases=("-tp",),
             mindie_key="worldSize",
             minimum=1,
             metavar="N",
@@ -124,8 +125,10 @@ class ModelOutputSettings:
     lora_modules: str = setting(
         "",
         SettingInfo(
-            "a LoRA adapter (PEFT folder) requests select with model=NAME (repeatable)",
-            flag="--lora-module",
+            "LoRA adapters (PEFT folders) requests select with model=NAME: NAME=DIR or vLLM's JSON "
+            '{"name": NAME, "path": DIR}, several after one flag or the flag repeated',
+            flag="--lora-modules",
+            aliases=("--lora-module",),
             metavar="NAME=DIR",
             docs="a LoRA adapter (PEFT folder) requests select with `model=NAME`; in `config.json`: "
             "`LoraModules` (below)",
