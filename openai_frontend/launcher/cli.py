@@ -196,6 +196,8 @@ def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions | RepositoryOp
         operations=operations_options(args),
         metrics_vllm_names=args.metrics_vllm_names,
         triton_metrics_url=args.triton_metrics_url,
+        log_level=args.log_level,
+        media_root=args.allowed_local_media_path,
     )
 
 
@@ -330,6 +332,8 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         triton_listen=listen,
         instances=args.instances,
         tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,
+        log_level=args.log_level,
+        media_root=args.allowed_local_media_path,
     )
 
 
@@ -339,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(options, TritonServerArgs | RepositoryOptions):
         configure_launcher_logging(logger, "text")
         return _own_triton(options)
-    configure_launcher_logging(logger, options.operations.log_format)
+    configure_launcher_logging(logger, options.operations.log_format, options.log_level)
     # Imported here: they pull in uvicorn and the app, which `--help` and usage errors do not need.
     if isinstance(options, FrontendOptions):
         from openai_frontend.launcher.frontend_only import run_frontend

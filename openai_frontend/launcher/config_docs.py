@@ -57,6 +57,19 @@ LISTENER_ROWS = (
         default="none",
         flags="`--ssl-ca-certs` (`--tls-ca-cert`)",
     ),
+    LauncherRow(
+        "--allowed-local-media-path",
+        "",
+        "the folder `file://` media parts are read from (`file://x.png` is `DIR/x.png`); nothing outside it, "
+        "no symlinks (docs/media-security.md)",
+    ),
+    LauncherRow(
+        "--log-level",
+        "",
+        "`debug`, `info`, `warning`, `error`, `critical`: the level of the launcher's, uvicorn's and the "
+        "frontend's logs (the frontend's per-request info lines only at `debug`)",
+        flags="`--log-level` (`--uvicorn-log-level`)",
+    ),
 )
 SUPERVISOR_ROWS = (
     LauncherRow(

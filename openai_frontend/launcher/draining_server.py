@@ -21,7 +21,7 @@ from fastapi import FastAPI
 
 from openai_frontend.http.drain import DrainState
 from openai_frontend.http.limits import limited_protocol
-from openai_frontend.launcher.log_format import uvicorn_log_config
+from openai_frontend.launcher.log_format import DEFAULT_LOG_LEVEL, uvicorn_log_config
 from openai_frontend.launcher.options import TlsFiles, uvicorn_tls
 
 # uvicorn's wait for open connections once the drain is over (its default waits for every stream).
@@ -58,14 +58,21 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def draining_server(app: FastAPI, host: str, port: int, tls: TlsFiles | None, drain_timeout_s: float) -> DrainingServer:
+def draining_server(
+    app: FastAPI,
+    host: str,
+    port: int,
+    tls: TlsFiles | None,
+    drain_timeout_s: float,
+    log_level: str = DEFAULT_LOG_LEVEL,
+) -> DrainingServer:
     """The server for an app made by ``create_app`` (whose state holds the drain and the settings)."""
-    log_config = uvicorn_log_config(app.state.frontend.settings.log_format)
+    log_config = uvicorn_log_config(app.state.frontend.settings.log_format, log_level)
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
-        log_level="info",
+        log_level=log_level,
         loop="asyncio",  # the loop grpc.aio is built and tested on (uvloop, if installed, would be picked)
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         # Header size, count and deadline, the connection cap, and protocol errors in the envelope.

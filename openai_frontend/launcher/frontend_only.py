@@ -14,9 +14,8 @@ from types import FrameType
 
 from openai_frontend.app import create_app
 from openai_frontend.launcher.draining_server import draining_server
-from openai_frontend.launcher.options import FrontendOptions, http_settings
+from openai_frontend.launcher.options import FrontendOptions, http_settings, media_settings
 from openai_frontend.launcher.triton_metrics import metrics_reader
-from openai_frontend.media.policy import MediaSettings
 from openai_frontend.settings import FrontendSettings
 
 logger = logging.getLogger("openai_frontend.launcher")
@@ -29,8 +28,7 @@ def frontend_settings(options: FrontendOptions) -> FrontendSettings:
             "triton_model_name": options.triton_model,
             "served_model_name": options.served_model_name,
             **http_settings(options),
-            # The media allow-list comes from the environment, as in MindIE (read here, at start-up).
-            "media": MediaSettings.from_env(os.environ),
+            "media": media_settings(options, os.environ),
         }
     )
 
@@ -48,7 +46,7 @@ def run_frontend(options: FrontendOptions) -> int:
         options.triton_url,
         options.triton_model,
     )
-    server = draining_server(app, options.host, options.port, options.tls, options.drain_timeout_s)
+    server = draining_server(app, options.host, options.port, options.tls, options.drain_timeout_s, options.log_level)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         server.should_exit = True

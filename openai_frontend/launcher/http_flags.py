@@ -2,10 +2,10 @@
 
 Owns: declaring them on an argument group (``add_http_flags``), the checks across them
 (``check_http_flags``: exposure without ``--allow-external``, TLS files, the drain and request
-timeouts, the HTTP limits) and gathering the HTTP limits (``http_limits``). The flags of
-``FrontendSettings`` fields are generated from their ``FlagInfo`` and description
-(``frontend_flags``); those of the listener itself (address, TLS under vLLM's ``--ssl-*`` names,
-drain) are the launcher's own and declared here.
+timeouts, the HTTP limits, the local media folder) and gathering the HTTP limits
+(``http_limits``). The flags of ``FrontendSettings`` fields are generated from their ``FlagInfo``
+and description (``frontend_flags``); those of the listener itself (address, TLS under vLLM's
+``--ssl-*`` names, drain, log level, local media folder) are the launcher's own and declared here.
 Every flag's help says its default.
 """
 
@@ -18,12 +18,15 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
+from openai_frontend.launcher.log_format import DEFAULT_LOG_LEVEL, LOG_LEVELS
 from openai_frontend.launcher.network import is_loopback
 from openai_frontend.launcher.options import OperationsOptions
+from openai_frontend.media.policy import MediaSettings
 from openai_frontend.settings import FlagInfo, FrontendSettings, HttpLimits, flag_info
 
 DEFAULT_DRAIN_TIMEOUT_S = 30.0  # as tritonserver's --exit-timeout-secs
 API_KEY_ENV = "TRITON_CHAT_API_KEY"  # the key, kept off the command line
+DEFAULT_MEDIA_ROOT = str(MediaSettings.model_fields["media_root"].default)
 
 
 def with_default(help_text: str, default: str) -> str:
@@ -80,6 +83,21 @@ def add_http_flags(http: Any) -> None:
         dest="tls_ca_cert",
         metavar="PEM",
         help="require client certificates signed by this CA (mTLS) (default: none, no client certificates)",
+    )
+    http.add_argument(
+        "--allowed-local-media-path",
+        default=DEFAULT_MEDIA_ROOT,
+        metavar="DIR",
+        help="the folder file:// media parts are read from; nothing outside it (default: %(default)s)",
+    )
+    http.add_argument(
+        "--log-level",
+        "--uvicorn-log-level",
+        choices=LOG_LEVELS,
+        default=DEFAULT_LOG_LEVEL,
+        metavar="LEVEL",
+        help=f"{', '.join(LOG_LEVELS)}: the launcher's, uvicorn's and the frontend's log level (the frontend's "
+        "per-request info lines show only at debug) (default: %(default)s)",
     )
     http.add_argument(
         "--drain-timeout",
@@ -202,3 +220,15 @@ def check_http_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     ):
         if getattr(args, flag) and not Path(getattr(args, flag)).is_file():
             parser.error(f"{shown}: '{getattr(args, flag)}' is not a file")
+    args.allowed_local_media_path = _media_root(parser, args.allowed_local_media_path)
+
+
+def _media_root(parser: argparse.ArgumentParser, given: str) -> str:
+    """The local media folder, absolute; one named on the command line must exist (the built-in
+    default, MindIE's, may not: file:// parts then fail as missing files)."""
+    if given == DEFAULT_MEDIA_ROOT:
+        return given
+    folder = Path(given).expanduser()
+    if not folder.is_dir():
+        parser.error(f"--allowed-local-media-path: '{given}' is not a folder")
+    return str(folder.resolve())

@@ -5,11 +5,14 @@ lines logged while a request is handled and ``exception`` with the traceback whe
 so a log collector needs no parsing rules),
 ``configure_launcher_logging`` (the launcher's own user-facing messages) and
 ``uvicorn_log_config`` (uvicorn's server and access logs and the frontend's loggers, for
-``uvicorn.Config``). Nothing is configured at import: the commands call these at start-up.
+``uvicorn.Config``), both at the ``--log-level`` asked for (``LOG_LEVELS``; the frontend's own
+loggers show warnings and up unless it is debug, ``frontend_level``). Nothing is configured at
+import: the commands call these at start-up.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import sys
@@ -20,6 +23,14 @@ from openai_frontend.http.request_id import LOG_FIELD, RequestIdLogFilter
 
 JSON_FORMAT = "json"
 LAUNCHER_TEXT_FORMAT = "triton-chat: %(message)s"
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # vLLM's --uvicorn-log-level's, less trace
+DEFAULT_LOG_LEVEL = "info"
+
+
+def frontend_level(level: str) -> str:
+    """The frontend's loggers' level for ``--log-level``: its info lines are per request, so they
+    (and its debug lines) show only at debug."""
+    return "DEBUG" if level == "debug" else max(level.upper(), "WARNING", key=logging.getLevelName)
 
 
 class JsonFormatter(logging.Formatter):
@@ -40,24 +51,37 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False)
 
 
-def configure_launcher_logging(logger: logging.Logger, log_format: str) -> None:
-    """The launcher's messages go to stderr, in ``log_format``; once per logger."""
+def configure_launcher_logging(logger: logging.Logger, log_format: str, level: str = DEFAULT_LOG_LEVEL) -> None:
+    """The launcher's messages go to stderr, in ``log_format``, from ``level`` up; once per logger."""
     if logger.handlers:
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == JSON_FORMAT else logging.Formatter(LAUNCHER_TEXT_FORMAT))
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(level.upper())
     # The launcher's messages are for the user; uvicorn has its own handlers.
     logger.propagate = False
 
 
-def uvicorn_log_config(log_format: str) -> dict[str, Any] | None:
-    """``uvicorn.Config(log_config=...)`` for ``log_format``; None: uvicorn's own (text). JSON
-    formats uvicorn's loggers and the frontend's (``openai_frontend``) alike, on stderr; the
-    frontend's at WARNING, what text mode shows of them too (Python's last-resort handler)."""
+def uvicorn_log_config(log_format: str, level: str = DEFAULT_LOG_LEVEL) -> dict[str, Any] | None:
+    """``uvicorn.Config(log_config=...)`` for ``log_format`` and ``level``; None: uvicorn's own
+    (text, info). JSON formats uvicorn's loggers and the frontend's (``openai_frontend``) alike, on
+    stderr; the frontend's at ``frontend_level`` (WARNING at info, what text mode shows of them
+    then too: Python's last-resort handler)."""
     if log_format != JSON_FORMAT:
-        return None
+        if level == DEFAULT_LOG_LEVEL:
+            return None
+        import uvicorn.config
+
+        text = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+        text["loggers"]["uvicorn"]["level"] = level.upper()
+        text["loggers"]["uvicorn.access"]["level"] = level.upper()
+        text["loggers"]["openai_frontend"] = {
+            "handlers": ["default"],
+            "level": frontend_level(level),
+            "propagate": False,
+        }
+        return dict(text)
     handler = {
         "class": "logging.StreamHandler",
         "formatter": "json",
@@ -71,9 +95,9 @@ def uvicorn_log_config(log_format: str) -> dict[str, Any] | None:
         "filters": {"request_id": {"()": f"{RequestIdLogFilter.__module__}.{RequestIdLogFilter.__qualname__}"}},
         "handlers": {"json": handler},
         "loggers": {
-            "uvicorn": {"handlers": ["json"], "level": "INFO", "propagate": False},
-            "uvicorn.error": {"level": "INFO"},
-            "uvicorn.access": {"handlers": ["json"], "level": "INFO", "propagate": False},
-            "openai_frontend": {"handlers": ["json"], "level": "WARNING", "propagate": False},
+            "uvicorn": {"handlers": ["json"], "level": level.upper(), "propagate": False},
+            "uvicorn.error": {"level": level.upper()},
+            "uvicorn.access": {"handlers": ["json"], "level": level.upper(), "propagate": False},
+            "openai_frontend": {"handlers": ["json"], "level": frontend_level(level), "propagate": False},
         },
     }

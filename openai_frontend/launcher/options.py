@@ -10,13 +10,16 @@ itself is in ``cli.py``.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from openai_frontend.launcher.log_format import DEFAULT_LOG_LEVEL
 from openai_frontend.launcher.log_rotation import DEFAULT_MAX_MB
 from openai_frontend.launcher.supervisor import MAX_RESTARTS
 from openai_frontend.launcher.triton_endpoints import TritonListen
+from openai_frontend.media.policy import MediaSettings
 from openai_frontend.settings import HttpLimits
 from python_backend.protocol.settings import EngineSettings
 
@@ -74,6 +77,8 @@ class ServeOptions:
     metrics_vllm_names: bool = False  # FrontendSettings.metrics_vllm_names
     triton_listen: TritonListen = field(default_factory=TritonListen)  # tritonserver's listeners
     instances: int | None = None  # instance_group count; None: config.pbtxt's
+    log_level: str = DEFAULT_LOG_LEVEL  # the launcher's, uvicorn's and the frontend's (log_format.py)
+    media_root: str | None = None  # MediaSettings.media_root (file:// media); None: its default
 
     @property
     def dtype(self) -> str:
@@ -106,6 +111,8 @@ class FrontendOptions:
     operations: OperationsOptions = field(default_factory=OperationsOptions)
     metrics_vllm_names: bool = False  # FrontendSettings.metrics_vllm_names
     triton_metrics_url: str = ""  # Triton's /metrics, read for the engine's gauges ("": none)
+    log_level: str = DEFAULT_LOG_LEVEL  # the launcher's, uvicorn's and the frontend's (log_format.py)
+    media_root: str | None = None  # MediaSettings.media_root (file:// media); None: its default
 
 
 @dataclass(frozen=True)
@@ -154,6 +161,13 @@ def engine_settings(options: ServeOptions, model_dir: Path, served_model_name: s
         lora_modules=json.dumps(options.lora_modules) if options.lora_modules else "",
         **values,
     )
+
+
+def media_settings(options: ServeOptions | FrontendOptions, environ: Mapping[str, str]) -> MediaSettings:
+    """The frontend's media policy: the remote allow-list from the environment, as in MindIE (read
+    at start-up), and the local media folder from ``--allowed-local-media-path``."""
+    root = {"media_root": options.media_root} if options.media_root else {}
+    return MediaSettings.from_env(environ, **root)
 
 
 def http_settings(options: ServeOptions | FrontendOptions) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from openai_frontend.launcher.model_repo import (
     write_model_repository,
 )
 from openai_frontend.launcher.network import bind_listening_socket, is_loopback
-from openai_frontend.launcher.options import ServeOptions, engine_settings, http_settings
+from openai_frontend.launcher.options import ServeOptions, engine_settings, http_settings, media_settings
 from openai_frontend.launcher.supervisor import Supervisor
 from openai_frontend.launcher.triton_access import RestrictedAccess, version_problem
 from openai_frontend.launcher.triton_install import TritonInstallError, locate_tritonserver
@@ -224,7 +224,6 @@ def _make_uvicorn(options: ServeOptions, triton: TritonServerProcess, served_nam
     # Imported late: uvicorn and the app are not needed until the model is ready.
     from openai_frontend.app import create_app
     from openai_frontend.launcher.draining_server import draining_server
-    from openai_frontend.media.policy import MediaSettings
     from openai_frontend.settings import FrontendSettings
 
     # model_validate: the frontend's pydantic checks apply, and its defaults fill the rest.
@@ -235,12 +234,11 @@ def _make_uvicorn(options: ServeOptions, triton: TritonServerProcess, served_nam
             "served_model_name": served_name,
             "lora_names": list(options.lora_modules),
             **http_settings(options),
-            # The media allow-list comes from the environment, as in MindIE (read here, at start-up).
-            "media": MediaSettings.from_env(os.environ),
+            "media": media_settings(options, os.environ),
         }
     )
     app = create_app(settings, engine_metrics=triton.read_metrics)
-    return draining_server(app, options.host, options.port, options.tls, options.drain_timeout_s)
+    return draining_server(app, options.host, options.port, options.tls, options.drain_timeout_s, options.log_level)
 
 
 def _join(thread: threading.Thread, stop: threading.Event) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import logging.config
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,14 @@ import pytest
 
 from openai_frontend.launcher.cli import build_parser, main, parse_args, parse_serve_args
 from openai_frontend.launcher.engine_flags import size_in_mib
-from openai_frontend.launcher.options import RepositoryOptions, ServeOptions, engine_settings
+from openai_frontend.launcher.frontend_only import frontend_settings
+from openai_frontend.launcher.log_format import configure_launcher_logging, uvicorn_log_config
+from openai_frontend.launcher.options import FrontendOptions, RepositoryOptions, ServeOptions, engine_settings
+from openai_frontend.media.errors import MediaError
+from openai_frontend.media.local import local_components, read_local_file
+from openai_frontend.media.parts import LocalSource, extract_media
+from openai_frontend.media.policy import MediaSettings
+from python_backend.protocol.errors import ContractError
 from python_backend.protocol.settings import EngineSettings
 
 
@@ -230,6 +239,8 @@ def test_serve_help_shows_vllms_names_and_the_defaults(capsys: pytest.CaptureFix
         "--ssl-keyfile",
         "--ssl-certfile",
         "--ssl-ca-certs",
+        "--allowed-local-media-path",
+        "--uvicorn-log-level",
     ):
         assert name in shown
     for default in (
@@ -238,6 +249,8 @@ def test_serve_help_shows_vllms_names_and_the_defaults(capsys: pytest.CaptureFix
         "default and cap of max_tokens (default: 512)",
         "(default: 127.0.0.1)",
         "(default: 8000)",
+        "(default: /data/multimodal_inputs/)",
+        "(default: info)",
     ):
         assert default in shown
     assert "python_backend/protocol/settings" not in shown
@@ -250,3 +263,87 @@ def test_every_serve_flag_says_its_default() -> None:
         if action.option_strings and action.dest != "help" and "default" not in (action.help or "")
     ]
     assert not unsaid
+
+
+def test_allowed_local_media_path_is_where_file_media_is_read(tmp_path: Path) -> None:
+    root = tmp_path / "media"
+    root.mkdir()
+    (root / "cat.png").write_bytes(b"png bytes")
+    (tmp_path / "secret.png").write_bytes(b"outside")
+    options = parse_args(
+        [
+            "frontend",
+            "--triton-url",
+            "127.0.0.1:8001",
+            "--served-model-name",
+            "m",
+            "--allowed-local-media-path",
+            str(root),
+        ]
+    )
+    assert isinstance(options, FrontendOptions)
+    media = frontend_settings(options).media
+    assert media.media_root == str(root.resolve())
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file://cat.png"}}]}]
+    source = extract_media(messages, media).refs[0].source
+    assert isinstance(source, LocalSource)
+    assert read_local_file(source.components, media.media_root, 1024) == b"png bytes"
+    outside = [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": f"file://{tmp_path}/secret.png"}}]}
+    ]
+    with pytest.raises(ContractError):
+        extract_media(outside, media)
+    with pytest.raises(MediaError):
+        local_components("../secret.png", media.media_root)
+
+
+def test_the_media_folder_defaults_to_the_frontends_and_must_exist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _serve().media_root == MediaSettings().media_root
+    missing = tmp_path / "absent"
+    assert f"--allowed-local-media-path: '{missing}' is not a folder" in _usage_error(
+        ["--allowed-local-media-path", str(missing)], capsys
+    )
+
+
+def test_log_level_sets_the_launchers_uvicorns_and_the_frontends(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _serve("--uvicorn-log-level", "warning").log_level == _serve("--log-level", "warning").log_level == "warning"
+    assert _serve().log_level == "info"
+    logger = logging.getLogger("test.launcher.level")
+    configure_launcher_logging(logger, "text", "warning")
+    try:
+        logger.info("hidden")
+        logger.warning("shown")
+    finally:
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+    assert capsys.readouterr().err == "triton-chat: shown\n"
+    # Default text logging keeps uvicorn's own config; other levels configure the frontend's too.
+    assert uvicorn_log_config("text") is None
+    names = ("uvicorn", "uvicorn.error", "uvicorn.access", "openai_frontend")
+    loggers = [logging.getLogger(name) for name in names]
+    saved = [(one, one.handlers[:], one.level, one.propagate) for one in loggers]
+    try:
+        for level, frontend in (("debug", logging.DEBUG), ("error", logging.ERROR), ("info", logging.WARNING)):
+            for log_format in ("text", "json"):
+                config = uvicorn_log_config(log_format, level)
+                if config is None:
+                    continue
+                logging.config.dictConfig(config)
+                assert logging.getLogger("openai_frontend").level == frontend
+                assert logging.getLogger("uvicorn.access").level == logging.getLevelName(level.upper())
+    finally:
+        for one, handlers, level_before, propagate in saved:
+            one.handlers, one.propagate = handlers, propagate
+            one.setLevel(level_before)
+
+
+def test_uvicorn_runs_at_the_log_level() -> None:
+    from openai_frontend.app import create_app
+    from openai_frontend.launcher.draining_server import draining_server
+    from openai_frontend.settings import FrontendSettings
+
+    app = create_app(FrontendSettings(served_model_name="m"))
+    server = draining_server(app, "127.0.0.1", 8000, None, 0, "warning")
+    assert server.config.log_level == "warning"
