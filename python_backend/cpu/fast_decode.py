@@ -28,9 +28,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
+from transformers.cache_utils import Cache
 from transformers.models.llama.modeling_llama import rotate_half
 
 from python_backend.cpu.attention import one_row_attention
@@ -40,30 +41,33 @@ from python_backend.cpu.fused_rope import RopeKernel
 from python_backend.cpu.linear import PackedLinear
 from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel
 from python_backend.cpu.prompt_attention import PromptAttentionKernel
-from python_backend.engine.batch_cache import BatchCache
 
 # (query [B, H, 1, D], keys, values [B, KV, L, D], keep [B, L] or None, scale) -> [B, 1, H, D]
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float], torch.Tensor]
 
+# The step's caches: any transformers cache (the step only calls ``update(key, value, layer)``);
+# the engine's own kind (engine/batch_cache.py) stays its type in the rows and segments it builds.
+CacheT = TypeVar("CacheT", bound=Cache)
+
 
 @dataclass
-class DecodeRows:
+class DecodeRows(Generic[CacheT]):
     """The running batch's part of a step: one new token per row."""
 
     input_ids: torch.Tensor  # [B, 1]
     position_ids: torch.Tensor  # [B, 1]
-    cache: BatchCache
+    cache: CacheT
     keep: torch.Tensor | None  # [B, L + 1], True on real positions; None without padding
 
 
 @dataclass
-class PromptSegment:
+class PromptSegment(Generic[CacheT]):
     """Prompt tokens of one request computed in a mixed step, after the positions its one-row
     ``cache`` already holds (a cached prefix, earlier chunks); the cache is extended in place."""
 
     input_ids: list[int]
     start: int  # the position of the first
-    cache: BatchCache
+    cache: CacheT
     want_logits: bool  # the prompt ends here: the logits of its last position are needed
 
 
@@ -260,14 +264,14 @@ class FastDecoder:
         return (query_key * cos) + (rotate_half(query_key) * sin)
 
     def logits(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: BatchCache, keep: torch.Tensor | None
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: Cache, keep: torch.Tensor | None
     ) -> torch.Tensor:
         """[B, vocab] logits of the next token; ``keep`` [B, L + 1] marks real (non-padding) positions."""
         out = self.mixed_logits(DecodeRows(input_ids, position_ids, cache, keep), [])
         assert out.decode is not None  # decode rows were given (an invariant, not input)
         return out.decode
 
-    def mixed_logits(self, decode: DecodeRows | None, segments: list[PromptSegment]) -> MixedLogits:
+    def mixed_logits(self, decode: DecodeRows[CacheT] | None, segments: list[PromptSegment[CacheT]]) -> MixedLogits:
         """One forward pass over the decode rows' new tokens and the prompt segments' tokens."""
         rows = decode.input_ids.shape[0] if decode is not None else 0
         device = self._decoder.embed_tokens.weight.device

@@ -60,7 +60,7 @@ class OpenSegment:
     """A request's prompt tokens computed inside this step's mixed forward pass."""
 
     group: RequestGroup
-    segment: PromptSegment
+    segment: PromptSegment[BatchCache]
     cached: int = 0  # prompt tokens its cache started from (the prefix cache), for the first segment
 
 

@@ -259,7 +259,7 @@ class StepRunner:
             return
         self._take_decode_logits(logits, started)
 
-    def _decode_rows(self) -> DecodeRows:
+    def _decode_rows(self) -> DecodeRows[BatchCache]:
         """The running rows' inputs of a decode step."""
         device = self._loaded.device
         input_ids = torch.tensor([[s.next_input] for s in self._running], dtype=torch.long, device=device)

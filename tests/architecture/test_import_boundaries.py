@@ -3,7 +3,8 @@
 The rules are the architecture: the frontend and the launcher use only the backend's ``protocol``;
 ``protocol`` is the standard library and numpy; only ``python_backend.triton`` talks to Triton's
 Python backend; only ``openai_frontend.client`` talks gRPC; ``openai_frontend.completions`` builds
-on ``openai_frontend.chat``, never the other way round. Imports inside functions count too.
+on ``openai_frontend.chat``, never the other way round; ``cpu`` sits below the engine and imports
+only ``protocol`` of ours. Imports inside functions count too.
 """
 
 from __future__ import annotations
@@ -127,6 +128,17 @@ def test_only_the_triton_adapter_imports_the_python_backend_utils(all_imports: l
 def test_the_engine_core_never_imports_the_adapter_or_the_frontend(all_imports: list[Import]) -> None:
     for core in ("engine", "sampling", "text", "prompt", "model", "cpu"):
         assert violations(all_imports, f"python_backend.{core}", ("python_backend.triton", "openai_frontend")) == []
+
+
+def test_the_cpu_speed_paths_sit_below_the_engine(all_imports: list[Import]) -> None:
+    # The engine and the model loader import cpu/; cpu/ imports nothing of theirs (its step inputs
+    # take any transformers cache, not the engine's), so the two never import each other.
+    banned = ("python_backend", "openai_frontend", "triton_python_backend_utils")
+    allowed = ("python_backend.cpu", "python_backend.protocol")
+    assert violations(all_imports, "python_backend.cpu", banned, allowed) == []
+    assert any(
+        _within(imp.target, "python_backend.cpu") for imp in all_imports if _within(imp.module, "python_backend.engine")
+    )
 
 
 def test_tensor_parallel_sits_above_the_engine_and_below_the_adapter(all_imports: list[Import]) -> None:
