@@ -31,7 +31,7 @@ from openai_frontend.http.openapi import install_openapi
 from openai_frontend.http.request_id import REQUEST_ID_HEADER, RequestIdMiddleware
 from openai_frontend.media.loader import MediaLoader
 from openai_frontend.media.net import Network
-from openai_frontend.routes import chat, completions, health, metrics, models, tokenize, version
+from openai_frontend.routes import chat, completions, health, load, metrics, models, tokenize, version
 from openai_frontend.routes.docs import docs_router, swagger_assets
 from openai_frontend.settings import FrontendSettings
 from openai_frontend.state import FrontendState
@@ -80,6 +80,7 @@ def create_app(
     app.include_router(completions.router)
     app.include_router(models.router)
     app.include_router(health.router)
+    app.include_router(load.router)
     app.include_router(metrics.router)
     app.include_router(tokenize.router)
     app.include_router(version.router)
