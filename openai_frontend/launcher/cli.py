@@ -202,15 +202,16 @@ def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions | RepositoryOp
 
 
 def lora_module(item: str) -> tuple[str, str] | None:
-    """One ``--lora-modules`` value: ``NAME=DIR`` or vLLM's ``{"name": NAME, "path": DIR}``
-    (its ``base_model_name`` accepted: there is one base model); None when it is neither."""
+    """One ``--lora-modules`` value: ``NAME=DIR`` or vLLM's ``{"name": NAME, "path": DIR}``; None
+    when it is neither. vLLM's ``base_model_name`` is refused, not ignored: every adapter here
+    applies to the one served model, and /v1/models names it as the parent already."""
     if item.lstrip().startswith("{"):
         try:
             entry = json.loads(item)
         except json.JSONDecodeError:
             return None
         name, folder = entry.get("name"), entry.get("path")
-        if set(entry) - {"name", "path", "base_model_name"} or not isinstance(name, str) or not isinstance(folder, str):
+        if set(entry) - {"name", "path"} or not isinstance(name, str) or not isinstance(folder, str):
             return None
     else:
         name, _, folder = item.partition("=")

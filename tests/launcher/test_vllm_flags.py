@@ -116,13 +116,22 @@ def test_lora_modules_takes_several_values_json_and_the_old_flag(tmp_path: Path)
     repeated = _serve("--lora-module", f"sql={sql}", "--lora-modules", f"chat={chat}")
     as_json = _serve(
         "--lora-modules",
-        json.dumps({"name": "sql", "path": str(sql), "base_model_name": "base"}),
+        json.dumps({"name": "sql", "path": str(sql)}),
         json.dumps({"name": "chat", "path": str(chat)}),
     )
     assert several.lora_modules == repeated.lora_modules == as_json.lora_modules == expected
 
 
-@pytest.mark.parametrize("item", ["sql", '{"name": "sql"}', '{"name": "sql", "path": "/x", "rank": 8}', "{broken"])
+@pytest.mark.parametrize(
+    "item",
+    [
+        "sql",
+        '{"name": "sql"}',
+        '{"name": "sql", "path": "/x", "rank": 8}',
+        '{"name": "sql", "path": "/x", "base_model_name": "b"}',
+        "{broken",
+    ],
+)
 def test_a_bad_lora_module_shows_both_forms(item: str, capsys: pytest.CaptureFixture[str]) -> None:
     err = _usage_error(["--lora-modules", item], capsys)
     assert '--lora-modules takes NAME=DIR or {"name": NAME, "path": DIR}' in err
