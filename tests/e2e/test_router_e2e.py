@@ -28,6 +28,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from openai_frontend.launcher.network import free_port
+from tests.e2e.processes import descendants
+from tests.e2e.test_orphans_e2e import _run_folders
 from tests.e2e.test_smoke import _read_until, _start_launcher
 
 pytestmark = pytest.mark.e2e
@@ -264,7 +266,11 @@ def test_a_lost_replica_costs_only_its_requests_in_flight_and_rejoins(replicas: 
         while httpx.get(f"{lost.url}/get_load", timeout=5).json()["load"] == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
         in_flight_on_lost = httpx.get(f"{lost.url}/get_load", timeout=5).json()["load"]
+        assert lost.process is not None
+        folders = _run_folders(descendants(lost.process.pid))  # SIGKILL leaves them; other tests look for strays
         lost.stop(signal.SIGKILL)  # no drain: what it held is lost
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
         later = [pool.submit(_stream, router.url, 100 + i) for i in range(16)]
         outcomes = [f.result() for f in first + later]
     failed = [o for o in outcomes if o != "finished"]
