@@ -92,7 +92,7 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
         type=float,
         default=DEFAULT_READY_TIMEOUT_S,
         metavar="SECONDS",
-        help="how long to wait for the model to load (default: 600)",
+        help=f"how long to wait for the model to load (default: {DEFAULT_READY_TIMEOUT_S:g})",
     )
     triton.add_argument(
         "--max-restarts",

@@ -130,8 +130,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                 dest=spec.name,
                 type=size_in_mib,
                 metavar="BYTES",
-                help=f"{info.flag} in bytes, as vLLM's (4G = 4 GiB, 4g = 4e9; rounded up to whole MiB) "
-                f"(default: {_shown_default(spec, info)})",
+                help=with_default(
+                    f"{info.flag} in bytes, as vLLM's (4G = 4 GiB, 4g = 4e9; rounded up to whole MiB)",
+                    _shown_default(spec, info),
+                ),
             )
     groups[LIMITS_GROUP].add_argument(
         "--speculative-config", type=speculative_config, metavar="JSON", help=SPECULATIVE_CONFIG_HELP
