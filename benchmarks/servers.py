@@ -76,14 +76,31 @@ class ServedProcess:
 
 
 def ours(
-    model_dir: str, dtype: str, log: Path, max_num_seqs: int = 64, extra_args: tuple[str, ...] = ()
+    model_dir: str | None,
+    dtype: str,
+    log: Path,
+    max_num_seqs: int = 64,
+    extra_args: tuple[str, ...] = (),
+    label: str = "triton-chat",
 ) -> ServedProcess:
+    """``triton-chat serve`` of ``model_dir`` (None: the demo model, as ``serve`` without ``--model``)."""
     port = free_port()
+    model = ("--model", model_dir) if model_dir is not None else ()
     command = [
-        sys.executable, "-m", "openai_frontend.launcher", "serve", "--model", model_dir, "--port", str(port),
+        sys.executable, "-m", "openai_frontend.launcher", "serve", *model, "--port", str(port),
         "--dtype", dtype, "--max-num-seqs", str(max_num_seqs), "--served-model-name", "bench", *extra_args,
     ]  # fmt: skip
-    return ServedProcess("triton-chat", command, dict(os.environ), port, log)
+    return ServedProcess(label, command, dict(os.environ), port, log)
+
+
+def vllm_router(binary: str, worker_urls: list[str], policy: str, log: Path) -> ServedProcess:
+    """vLLM's router (its own binary) over ``worker_urls`` (each ``http://host:port``)."""
+    port = free_port()
+    command = [
+        binary, "--host", "127.0.0.1", "--port", str(port), "--policy", policy, "--worker-urls", *worker_urls,
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+    ]  # fmt: skip
+    return ServedProcess("vllm-router", command, dict(os.environ), port, log)
 
 
 def vllm(python: str, model_dir: str, dtype: str, log: Path, extra_args: tuple[str, ...] = ()) -> ServedProcess:

@@ -31,7 +31,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from benchmarks.cpu_hog import CpuHog
@@ -212,7 +212,7 @@ def summarize(
 
 
 async def run_traffic(
-    base_url: str,
+    base_url: str | Sequence[str],
     model: str,
     workload: Workload,
     requests: int,
@@ -229,12 +229,16 @@ async def run_traffic(
 
     With Poisson arrivals ``concurrency`` still caps the connections in flight (a client pool's
     size), so that an overloaded server queues requests in the client rather than without bound.
+    Several base URLs (replicas without a balancer) get the connections in turn, so a closed
+    loop keeps C/N requests in flight on each.
     """
-    url = base_url.rstrip("/") + "/chat/completions"
+    urls = [base_url] if isinstance(base_url, str) else list(base_url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     bodies = [request_body(model, r) for r in build_requests(workload, requests + 1)]
     pool: asyncio.Queue[StreamingConnection] = asyncio.Queue()
-    connections = [StreamingConnection(url, headers) for _ in range(concurrency)]
+    connections = [
+        StreamingConnection(urls[i % len(urls)].rstrip("/") + "/chat/completions", headers) for i in range(concurrency)
+    ]
     for connection in connections:
         pool.put_nowait(connection)
     results: list[RequestResult] = []
