@@ -5,90 +5,14 @@ JSON-carrying tensors, and the encode/decode helpers both sides use (errors: ``e
 It imports neither torch nor tritonclient (numpy only), so the frontend can use it without
 loading a model, and the backend without loading a client.
 
-Inputs (all optional except that exactly one of ``messages`` / ``text_input`` /
-``prompt_token_ids`` must be given):
-
-=========================  ======  =====  ===========================================================
-name                       dtype   shape  meaning
-=========================  ======  =====  ===========================================================
-``messages``               BYTES   [1]    JSON list of OpenAI chat messages; the model applies its
-                                          chat template (with ``tools`` / ``chat_template_kwargs``
-                                          from ``generation_parameters``).
-``text_input``             BYTES   [1]    a raw prompt, used as is (no chat template); the name of
-                                          Triton's vLLM backend, so its clients work unchanged. A
-                                          request with it and none of ``messages``,
-                                          ``generation_parameters``, ``media``, ``stream_channel``
-                                          speaks the vLLM backend's contract (``vllm_compat``).
-``prompt_token_ids``       INT32   [-1]   a raw prompt as token ids, used as they are (no template,
-                                          no tokenizing); each must be in the vocabulary.
-``generation_parameters``  BYTES   [1]    JSON object of generation parameters; keys and rules in
-                                          ``python_backend.protocol.params`` (unknown keys are an error).
-``sampling_parameters``    BYTES   [1]    the vLLM backend's parameters (its keys and casts,
-                                          ``vllm_compat``); beside ``messages`` an alias of
-                                          ``generation_parameters`` (giving both is an error).
-``stream``                 BOOL    [1]    true: one response per text delta; false (default): one
-                                          response per choice carrying its whole text.
-``exclude_input_in_output`` BOOL   [1]    vLLM-backend compatibility: for a non-streaming
-                                          ``text_input`` request the prompt is prepended to the
-                                          output unless this is true (vLLM's default).
-``return_finish_reason``   BOOL    [1]    vLLM contract: send ``finish_reason`` (``"None"`` while
-                                          running); ours: ignored (the last response has it).
-``return_cumulative_logprob`` BOOL [1]    vLLM contract: send ``cumulative_logprob``; ours: ignored.
-``return_logprobs``        BOOL    [1]    vLLM contract: send ``logprobs`` in the vLLM format;
-                                          ours: ignored (``logprobs`` follows the parameters).
-``return_num_input_tokens`` BOOL   [1]    true: every response carries this count (the vLLM
-                                          backend's flag); otherwise (ours) a choice's last one only.
-``return_num_output_tokens`` BOOL  [1]    the same for ``num_output_tokens`` (vLLM contract: the
-                                          tokens of this response; ours: of the choice so far).
-``media``                  BYTES   [-1]   raw bytes of each media item, in the order the
-                                          ``messages`` parts reference them (``media_index``).
-``media_types``            BYTES   [-1]   the MIME type of each ``media`` item.
-``health_probe``           BOOL    [1]    true: not a generation request but the readiness probe;
-                                          answered at once, outside the batch, with one final
-                                          response whose ``text_output`` is the engine's health
-                                          as JSON (``"status": "ready"``), or with a 503 error
-                                          that says why the engine does not serve. Other inputs
-                                          are ignored.
-``open_channel``           BYTES   [1]    a name (8-128 characters): opens a response channel, one
-                                          response per engine pass with the deltas of the requests
-                                          that name it (``triton/channels.py``).
-``stream_channel``         BYTES   [1]    the open channel this request's deltas go to; its own
-                                          stream then carries only an error or the final flag.
-``cancel_request``         BYTES   [1]    a request id: not a generation request; that request is
-                                          cancelled as a gRPC cancel would, without waiting for the
-                                          engine to ask Triton; one final response, no outputs.
-``tokenize``               BYTES   [1]    JSON query (``tokenize.py``): not a generation request;
-                                          answered at once, outside the batch, with one final
-                                          response whose ``text_output`` is the JSON answer (token
-                                          ids of a prompt or of chat messages, or the text of ids).
-=========================  ======  =====  ===========================================================
-
-Outputs (one response describes one choice; ``text_output`` is in every response, the others
-only when they say something: an absent output reads as empty, an absent ``choice_index`` as 0,
-and the token counts come with a choice's last response unless ``return_num_*_tokens`` asks for
-them in every response; a vLLM-contract request gets ``text_output`` and only the outputs its
-``return_*`` flags ask for, in every response, written by ``vllm_compat.VllmResponder``):
-
-=====================  ======  =====  ===============================================================
-name                   dtype   shape  meaning
-=====================  ======  =====  ===============================================================
-``text_output``        BYTES   [1]    content text: the delta (stream) or the whole text (non-stream)
-``reasoning_output``   BYTES   [1]    reasoning text (``<think>`` content), same delta rule
-``tool_calls``         BYTES   [1]    JSON list of tool-call deltas, or empty
-``choice_index``       INT32   [1]    which choice (0..n-1) this response belongs to
-``finish_reason``      BYTES   [1]    empty while the choice runs; ``stop``/``length``/``tool_calls``
-                                      on its last response
-``logprobs``           BYTES   [1]    JSON list of ``TokenLogprob`` for the tokens of this response,
-                                      or empty when not requested
-``usage``              BYTES   [1]    JSON ``ChoiceUsage``, only on a choice's last response
-``num_input_tokens``   UINT32  [1]    prompt tokens (vLLM-backend compatible)
-``num_output_tokens``  UINT32  [1]    tokens generated for this choice so far (vLLM contract: in
-                                      this response)
-``prompt_logprobs``    BYTES   [1]    JSON list, an object per prompt token (``prompt_logprobs.py``),
-                                      on the request's first response, when ``prompt_logprobs`` asks
-``cumulative_logprob`` FP32    [1]    vLLM contract only: the choice's summed token logprobs so far
-``channel_deltas``     BYTES   [1]    a channel's response only: JSON list of entries (``channel_wire``)
-=====================  ======  =====  ===============================================================
+The tensors are declared once, in ``INPUT_SPECS`` and ``OUTPUT_SPECS`` below (name, datatype,
+dims, optional); config.pbtxt's ``input`` and ``output`` sections and the tables of
+docs/tensor-contract.md, which says what each tensor means, are checked against them by tests.
+Exactly one of ``messages`` / ``text_input`` / ``prompt_token_ids`` must be given. One response
+describes one choice; ``text_output`` is in every response, the other outputs only when they say
+something (an absent output reads as empty, an absent ``choice_index`` as 0). A request with
+``text_input`` and none of our own inputs speaks the Triton vLLM backend's dialect
+(``python_backend.prompt.vllm_compat``).
 
 The parameters tensor is not called ``parameters``: Triton's HTTP generate endpoint reserves that
 JSON key for request parameters and refuses an input tensor of the same name.
@@ -101,7 +25,7 @@ OpenAI error type and the offending field. Every request ends with exactly one f
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -183,6 +107,9 @@ class TensorSpec:
     optional: bool = True
 
 
+# How a request's input tensors are read: by name, None when the request did not send it.
+TensorGetter = Callable[[str], "np.ndarray | None"]
+
 INPUT_SPECS: tuple[TensorSpec, ...] = (
     TensorSpec(MESSAGES, "BYTES", (1,)),
     TensorSpec(TEXT_INPUT, "BYTES", (1,)),
@@ -201,19 +128,15 @@ INPUT_SPECS: tuple[TensorSpec, ...] = (
     TensorSpec(TOKENIZE, "BYTES", (1,)),
 )
 
-OUTPUT_SPECS: tuple[TensorSpec, ...] = (
-    TensorSpec(TEXT_OUTPUT, "BYTES", (1,), optional=False),
-    TensorSpec(REASONING_OUTPUT, "BYTES", (1,), optional=False),
-    TensorSpec(TOOL_CALLS, "BYTES", (1,), optional=False),
-    TensorSpec(CHOICE_INDEX, "INT32", (1,), optional=False),
-    TensorSpec(FINISH_REASON, "BYTES", (1,), optional=False),
-    TensorSpec(LOGPROBS, "BYTES", (1,), optional=False),
-    TensorSpec(USAGE, "BYTES", (1,), optional=False),
-    TensorSpec(NUM_INPUT_TOKENS, "UINT32", (1,), optional=False),
-    TensorSpec(NUM_OUTPUT_TOKENS, "UINT32", (1,), optional=False),
-    TensorSpec(PROMPT_LOGPROBS, "BYTES", (1,), optional=False),
-    TensorSpec(CUMULATIVE_LOGPROB, "FP32", (1,), optional=False),
-    TensorSpec(CHANNEL_DELTAS, "BYTES", (1,), optional=False),
+# Every output has one element; all are BYTES (text or JSON) but these.
+_OUTPUT_NUMBERS = {
+    CHOICE_INDEX: "INT32",
+    NUM_INPUT_TOKENS: "UINT32",
+    NUM_OUTPUT_TOKENS: "UINT32",
+    CUMULATIVE_LOGPROB: "FP32",
+}
+OUTPUT_SPECS: tuple[TensorSpec, ...] = tuple(
+    TensorSpec(name, _OUTPUT_NUMBERS.get(name, "BYTES"), (1,), optional=False) for name in OUTPUT_NAMES
 )
 
 
