@@ -1,3 +1,5 @@
 """Request inputs into prompt ids: the input tensors of a request, the chat template, and
-multimodal media. Imports protocol, text, torch and transformers.
+multimodal media; and the Triton vLLM backend's dialect of the tensor contract (``vllm_compat``:
+its requests in, its responses' tensors out, which the adapter writes). Imports protocol, text,
+torch and transformers.
 """

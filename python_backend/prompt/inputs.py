@@ -3,30 +3,29 @@
 Owns: ``decode_request`` (contract checks, parameter and message validation, the chat template,
 raw prompt or prompt token ids, each prompt under the input ceiling before any work) and ``PreparedRequest``. It sees tensors as numpy arrays by name, so it is tested
 without Triton; the adapter only fetches the arrays. A request in the vLLM backend's contract
-(``protocol/vllm_compat.py``) gets its parameters from there and its raw text untouched.
+(``vllm_compat.py``) gets its parameters from there and its raw text untouched.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from python_backend.prompt import vllm_compat
 from python_backend.prompt.chat_template import encode_chat_prompt, encode_raw_prompt, render_prompt_text
 from python_backend.prompt.multimodal.processor import MediaInputs, MediaProcessor
 from python_backend.prompt.multimodal.request_media import collect_media
-from python_backend.protocol import contract, vllm_compat
+from python_backend.protocol import contract
+from python_backend.protocol.contract import TensorGetter
 from python_backend.protocol.errors import ContractError, invalid, model_not_found
 from python_backend.protocol.input_limits import check_input_size
 from python_backend.protocol.messages import validate_tensor_messages
 from python_backend.protocol.params import GenerationParams, parse_parameters
 from python_backend.text.output_formats import ModelFormats, plan_output
 from python_backend.text.output_plan import OutputPlan
-
-TensorGetter = Callable[[str], "np.ndarray | None"]
 
 
 @dataclass(frozen=True)

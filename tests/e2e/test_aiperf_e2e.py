@@ -29,7 +29,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from openai_frontend.launcher.model_repo import shipped_model_dir
-from python_backend.protocol.vllm_compat import VLLM_FIELDS
+from python_backend.prompt.vllm_compat import VLLM_FIELDS
 from tests.e2e.processes import stop, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -15,8 +15,8 @@ import torch
 from test_sampler import row
 
 from python_backend.engine.prompt_scores import PromptScorer
+from python_backend.prompt.vllm_compat import logprobs_json
 from python_backend.protocol.contract import TokenLogprob, TopLogprob
-from python_backend.protocol.vllm_compat import logprobs_json
 from python_backend.sampling.ranks import token_ranks, top_tokens
 from python_backend.sampling.sampler import sample
 

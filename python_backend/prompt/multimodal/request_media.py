@@ -7,18 +7,14 @@ bytes with the model's limits. Errors name the part (``messages.0.content.1``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
-
-import numpy as np
 
 from python_backend.prompt.multimodal.media_decode import decode_media
 from python_backend.prompt.multimodal.processor import MediaItem, MediaProcessor
 from python_backend.protocol import contract
+from python_backend.protocol.contract import TensorGetter
 from python_backend.protocol.errors import invalid
 from python_backend.protocol.messages import INTERNAL_MEDIA_TYPES
-
-TensorGetter = Callable[[str], "np.ndarray | None"]
 
 
 def media_parts(messages: list[dict[str, Any]]) -> list[tuple[str, str, int]]:

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from python_backend.protocol import contract
-from python_backend.protocol.contract import ChoiceDelta, TokenLogprob
+from python_backend.protocol.contract import ChoiceDelta, TensorGetter, TokenLogprob
 from python_backend.protocol.errors import invalid
 
 # vLLM's SamplingParams default when a request gives no max_tokens.
@@ -94,8 +93,6 @@ DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
     "allowed_token_ids": (None,),
 }
 VLLM_FIELDS = SAME_NAME | frozenset(DEFAULT_ONLY) | {"logprobs", "lora_name", "structured_outputs"}
-
-TensorGetter = Callable[[str], "np.ndarray | None"]
 
 
 def speaks_vllm(get: TensorGetter) -> bool:

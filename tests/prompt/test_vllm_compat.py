@@ -8,11 +8,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from python_backend.protocol import contract, vllm_compat
+from python_backend.prompt import vllm_compat
+from python_backend.prompt.vllm_compat import VllmOutputs, VllmResponder
+from python_backend.protocol import contract
 from python_backend.protocol.contract import ChoiceDelta, TokenLogprob, TopLogprob
 from python_backend.protocol.errors import ContractError
 from python_backend.protocol.params import parse_parameters
-from python_backend.protocol.vllm_compat import VllmOutputs, VllmResponder
 
 
 def getter(tensors: dict[str, np.ndarray]) -> vllm_compat.TensorGetter:
