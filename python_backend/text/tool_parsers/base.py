@@ -3,7 +3,8 @@
 Owns: ``ToolCall`` (one complete call, with its ``call_<24 hex>`` id and its OpenAI forms),
 ``ParserOutput``, the ``ToolParser`` protocol (fed text deltas after detokenization, returns the
 content that is safe to show and the calls completed so far), ``SteppedToolParser``, the feed
-and finish driver of the parsers written as a state machine over a text buffer, ``held_prefix``,
+and finish driver of the parsers written as a state machine over a text buffer (with the moves
+they share: release content up to a tag, skip the space after a call), ``json_object``, ``held_prefix``,
 the rule that holds text back only while it could still be the start of a tag, and ``JsonEnd``,
 which finds where a streamed JSON object or array closes.
 """
@@ -38,6 +39,16 @@ class ToolCall:
         """The streaming ``delta.tool_calls[i]`` entry: the whole call at once, so the
         concatenated ``arguments`` of a stream always parse as JSON."""
         return {"index": index, **self.message_form()}
+
+
+def json_object(body: str) -> dict[str, Any] | None:
+    """``body`` decoded when it is a JSON object; None when it is anything else (model output is
+    never an error: the caller releases such text as content)."""
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def call_from_object(name: Any, arguments: Any) -> ToolCall | None:
@@ -112,6 +123,21 @@ class SteppedToolParser(ABC):
         rest, self._buffer = self._buffer, ""
         self._finish(rest, out)
         return out
+
+    def _content_until(self, tag: str, out: ParserOutput) -> bool:
+        """Release the content before ``tag``: True when it was found (the buffer now starts with
+        it); False when it was not, with only a tail that may still become ``tag`` held back."""
+        start = self._buffer.find(tag)
+        cut = start if start >= 0 else len(self._buffer) - held_prefix(self._buffer, (tag,))
+        out.content += self._buffer[:cut]
+        self._buffer = self._buffer[cut:]
+        return start >= 0
+
+    def _skip_space(self) -> bool:
+        """Drop the buffer's leading whitespace (what follows a call); False when nothing else is
+        buffered yet."""
+        self._buffer = self._buffer.lstrip()
+        return bool(self._buffer)
 
     @abstractmethod
     def _step(self, out: ParserOutput) -> bool:

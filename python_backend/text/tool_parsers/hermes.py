@@ -17,69 +17,56 @@ until the call closes (a call is emitted whole, once).
 
 from __future__ import annotations
 
-import json
-
-from python_backend.text.tool_parsers.base import ParserOutput, ToolCall, call_from_object, held_prefix
+from python_backend.text.tool_parsers.base import (
+    ParserOutput,
+    SteppedToolParser,
+    ToolCall,
+    call_from_object,
+    json_object,
+)
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
 
 
 def _parse_body(body: str) -> ToolCall | None:
-    try:
-        data = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(data, dict):
+    data = json_object(body)
+    if data is None:
         return None
     arguments = data.get("arguments", data.get("parameters"))
     return call_from_object(data.get("name"), arguments)
 
 
-class HermesToolParser:
-    """Incremental ``<tool_call>{json}</tool_call>`` parser for one sequence."""
+class HermesToolParser(SteppedToolParser):
+    """Incremental ``<tool_call>{json}</tool_call>`` parser for one sequence (in a call,
+    ``_buffer`` is the call's body so far)."""
 
     def __init__(self, prefill: str = "") -> None:
-        self._buffer = ""  # text not yet released: a possible tag start, or an open call's body
         self._in_call = False
         self._scan_from = 0  # an open call's body before this offset holds no closing tag
         self._after_call = False  # swallowing whitespace that follows a call
-        # The prompt may already hold the start of a call (tool_choice required or named): parse
-        # it as if the model had written it, so the model's continuation completes that call.
-        self._carry = ParserOutput()
-        if prefill:
-            self._carry = self.feed(prefill)
+        super().__init__(prefill)
 
-    def feed(self, text: str) -> ParserOutput:
-        out, self._carry = self._carry, ParserOutput()
-        self._buffer += text
-        while True:
-            if self._in_call:
-                end = self._buffer.find(CLOSE_TAG, self._scan_from)
-                if end < 0:
-                    # Incomplete: hold all of it, and never rescan what was searched (no O(n^2)).
-                    self._scan_from = max(len(self._buffer) - len(CLOSE_TAG) + 1, 0)
-                    return out
-                body, self._buffer = self._buffer[:end], self._buffer[end + len(CLOSE_TAG) :]
-                self._close_call(body, out, closed=True)
-                continue
-            if self._after_call:
-                stripped = self._buffer.lstrip()
-                if not stripped:
-                    self._buffer = ""
-                    return out
-                self._buffer, self._after_call = stripped, False
-            start = self._buffer.find(OPEN_TAG)
-            if start >= 0:
-                out.content += self._buffer[:start]
-                self._buffer = self._buffer[start + len(OPEN_TAG) :]
-                self._in_call, self._scan_from = True, 0
-                continue
-            keep = held_prefix(self._buffer, (OPEN_TAG,))
-            cut = len(self._buffer) - keep
-            out.content += self._buffer[:cut]
-            self._buffer = self._buffer[cut:]
-            return out
+    def _step(self, out: ParserOutput) -> bool:
+        """One move of the state machine; False when it must wait for more text."""
+        if self._in_call:
+            end = self._buffer.find(CLOSE_TAG, self._scan_from)
+            if end < 0:
+                # Incomplete: hold all of it, and never rescan what was searched (no O(n^2)).
+                self._scan_from = max(len(self._buffer) - len(CLOSE_TAG) + 1, 0)
+                return False
+            body, self._buffer = self._buffer[:end], self._buffer[end + len(CLOSE_TAG) :]
+            self._close_call(body, out, closed=True)
+            return True
+        if self._after_call:
+            if not self._skip_space():
+                return False
+            self._after_call = False
+        if not self._content_until(OPEN_TAG, out):
+            return False
+        self._buffer = self._buffer[len(OPEN_TAG) :]
+        self._in_call, self._scan_from = True, 0
+        return True
 
     def _close_call(self, body: str, out: ParserOutput, closed: bool) -> None:
         self._in_call = False
@@ -90,11 +77,8 @@ class HermesToolParser:
             out.calls.append(call)
             self._after_call = True
 
-    def finish(self) -> ParserOutput:
-        out, self._carry = self._carry, ParserOutput()
-        rest, self._buffer = self._buffer, ""
+    def _finish(self, rest: str, out: ParserOutput) -> None:
         if self._in_call:
             self._close_call(rest, out, closed=False)
         elif not self._after_call:
             out.content += rest
-        return out

@@ -19,15 +19,13 @@ held only while it could still start a call.
 
 from __future__ import annotations
 
-import json
-
 from python_backend.text.tool_parsers.base import (
     JsonEnd,
     ParserOutput,
     SteppedToolParser,
     ToolCall,
     call_from_object,
-    held_prefix,
+    json_object,
 )
 
 PYTHON_TAG = "<|python_tag|>"
@@ -35,11 +33,8 @@ _SEPARATORS = " \t\r\n;"
 
 
 def _parse_call(body: str) -> ToolCall | None:
-    try:
-        data = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(data, dict) or "name" not in data:
+    data = json_object(body)
+    if data is None or "name" not in data:
         return None
     return call_from_object(data.get("name"), data.get("parameters", data.get("arguments")))
 
@@ -68,15 +63,8 @@ class Llama3JsonToolParser(SteppedToolParser):
             self._buffer = head
         if self._calls:
             return self._next_call(out)
-        start = self._buffer.find(PYTHON_TAG)
-        if start >= 0:
-            out.content += self._buffer[:start]
-            self._buffer, self._calls = self._buffer[start:], True
-            return True
-        cut = len(self._buffer) - held_prefix(self._buffer, (PYTHON_TAG,))
-        out.content += self._buffer[:cut]
-        self._buffer = self._buffer[cut:]
-        return False
+        self._calls = self._content_until(PYTHON_TAG, out)
+        return self._calls
 
     def _next_call(self, out: ParserOutput) -> bool:
         rest = self._buffer.lstrip(_SEPARATORS)

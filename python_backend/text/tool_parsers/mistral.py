@@ -32,7 +32,6 @@ from python_backend.text.tool_parsers.base import (
     SteppedToolParser,
     ToolCall,
     call_from_object,
-    held_prefix,
 )
 
 TOOL_CALLS = "[TOOL_CALLS]"
@@ -79,20 +78,11 @@ class MistralToolParser(SteppedToolParser):
         if self._in_call:
             return self._call_step(out)
         if self._after_call:
-            stripped = self._buffer.lstrip()
-            if not stripped:
-                self._buffer = ""
+            if not self._skip_space():
                 return False
-            self._buffer, self._after_call = stripped, False
-        start = self._buffer.find(TOOL_CALLS)
-        if start >= 0:
-            out.content += self._buffer[:start]
-            self._buffer, self._in_call = self._buffer[start:], True
-            return True
-        cut = len(self._buffer) - held_prefix(self._buffer, (TOOL_CALLS,))
-        out.content += self._buffer[:cut]
-        self._buffer = self._buffer[cut:]
-        return False
+            self._after_call = False
+        self._in_call = self._content_until(TOOL_CALLS, out)
+        return self._in_call
 
     def _value_start(self) -> int | None:
         """Where the call's JSON starts in the buffer (None: not yet known, or not a call: -1)."""
