@@ -22,7 +22,7 @@ import logging
 
 import torch
 
-from python_backend.cpu.row_tiles import row_tiled
+from python_backend.cpu.row_tiles import packed_product
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,9 @@ def merge_eligible_layer_types() -> tuple[type, ...]:
 
 class FusedProjections(torch.nn.Module):
     """Several ``nn.Linear`` of one input as one product with a prepacked weight."""
+
+    packed_weight: torch.Tensor  # buffers, typed for the product's signature
+    bias: torch.Tensor | None
 
     def __init__(self, linears: list[torch.nn.Linear]) -> None:
         super().__init__()
@@ -61,12 +64,7 @@ class FusedProjections(torch.nn.Module):
 
     def apply_unchecked(self, x: torch.Tensor) -> torch.Tensor:
         """The merged product [..., sum(widths)]."""
-        if self.row_tile:
-            return row_tiled(self._product, x, self.row_tile)
-        return self._product(x)
-
-    def _product(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        return packed_product(x, self.packed_weight, self.bias, self.row_tile)
 
     def split(self, merged: torch.Tensor) -> list[torch.Tensor]:
         return list(merged.split(self.widths, dim=-1))

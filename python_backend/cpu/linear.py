@@ -24,7 +24,7 @@ import logging
 import torch
 
 from python_backend.cpu.fused_projections import fuse_projections
-from python_backend.cpu.row_tiles import row_tiled
+from python_backend.cpu.row_tiles import packed_product
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,9 @@ def prepack_supported(device: torch.device, dtype: torch.dtype) -> bool:
 class PackedLinear(torch.nn.Module):
     """``y = x W^T + b`` with ``W`` held in oneDNN's blocked layout."""
 
+    packed_weight: torch.Tensor  # buffers, typed for the product's signature
+    bias: torch.Tensor | None
+
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()
         self.in_features = linear.in_features
@@ -84,12 +87,7 @@ class PackedLinear(torch.nn.Module):
 
     def apply_unchecked(self, x: torch.Tensor) -> torch.Tensor:
         """The product without module dispatch or the dtype check (for callers that know the dtype)."""
-        if self.row_tile:
-            return row_tiled(self._product, x, self.row_tile)
-        return self._product(x)
-
-    def _product(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        return packed_product(x, self.packed_weight, self.bias, self.row_tile)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.dtype}"

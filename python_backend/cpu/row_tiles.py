@@ -1,6 +1,7 @@
 """Matrix products computed a fixed number of rows at a time (the batch-invariant mode's linear layers).
 
-Owns ``row_tiled`` and ``TiledLinear``. oneDNN and MKL choose a kernel, and with it the order in
+Owns ``row_tiled``, ``packed_product`` (a prepacked oneDNN product, tiled or not) and
+``TiledLinear``. oneDNN and MKL choose a kernel, and with it the order in
 which a row's sum over the input features is added up, from the shape of the product: the row
 count M above all. Prefill (M = prompt tokens) and decode (M = running sequences) then round the
 same row differently, and a sequence's output changes with the batch it runs in or with whether
@@ -34,6 +35,13 @@ def row_tiled(product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, 
     parts = [product(flat[start : start + rows]) for start in range(0, padded, rows)]
     out = parts[0] if len(parts) == 1 else torch.cat(parts)
     return out[:count].reshape(*x.shape[:-1], out.shape[-1])
+
+
+def packed_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, row_tile: int) -> torch.Tensor:
+    """``x W^T + b`` with ``W`` in oneDNN's blocked layout; ``row_tile`` rows at a time when > 0."""
+    if row_tile:
+        return row_tiled(lambda tile: packed_product(tile, weight, bias, 0), x, row_tile)
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
 class TiledLinear(torch.nn.Linear):

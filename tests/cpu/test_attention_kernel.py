@@ -14,6 +14,7 @@ from python_backend.cpu.attention import decode_attention
 from python_backend.cpu.fast_decode import causal_rows, prompt_attention
 from python_backend.cpu.native import attention_kernel, build
 from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel, build_kernel
+from tests.fixtures.native import built_or_skip
 
 
 class _Module(torch.nn.Module):
@@ -26,10 +27,7 @@ class _Module(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def kernel() -> DecodeAttentionKernel:
-    built = build_kernel()
-    if built is None:
-        pytest.skip("no C compiler: the kernel cannot be built here")
-    return built
+    return built_or_skip(build_kernel())
 
 
 def _cache_view(batch: int, kv_heads: int, length: int, dim: int) -> torch.Tensor:
@@ -37,19 +35,21 @@ def _cache_view(batch: int, kv_heads: int, length: int, dim: int) -> torch.Tenso
     return torch.randn(batch, kv_heads, length + 13, dim).bfloat16()[:, :, :length]
 
 
-@pytest.mark.parametrize(
-    ("batch", "heads", "kv_heads", "length", "dim"),
-    [
-        (1, 9, 3, 1, 64),
-        (4, 9, 3, 37, 64),
-        (3, 14, 2, 70, 64),
-        (2, 8, 8, 19, 128),
-        (5, 6, 2, 23, 80),
-        # Several 16-position score blocks, a partial last one, padding across block boundaries.
-        (2, 9, 3, 150, 64),
-        (3, 16, 4, 33, 128),
-    ],
-)
+# (batch, heads, kv_heads, length, dim): the last two span several score blocks (16 positions in
+# the bfloat16 kernel, 8 in the float32 one), with a partial last block and padding across block
+# boundaries.
+_SHAPES = [
+    (1, 9, 3, 1, 64),
+    (4, 9, 3, 37, 64),
+    (3, 14, 2, 70, 64),
+    (2, 8, 8, 19, 128),
+    (5, 6, 2, 23, 80),
+    (2, 9, 3, 150, 64),
+    (3, 16, 4, 33, 128),
+]
+
+
+@pytest.mark.parametrize(("batch", "heads", "kv_heads", "length", "dim"), _SHAPES)
 @pytest.mark.parametrize("padded", [False, True])
 def test_kernel_matches_float32_attention(
     kernel: DecodeAttentionKernel, batch: int, heads: int, kv_heads: int, length: int, dim: int, padded: bool
@@ -126,17 +126,7 @@ def test_a_score_does_not_depend_on_where_padding_puts_it(kernel: DecodeAttentio
         assert torch.equal(kernel.attend(query, padded_key, padded_value, keep, 0.125), alone)
 
 
-_FLOAT32_SHAPES = [
-    (1, 9, 3, 1, 64),
-    (4, 9, 3, 37, 64),
-    (3, 14, 2, 70, 64),
-    (2, 8, 8, 19, 128),
-    (5, 6, 2, 23, 80),
-    # Many 8-position blocks, a partial last one, padding that ends inside a block.
-    (2, 9, 3, 150, 64),
-    (3, 16, 4, 33, 128),
-    (2, 4, 2, 24, 36),  # a head size that is not a multiple of 8: the plain loops
-]
+_FLOAT32_SHAPES = [*_SHAPES, (2, 4, 2, 24, 36)]  # and a head size not a multiple of 8: the plain loops
 
 
 @pytest.mark.parametrize(("batch", "heads", "kv_heads", "length", "dim"), _FLOAT32_SHAPES)

@@ -21,9 +21,15 @@ from python_backend.cpu.fused_projections import FusedProjections
 from python_backend.cpu.linear import PackedLinear, prepack_supported
 from python_backend.cpu.native.invariant_attention import InvariantAttentionKernel, build_invariant_kernel
 from python_backend.cpu.row_tiles import TiledLinear, row_tiled
+from tests.fixtures.native import built_or_skip
 from tests.fixtures.onednn import BF16_PACK_SKIP
 
 DTYPES = [torch.float32, torch.bfloat16]
+# Each dtype with grouped-query, many-head and one-key-per-head attention (heads, kv_heads, dim).
+_ATTENTION_CASES = pytest.mark.parametrize(
+    ("dtype", "heads", "kv_heads", "dim"),
+    [(dtype, *shape) for dtype in DTYPES for shape in [(4, 2, 16), (9, 3, 64), (6, 6, 24)]],
+)
 ONEDNN = pytest.mark.skipif(
     not prepack_supported(torch.device("cpu"), torch.float32), reason="this torch build has no oneDNN linear"
 )
@@ -31,10 +37,7 @@ ONEDNN = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def kernel() -> InvariantAttentionKernel:
-    built = build_invariant_kernel()
-    if built is None:
-        pytest.skip("no C compiler: the kernel cannot be built here")
-    return built
+    return built_or_skip(build_invariant_kernel())
 
 
 def _row_everywhere(product: torch.nn.Module, row: torch.Tensor, width: int) -> list[torch.Tensor]:
@@ -119,8 +122,7 @@ def _qkv(length: int, heads: int, kv_heads: int, dim: int, dtype: torch.dtype) -
     return q, k, v
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 2, 16), (9, 3, 64), (6, 6, 24)])
+@_ATTENTION_CASES
 def test_attention_equals_sdpa_in_value(
     kernel: InvariantAttentionKernel, dtype: torch.dtype, heads: int, kv_heads: int, dim: int
 ) -> None:
@@ -134,8 +136,7 @@ def test_attention_equals_sdpa_in_value(
     assert torch.allclose(got.float(), expected, atol=tolerance, rtol=tolerance)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 2, 16), (9, 3, 64), (6, 6, 24)])
+@_ATTENTION_CASES
 def test_a_query_attends_the_same_in_prefill_in_chunks_in_decode_and_in_a_padded_batch(
     kernel: InvariantAttentionKernel, dtype: torch.dtype, heads: int, kv_heads: int, dim: int
 ) -> None:

@@ -16,6 +16,7 @@ from python_backend.model.threads import serialize_current_thread
 from python_backend.protocol.params import parse_parameters
 from python_backend.protocol.settings import EngineSettings
 from tests.fixtures.engine_driver import Driver, load_on_cpu, make_engine, running_batch
+from tests.fixtures.native import built_or_skip
 
 
 def _load(model_dir: Path, dtype: str, kv_cache_dtype: str = "auto", native: bool = False) -> LoadedModel:
@@ -30,8 +31,7 @@ def bf16_loaded(tiny_model_dir: Path) -> LoadedModel:
 
 @pytest.fixture(scope="module")
 def bf16_native(tiny_model_dir: Path) -> LoadedModel:
-    if build_kernel() is None:
-        pytest.skip("no C compiler: the kernel cannot be built here")
+    built_or_skip(build_kernel())
     return _load(tiny_model_dir, "bfloat16", native=True)
 
 

@@ -12,14 +12,12 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from python_backend.cpu.fused_norm import FusedRMSNorm, NormKernel, build_norm_kernel
 from tests.fixtures.device import engine_test_device
 from tests.fixtures.engine_driver import load_on_cpu
+from tests.fixtures.native import built_or_skip
 
 
 @pytest.fixture(scope="module")
 def kernel() -> NormKernel:
-    built = build_norm_kernel()
-    if built is None:
-        pytest.skip("no C compiler: the kernel cannot be built here")
-    return built
+    return built_or_skip(build_norm_kernel())
 
 
 def _norms(dtype: torch.dtype, kernel: NormKernel, dim: int = 576) -> tuple[LlamaRMSNorm, FusedRMSNorm]:

@@ -12,14 +12,12 @@ from transformers.models.llama.modeling_llama import rotate_half
 from python_backend.cpu.fused_rope import RopeKernel, build_rope_kernel
 from tests.fixtures.device import engine_test_device
 from tests.fixtures.engine_driver import load_on_cpu
+from tests.fixtures.native import built_or_skip
 
 
 @pytest.fixture(scope="module")
 def kernel() -> RopeKernel:
-    built = build_rope_kernel()
-    if built is None:
-        pytest.skip("no C compiler: the kernel cannot be built here")
-    return built
+    return built_or_skip(build_rope_kernel())
 
 
 def _step(tokens: int, heads: int, dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

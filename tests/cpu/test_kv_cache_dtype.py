@@ -15,14 +15,14 @@ from python_backend.model.loader import LoadedModel, ModelLoadError
 from python_backend.protocol.settings import EngineSettings, SettingsError
 from tests.fixtures.device import engine_test_device
 from tests.fixtures.engine_driver import Driver, load_on_cpu, make_engine
+from tests.fixtures.native import built_or_skip
 
 pytestmark = pytest.mark.skipif(engine_test_device() != "cpu", reason="kv_cache_dtype bfloat16 is a CPU setting")
 
 
 @pytest.fixture(scope="module")
 def narrow(tiny_model_dir: Path) -> LoadedModel:
-    if build_kernel() is None:
-        pytest.skip("no C compiler: the kernel cannot be built here")
+    built_or_skip(build_kernel())
     return load_on_cpu(tiny_model_dir, "float32", kv_cache_dtype="bfloat16")
 
 

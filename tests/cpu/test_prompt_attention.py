@@ -7,14 +7,12 @@ import torch
 
 from python_backend.cpu.fast_decode import prompt_attention
 from python_backend.cpu.prompt_attention import PromptAttentionKernel, build_prompt_kernel
+from tests.fixtures.native import built_or_skip
 
 
 @pytest.fixture(scope="module")
 def tiles() -> PromptAttentionKernel:
-    built = build_prompt_kernel()
-    if built is None:
-        pytest.skip("no C compiler or no AVX512-BF16: the kernel is not built here")
-    return built
+    return built_or_skip(build_prompt_kernel(), "no C compiler or no AVX512-BF16: the kernel is not built here")
 
 
 @pytest.mark.parametrize(
