@@ -19,13 +19,11 @@ import torch
 
 from benchmarks.traffic import TrafficRequest, Workload
 from python_backend.engine.engine import Engine
-from python_backend.engine.sequence import EngineEvent, EngineRequest
+from python_backend.engine.request import EngineEvent, EngineRequest
+from python_backend.intake.intake import Connection, Intake, chat_inputs
 from python_backend.model.allocator import GlibcHeap, HeapKeeper, HeapPolicy, freeze_startup_objects, keep_freed_memory
 from python_backend.model.loader import load_model
 from python_backend.model.threads import serialize_current_thread
-from python_backend.prompt.chat_template import render_prompt
-from python_backend.protocol.messages import validate_messages
-from python_backend.protocol.params import parse_parameters
 from python_backend.protocol.settings import EngineSettings
 
 
@@ -73,6 +71,7 @@ def run_engine(settings: EngineSettings, requests: list[TrafficRequest], concurr
     if not settings.torch_threads:
         settings = replace(settings, torch_threads=threads)
     loaded = load_model(settings)
+    intake = Intake.for_model(loaded, settings)
     # The heap policy the served model runs with, its cap and its idle give-back (triton/model.py).
     policy = HeapPolicy.capped_mb(settings.cpu_keep_freed_memory_mb)
     keeps = loaded.device.type == "cpu" and settings.cpu_keep_freed_memory and keep_freed_memory(policy)
@@ -107,11 +106,8 @@ def run_engine(settings: EngineSettings, requests: list[TrafficRequest], concurr
                 finished.release()
 
         raw = {"temperature": 0, "max_tokens": request.max_tokens, "ignore_eos": True}
-        params = parse_parameters(raw, stream=True)
-        prompt = render_prompt(
-            loaded.tokenizer, validate_messages([{"role": "user", "content": request.prompt}]), params
-        )
-        return EngineRequest(f"bench-{index}", prompt, params, sink)
+        messages = [{"role": "user", "content": request.prompt}]
+        return intake.from_inputs(f"bench-{index}", chat_inputs(messages, raw), Connection(sink))
 
     try:
         slots.acquire()

@@ -20,12 +20,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from benchmarks.load import DEFAULT_PROMPT
 from python_backend.engine.engine import Engine
-from python_backend.engine.sequence import EngineEvent, EngineRequest
+from python_backend.engine.request import EngineEvent, EngineRequest
+from python_backend.intake.intake import Connection, Intake, chat_inputs
 from python_backend.model.loader import load_model
 from python_backend.model.threads import serialize_current_thread
-from python_backend.prompt.chat_template import render_prompt
-from python_backend.protocol.messages import validate_messages
-from python_backend.protocol.params import parse_parameters
 from python_backend.protocol.settings import EngineSettings
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -91,6 +89,7 @@ def engine_inprocess(
     loaded = load_model(settings)
     engine = Engine(loaded, settings)
     engine.start()
+    intake = Intake.for_model(loaded, settings)
     raw_params = {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True}
     raw_messages = [{"role": "user", "content": DEFAULT_PROMPT}]
     slots = threading.Semaphore(concurrency)
@@ -107,9 +106,7 @@ def engine_inprocess(
                 slots.release()
                 finished.release()
 
-        params = parse_parameters(dict(raw_params), stream=True)
-        prompt = render_prompt(loaded.tokenizer, validate_messages(raw_messages), params)
-        return EngineRequest(f"bench-{i}", prompt, params, sink)
+        return intake.from_inputs(f"bench-{i}", chat_inputs(raw_messages, dict(raw_params)), Connection(sink))
 
     try:
         slots.acquire()

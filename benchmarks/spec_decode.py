@@ -34,12 +34,11 @@ import torch
 
 from benchmarks.traffic import Workload, build_requests
 from python_backend.engine.engine import Engine
-from python_backend.engine.sequence import EngineEvent, EngineRequest
+from python_backend.engine.request import EngineEvent, EngineRequest
+from python_backend.intake.intake import Connection, Intake, chat_inputs
 from python_backend.model.draft import load_draft
 from python_backend.model.loader import LoadedModel, load_model
 from python_backend.model.threads import serialize_current_thread
-from python_backend.prompt.chat_template import render_prompt
-from python_backend.protocol.params import parse_parameters
 from python_backend.protocol.settings import EngineSettings
 
 _CODE = """def summarize(orders):
@@ -115,7 +114,7 @@ class Answer:
 
 
 def _request(
-    loaded: LoadedModel,
+    intake: Intake,
     name: str,
     prompt: Prompt,
     done: threading.Event,
@@ -125,8 +124,6 @@ def _request(
     raw: dict[str, object] = {"temperature": 0, "max_tokens": prompt.max_tokens}
     if prompt.forced:
         raw.update(ignore_eos=True, min_tokens=prompt.max_tokens)
-    params = parse_parameters(raw, stream=True)
-    ids = render_prompt(loaded.tokenizer, [{"role": "user", "content": prompt.text}], params)
 
     def sink(event: EngineEvent) -> None:
         if event.delta is not None:
@@ -138,7 +135,7 @@ def _request(
             if slot is not None:
                 slot.release()
 
-    return EngineRequest(name, ids, params, sink)
+    return intake.from_inputs(name, chat_inputs([{"role": "user", "content": prompt.text}], raw), Connection(sink))
 
 
 def run(
@@ -147,12 +144,13 @@ def run(
     """The prompts, ``concurrency`` in flight at a time (closed loop), after one warm-up request;
     the answers' texts in prompt order."""
     engine = Engine(loaded, settings)
+    intake = Intake.for_model(loaded, settings)
     engine.start()
     answers = [Answer() for _ in prompts]
     finished = [threading.Event() for _ in prompts]
     try:
         warm = threading.Event()
-        engine.submit(_request(loaded, "warm-up", prompts[0], warm, Answer()))
+        engine.submit(_request(intake, "warm-up", prompts[0], warm, Answer()))
         warm.wait()
         before = engine.stats()
         started = time.perf_counter()
@@ -161,7 +159,7 @@ def run(
         for i, prompt in enumerate(prompts):
             if not slots.acquire(timeout=600):
                 raise TimeoutError(f"no request finished in 600 s before request {i}")
-            engine.submit(_request(loaded, f"bench-{i}", prompt, finished[i], answers[i], slots))
+            engine.submit(_request(intake, f"bench-{i}", prompt, finished[i], answers[i], slots))
         for i, done in enumerate(finished):
             if not done.wait(600):
                 raise TimeoutError(f"request {i} did not finish in 600 s")

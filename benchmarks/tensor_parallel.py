@@ -23,13 +23,11 @@ import torch
 
 from benchmarks.load import DEFAULT_PROMPT
 from python_backend.engine.engine import Engine
-from python_backend.engine.sequence import EngineEvent, EngineRequest
+from python_backend.engine.request import EngineEvent, EngineRequest
+from python_backend.intake.intake import Connection, Intake, chat_inputs
 from python_backend.model.loader import load_model
 from python_backend.model.threads import serialize_current_thread
 from python_backend.parallel.ranks import RankGroup
-from python_backend.prompt.chat_template import render_prompt
-from python_backend.protocol.messages import validate_messages
-from python_backend.protocol.params import parse_parameters
 from python_backend.protocol.settings import EngineSettings
 
 DEMO_MODEL = Path("~/.cache/triton-chat/models/SmolLM2-135M-Instruct").expanduser()
@@ -81,7 +79,8 @@ def run(model_dir: Path, dtype: str, ranks: int, requests: int, max_tokens: int)
     engine = Engine(loaded, mine, ranks=group.sync if group is not None else None)
     engine.start()
     params_raw = {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True}
-    messages = validate_messages([{"role": "user", "content": DEFAULT_PROMPT}])
+    messages = [{"role": "user", "content": DEFAULT_PROMPT}]
+    intake = Intake.for_model(loaded, mine)
     finished = threading.Semaphore(0)
     tokens = [0]
     lock = threading.Lock()
@@ -94,8 +93,7 @@ def run(model_dir: Path, dtype: str, ranks: int, requests: int, max_tokens: int)
             if event.final:
                 finished.release()
 
-        params = parse_parameters(dict(params_raw), stream=True)
-        return EngineRequest(f"tp-{i}", render_prompt(loaded.tokenizer, messages, params), params, sink)
+        return intake.from_inputs(f"tp-{i}", chat_inputs(messages, dict(params_raw)), Connection(sink))
 
     try:
         engine.submit(make(-1))  # warm-up, not timed

@@ -21,8 +21,10 @@ import torch
 from python_backend.engine.admission import Admission
 from python_backend.engine.limits import Limits
 from python_backend.engine.request import EngineEvent, EngineRequest, RequestGroup
+from python_backend.intake.intake import Connection, Intake
 from python_backend.model.loader import LoadedModel
 from python_backend.parallel.group import Channel
+from python_backend.prompt.inputs import PreparedRequest
 from python_backend.protocol.params import GenerationParams
 from python_backend.sampling.sampler import RowSampling, SampledToken, sample
 from python_backend.sampling.structured import GrammarCompiler
@@ -164,7 +166,8 @@ class FollowerSync:
 
     def __init__(self, channel: Channel, loaded: LoadedModel) -> None:
         self._channel = channel
-        self._grammars = GrammarCompiler(loaded.tokenizer, loaded.vocab_size)
+        # The leader prepared each request: a follower's intake only builds it, grammar included.
+        self._intake = Intake(loaded.tokenizer, GrammarCompiler(loaded.tokenizer, loaded.vocab_size))
         self._admission: Admission | None = None
         self.stopped = threading.Event()  # the leader said stop
 
@@ -202,13 +205,6 @@ class FollowerSync:
         return message.tokens
 
     def _request(self, arrival: Arrival) -> EngineRequest:
-        response_format = arrival.params.response_format
-        return EngineRequest(
-            request_id=arrival.request_id,
-            prompt_ids=arrival.prompt_ids,
-            params=arrival.params,
-            sink=_discard,
-            stream=arrival.stream,
-            output=arrival.output,
-            grammar=self._grammars.compile(response_format) if response_format is not None else None,
-        )
+        prepared = PreparedRequest(arrival.prompt_ids, arrival.params, arrival.stream, "", arrival.output)
+        grammar = self._intake.grammar_now(arrival.params)
+        return self._intake.request(arrival.request_id, prepared, grammar, Connection(_discard))

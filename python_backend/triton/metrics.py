@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from python_backend.engine.engine import Engine
-from python_backend.triton.preparer import PreparerStats
+from python_backend.intake.preparer import PreparerStats
 
 logger = logging.getLogger("triton_chat")
 

@@ -3,10 +3,10 @@
 Owns: ``TritonPythonModel`` (decoupled): ``initialize`` loads the model and starts the engine;
 ``execute`` tells probes, tokenize queries, cancellations and channel openings from generation
 requests, reads each generation request's inputs, holds its place in the engine's queue and hands
-it to the preparer (``preparer.py``: chat template, tokenizing and media on a few threads of its
-own, then the grammar), and returns at once; ``finalize`` stops the preparer and the engine, then
-the sender thread (``sender.py``, which turns engine events into responses and sends every
-response, the channels' last ones included). Every request ends with exactly one
+it to the intake's preparer (``python_backend/intake/``: chat template, tokenizing and media on a
+few threads of its own, then the grammar), and returns at once; ``finalize`` stops the preparer
+and the engine, then the sender thread (``sender.py``, which turns engine events into responses
+and sends every response, the channels' last ones included). Every request ends with exactly one
 ``COMPLETE_FINAL``: on success, on error and on cancel.
 """
 
@@ -28,7 +28,9 @@ import triton_python_backend_utils as pb_utils
 
 from python_backend.engine.engine import Engine
 from python_backend.engine.liveness import health_problem
-from python_backend.engine.sequence import EngineEvent, EngineRequest
+from python_backend.engine.request import EngineEvent
+from python_backend.intake.intake import Connection, Intake
+from python_backend.intake.preparer import Arrival, Query, RequestPreparer, usable_cpus
 from python_backend.model.allocator import (
     GlibcHeap,
     HeapKeeper,
@@ -39,19 +41,16 @@ from python_backend.model.allocator import (
 from python_backend.model.loader import load_model
 from python_backend.model.threads import confine_serving_threads, pinned_cpus, serialize_current_thread
 from python_backend.parallel.ranks import RankGroup
-from python_backend.prompt.inputs import PreparedRequest, decode_request
+from python_backend.prompt.inputs import PreparedRequest
 from python_backend.prompt.tokenize import answer_query
+from python_backend.prompt.vllm_compat import VllmResponder
 from python_backend.protocol import contract
 from python_backend.protocol.errors import ContractError, ErrorInfo, internal
 from python_backend.protocol.settings import EngineSettings
 from python_backend.protocol.tokenize import read_query
-from python_backend.protocol.vllm_compat import VllmResponder
-from python_backend.sampling.structured import GrammarCompiler
-from python_backend.text.output_formats import resolve_formats
-from python_backend.triton.channels import ChannelRegistry, Outgoing
+from python_backend.triton.channels import Channel, ChannelRegistry, Outgoing
 from python_backend.triton.metrics import MetricsReporter
 from python_backend.triton.orphan import end_with_tritonserver
-from python_backend.triton.preparer import Arrival, Query, RequestPreparer, usable_cpus
 from python_backend.triton.sender import ResponseLink, ResponseSender
 
 logger = logging.getLogger("triton_chat")
@@ -116,17 +115,13 @@ class TritonPythonModel:
         cpus_here = usable_cpus()  # before the serving threads are pinned to one of them
         loaded = load_model(settings)
         self._tokenizer = loaded.tokenizer
-        self._adapters = loaded.adapters
-        self._media = loaded.media
-        self._formats = resolve_formats(
-            settings.tool_call_parser, settings.reasoning_parser, loaded.tokenizer, loaded.model_type
-        )
+        self._intake = Intake.for_model(loaded, settings)
+        formats = self._intake.formats
         logger.info(
             "tool-call format: %s; reasoning format: %s",
-            self._formats.tool_parser or "none",
-            "<think>" if self._formats.reasoning else "none",
+            (formats.tool_parser if formats is not None else None) or "none",
+            "<think>" if formats is not None and formats.reasoning else "none",
         )
-        self._grammars = GrammarCompiler(loaded.tokenizer, loaded.vocab_size, settings.max_response_format_bytes)
         on_cpu = loaded.device.type == "cpu"
         # Kept under load up to its cap, given back when the engine goes idle (model/allocator.py).
         policy = HeapPolicy.capped_mb(settings.cpu_keep_freed_memory_mb)
@@ -156,11 +151,8 @@ class TritonPythonModel:
         )
         self._engine.start()
         self._preparer = RequestPreparer(
-            self._decode,
-            self._grammars,
+            self._intake,
             self._engine,
-            self._make_request,
-            lambda arrival, info: self._fail(arrival.sender, arrival.request_id, info),
             float(settings.grammar_compile_timeout_s),
             prepare_timeout_s=float(settings.prepare_timeout_s),
             workers=min(settings.prepare_workers, cpus_here),
@@ -208,20 +200,17 @@ class TritonPythonModel:
         channel = self._channels.find(channel_name) if channel_name is not None else None
         inputs = {tensor.name(): tensor.as_numpy().copy() for tensor in request.inputs()}
         self._engine.reserve()
-        self._preparer.put(Arrival(request_id, sender, inputs, channel, request.parameters()))
 
-    def _decode(self, arrival: Arrival) -> PreparedRequest:
-        return decode_request(
-            arrival.get,
-            self._tokenizer,
-            self._adapters,
-            self._formats,
-            self._media,
-            request_parameters=arrival.parameters,
-        )
+        def connect(prepared: PreparedRequest) -> Connection:
+            return self._connect(sender, channel, prepared)
 
-    def _make_request(self, arrival: Arrival, prepared: PreparedRequest, grammar: Any) -> EngineRequest:
-        sender, channel = arrival.sender, arrival.channel
+        def refuse(info: ErrorInfo) -> None:
+            self._fail(sender, request_id, info)
+
+        self._preparer.put(Arrival(request_id, inputs, connect, refuse, request.parameters()))
+
+    def _connect(self, sender: ResponseLink, channel: Channel | None, prepared: PreparedRequest) -> Connection:
+        """A prepared request's events go to the sender thread; its cancellation is Triton's flag."""
         echo, counts = prepared.echo_prompt, prepared.counts
         # One per request: it counts the tokens each choice has reported (the sender thread only).
         vllm = VllmResponder(prepared.vllm) if prepared.vllm is not None else None
@@ -243,17 +232,7 @@ class TritonPythonModel:
             asked[0] = now
             return bool(sender.is_cancelled())
 
-        return EngineRequest(
-            request_id=arrival.request_id,
-            prompt_ids=prepared.prompt_ids,
-            params=prepared.params,
-            sink=sink,
-            is_cancelled=is_cancelled,
-            stream=prepared.stream,
-            output=prepared.output,
-            grammar=grammar,
-            media=prepared.media,
-        )
+        return Connection(sink, is_cancelled)
 
     def _answer_probe(self, sender: ResponseLink, request_id: str) -> None:
         # Through the sender thread like any response, so a stuck sender fails the probe too.
@@ -309,7 +288,7 @@ class TritonPythonModel:
         self._metrics.stop()
         self._preparer.stop()  # what it still holds is refused; what it handed on, the engine ends
         self._engine.stop()
-        self._grammars.close()
+        self._intake.close()
         if self._ranks is not None:
             self._ranks.close()
         self._sender.stop()  # ends the open channels too, on its own thread

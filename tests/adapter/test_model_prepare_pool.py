@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 from python_backend.engine import admission
+from python_backend.intake.intake import Intake
+from python_backend.intake.preparer import PreparerStats, usable_cpus
 from python_backend.protocol import contract
 from python_backend.protocol.tokenize import TokenizeQuery
-from python_backend.triton.preparer import PreparerStats, usable_cpus
 from tests.adapter.model_driver import (
     Served,
     chat_request,
@@ -45,15 +46,15 @@ class SlowPrompts:
 @pytest.fixture
 def slow_prompts(adapter: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> Iterator[SlowPrompts]:
     slow = SlowPrompts(threading.Event(), threading.Event())
-    real = adapter.TritonPythonModel._decode
+    real = Intake.prepare
 
-    def decode(self: Any, arrival: Any) -> Any:
-        if SLOW_MARK in (contract.read_string(arrival.get(contract.MESSAGES)) or ""):
+    def prepare(self: Any, get: Any, request_parameters: str = "") -> Any:
+        if SLOW_MARK in (contract.read_string(get(contract.MESSAGES)) or ""):
             slow.started.set()
             slow.release.wait(60)
-        return real(self, arrival)
+        return real(self, get, request_parameters)
 
-    monkeypatch.setattr(adapter.TritonPythonModel, "_decode", decode)
+    monkeypatch.setattr(Intake, "prepare", prepare)
     yield slow
     slow.release.set()  # never leave a preparer thread waiting
 

@@ -4,7 +4,8 @@ The rules are the architecture: the frontend and the launcher use only the backe
 ``protocol`` is the standard library and numpy; only ``python_backend.triton`` talks to Triton's
 Python backend; only ``openai_frontend.client`` talks gRPC; ``openai_frontend.completions`` builds
 on ``openai_frontend.chat``, never the other way round; ``cpu`` sits below the engine and imports
-only ``protocol`` of ours. Imports inside functions count too.
+only ``protocol`` of ours; requests enter the engine only through ``python_backend.intake``.
+Imports inside functions count too.
 """
 
 from __future__ import annotations
@@ -153,6 +154,32 @@ def test_tensor_parallel_sits_above_the_engine_and_below_the_adapter(all_imports
         for imp in all_imports
         if imp.module.startswith("python_backend.triton")
     )
+
+
+def test_the_intake_is_the_one_way_in_above_the_engine(all_imports: list[Import]) -> None:
+    # The engine never imports the intake, and the intake imports no transport; the adapter, the
+    # tensor-parallel ranks and the benchmarks all build their requests through it.
+    for core in ("engine", "sampling", "text", "prompt", "model", "cpu"):
+        assert violations(all_imports, f"python_backend.{core}", ("python_backend.intake",)) == []
+    banned = ("python_backend.parallel", "python_backend.triton", "openai_frontend", "triton_python_backend_utils")
+    assert violations(all_imports, "python_backend.intake", banned) == []
+    entering = {imp.module for imp in all_imports if _within(imp.target, "python_backend.intake")}
+    for user in ("python_backend.triton", "python_backend.parallel", "benchmarks"):
+        assert any(_within(module, user) for module in entering), user
+    built_elsewhere = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for root in (*PACKAGES, "benchmarks")
+        for path in sorted((ROOT / root).rglob("*.py"))
+        if not _within(_module_name(path), "python_backend.intake")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call) and _called_name(node) == "EngineRequest"
+    ]
+    assert built_elsewhere == []
+
+
+def _called_name(call: ast.Call) -> str:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
 
 
 def test_only_the_frontend_client_imports_tritonclient_or_grpc(all_imports: list[Import]) -> None:

@@ -1,10 +1,11 @@
-"""Preparing generation requests beside the stub's thread and the engine's step loop.
+"""Preparing requests beside the caller's thread and the engine's step loop.
 
-Owns ``RequestPreparer``: a coordinating thread and a small pool of preparer threads that turn
-each arrived request's inputs into an ``EngineRequest``. A preparer thread runs the request's
-parameters, chat template, tokenizing and media decoding (``decode``); the coordinator then, for a
-``response_format``, waits for its grammar (compiled on the grammar compiler's own thread,
-``sampling/structured.py``) and hands the request to the engine. Each stage has a deadline, and
+Owns ``RequestPreparer``: a coordinating thread and a small pool of preparer threads that run each
+arrived request through the intake (``intake.py``). A preparer thread runs the request's
+parameters, chat template, tokenizing and media decoding (``Intake.prepare``); the coordinator
+then, for a ``response_format``, waits for its grammar (compiled on the grammar compiler's own
+thread, ``sampling/structured.py``), builds the request with the arrival's ``Connection`` and
+hands it to the engine. Each stage has a deadline, and
 none holds up the requests behind it:
 
 * preparing: ``prepare_timeout_s`` from arrival; past it the request gets a 400 naming its prompt
@@ -12,13 +13,14 @@ none holds up the requests behind it:
   when it finishes (``PreparerStats`` counts both);
 * compiling: ``grammar_compile_timeout_s``; past it, a 400 naming ``response_format``.
 
-``Arrival`` is what ``execute`` hands over: the request's inputs, read while Triton's call lasts,
-and a waiting place the engine already holds for it (so 429s stay exact); every way out of here
-(joined, refused, timed out, stopped) settles the place exactly once, on the coordinator's thread.
+``Arrival`` is what a transport hands over: the request's inputs, read while its call lasts, how to
+connect the prepared request to the transport and how to refuse it, and a waiting place the engine
+already holds for it (so 429s stay exact); every way out of here (joined, refused, timed out,
+stopped) settles the place exactly once, on the coordinator's thread.
 A ``Query`` (a tokenize request) is answered beside the engine, holding no place: its answer is
 computed on a preparer thread under the same deadline, and sent or refused exactly once.
 
-Why threads of their own: ``execute`` runs on the stub's only thread, which also reads every new
+Why threads of their own: Triton's ``execute`` runs on the stub's only thread, which also reads every new
 request, cancellation and health probe; a request that takes seconds to prepare there would
 delay all of them, and a probe unanswered long enough restarts the server. Why several: one
 multi-megabyte prompt would otherwise delay every short request that arrives after it.
@@ -42,6 +44,7 @@ import numpy as np
 
 from python_backend.engine import admission
 from python_backend.engine.request import EngineRequest
+from python_backend.intake.intake import Connection, Intake
 from python_backend.prompt.inputs import PreparedRequest
 from python_backend.protocol import contract
 from python_backend.protocol.errors import (
@@ -53,8 +56,7 @@ from python_backend.protocol.errors import (
     preparers_busy,
     shutting_down,
 )
-from python_backend.sampling.structured import FIELD, GrammarCompiler
-from python_backend.triton.channels import Channel
+from python_backend.sampling.structured import FIELD
 
 logger = logging.getLogger("triton_chat")
 
@@ -76,13 +78,13 @@ class Admits(Protocol):
 
 @dataclass
 class Arrival:
-    """A generation request as ``execute`` took it, with a waiting place held in the engine."""
+    """A generation request as its transport took it, with a waiting place held in the engine."""
 
     request_id: str
-    sender: Any  # the request's ResponseLink
     inputs: dict[str, np.ndarray]
-    channel: Channel | None = None
-    parameters: str = ""  # the Triton request parameters, as JSON (the vLLM contract reads them)
+    connect: Callable[[PreparedRequest], Connection]  # the transport's side, once it is prepared
+    refuse: Callable[[ErrorInfo], None]  # answer it with an error (it never reached the engine)
+    parameters: str = ""  # the transport's request parameters, as JSON (the vLLM contract reads them)
 
     def get(self, name: str) -> np.ndarray | None:
         return self.inputs.get(name)
@@ -141,12 +143,6 @@ class _Done:
     error: BaseException | None = None
 
 
-# Builds the EngineRequest (its sink and cancellation check) for a prepared arrival and grammar.
-MakeRequest = Callable[[Arrival, PreparedRequest, Any], EngineRequest]
-Decode = Callable[[Arrival], PreparedRequest]
-Fail = Callable[[Arrival, ErrorInfo], None]
-
-
 def usable_cpus() -> int:
     """CPUs this process may run on (its affinity where the platform tells it)."""
     if hasattr(os, "sched_getaffinity"):
@@ -156,11 +152,8 @@ def usable_cpus() -> int:
 
 @dataclass
 class RequestPreparer:
-    decode: Decode
-    grammars: GrammarCompiler
+    intake: Intake
     engine: Admits
-    make_request: MakeRequest
-    fail: Fail
     timeout_s: float  # grammar_compile_timeout_s
     prepare_timeout_s: float = 30.0
     workers: int = 1  # preparer threads
@@ -276,13 +269,14 @@ class RequestPreparer:
             if response_format is None:
                 self._join(waiting, arrival, prepared, None)
                 return
-            spec = self.grammars.spec(response_format)
-            compiled = self.grammars.cached(spec)
+            grammars = self.intake.grammars
+            spec = grammars.spec(response_format)
+            compiled = grammars.cached(spec)
             if compiled is not None:
                 self._join(waiting, arrival, prepared, compiled)
                 return
             self._wait_for(waiting, _COMPILING, self.timeout_s)
-            self.grammars.compile_async(spec).add_done_callback(lambda done: self._compile_done(waiting, done))
+            grammars.compile_async(spec).add_done_callback(lambda done: self._compile_done(waiting, done))
         except ContractError as exc:
             self._settle(waiting, exc.info)
         except Exception:
@@ -332,7 +326,7 @@ class RequestPreparer:
         waiting.settled = True
         self._release(waiting)
         try:
-            request = self.make_request(arrival, prepared, grammar)
+            request = self.intake.request(arrival.request_id, prepared, grammar, arrival.connect(prepared))
         except Exception:
             logger.exception("request %s could not be built", arrival.request_id)
             self._refuse(arrival, _INTERNAL)
@@ -344,10 +338,10 @@ class RequestPreparer:
         try:
             self.engine.submit(request, reserved=True)  # a refusal gives the place back
         except ContractError as exc:
-            self.fail(arrival, exc.info)
+            arrival.refuse(exc.info)
         except Exception:
             logger.exception("request %s could not be submitted", arrival.request_id)
-            self.fail(arrival, _INTERNAL)
+            arrival.refuse(_INTERNAL)
 
     def _settle(self, waiting: _Waiting, info: ErrorInfo) -> None:
         """Refuse a request not yet answered (it never reached the engine)."""
@@ -366,7 +360,7 @@ class RequestPreparer:
             arrival.refuse(info)
             return
         self.engine.unreserve()
-        self.fail(arrival, info)
+        arrival.refuse(info)
 
     # --- other threads --------------------------------------------------------------------------
     def _compile_done(self, waiting: _Waiting, future: Future[Any]) -> None:
@@ -385,7 +379,10 @@ class RequestPreparer:
             waiting.started = True
             arrival = waiting.arrival
             try:
-                result = arrival.answer(arrival) if isinstance(arrival, Query) else self.decode(arrival)
+                if isinstance(arrival, Query):
+                    result: Any = arrival.answer(arrival)
+                else:
+                    result = self.intake.prepare(arrival.inputs.get, arrival.parameters)
                 done = _Done(waiting, _PREPARING, result=result)
             except Exception as exc:  # the coordinator answers it (a ContractError is a 400)
                 done = _Done(waiting, _PREPARING, error=exc)
