@@ -30,10 +30,12 @@ from typing import Any
 
 from openai_frontend.chat.accumulate import ChoiceAccumulator, logprobs_json
 from openai_frontend.chat.responses import choice_usage, total_usage
-from python_backend.protocol.contract import ChoiceDelta
+from python_backend.protocol.contract import ChoiceDelta, said
 from python_backend.protocol.errors import ErrorInfo, backend_incomplete
 
 OBJECT_CHUNK = "chat.completion.chunk"
+# The ChoiceDelta fields a chunk's ``delta`` carries, under its keys.
+_CHUNK_KEYS = {"text": "content", "reasoning": "reasoning_content", "tool_calls": "tool_calls"}
 DONE_EVENT = b"data: [DONE]\n\n"
 KEEPALIVE_EVENT = b": keep-alive\n\n"
 
@@ -46,6 +48,17 @@ _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 def sse_event(payload: dict[str, Any]) -> bytes:
     """One SSE event."""
     return b"data: " + _JSON.encode(payload).encode("utf-8") + b"\n\n"
+
+
+def _chunk_delta(delta: ChoiceDelta) -> dict[str, Any]:
+    """A chunk's ``delta`` object: the text, reasoning and tool calls that say something (the rule
+    of every wire form, ``said``)."""
+    return {_CHUNK_KEYS[name]: value for name, value in said(delta).items() if name in _CHUNK_KEYS}
+
+
+def _has_chunk(delta: ChoiceDelta) -> bool:
+    """Whether ``delta`` makes a chunk: something to show, logprobs, or the choice's end."""
+    return bool(delta.text or delta.reasoning or delta.tool_calls or delta.logprobs or delta.finish_reason is not None)
 
 
 async def keepalive_until(waited: asyncio.Future[Any], interval_s: float) -> AsyncGenerator[bytes, None]:
@@ -199,14 +212,11 @@ class StreamFormatter(ChoiceStreamFormatter):
         return logprobs_json(delta.logprobs or []) if self._o.logprobs else None
 
     def _mindie_delta(self, delta: ChoiceDelta, choice: ChoiceAccumulator) -> list[bytes]:
-        final = delta.finish_reason is not None
-        if not (delta.text or delta.reasoning or delta.tool_calls or delta.logprobs or final):
+        if not _has_chunk(delta):
             return []
-        body: dict[str, Any] = {"role": "assistant", "content": choice.text if self._o.full_text else delta.text}
-        if delta.reasoning:
-            body["reasoning_content"] = delta.reasoning
-        if delta.tool_calls:
-            body["tool_calls"] = delta.tool_calls
+        final = delta.finish_reason is not None
+        body: dict[str, Any] = {"role": "assistant", "content": "", **_chunk_delta(delta)}
+        body["content"] = choice.text if self._o.full_text else delta.text  # in every MindIE chunk
         entry: dict[str, Any] = {"index": delta.index, "delta": body}
         if self._logprobs_key:
             entry["logprobs"] = self._logprobs_value(delta)
@@ -227,16 +237,9 @@ class StreamFormatter(ChoiceStreamFormatter):
             self._role_sent.add(delta.index)
             role = {"role": "assistant", "content": ""}
             events.append(self._openai_chunk(delta.index, role, None, None, self._running_usage(choice, 0)))
-        final = delta.finish_reason is not None
-        if not (delta.text or delta.reasoning or delta.tool_calls or delta.logprobs or final):
+        if not _has_chunk(delta):
             return events
-        body: dict[str, Any] = {}
-        if delta.text:
-            body["content"] = delta.text
-        if delta.reasoning:
-            body["reasoning_content"] = delta.reasoning
-        if delta.tool_calls:
-            body["tool_calls"] = delta.tool_calls
+        body = _chunk_delta(delta)
         usage = self._running_usage(choice, choice.output_tokens_seen)
         events.append(self._openai_chunk(delta.index, body, self._logprobs_value(delta), delta.finish_reason, usage))
         return events

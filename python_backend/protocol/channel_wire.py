@@ -9,10 +9,11 @@ per-request response. numpy- and torch-free, so both sides use it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, logprob_wire, token_logprob
+from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage, logprob_wire, said, token_logprob
 from python_backend.protocol.prompt_logprobs import prompt_logprobs_wire, read_prompt_logprobs
 
 
@@ -25,26 +26,21 @@ class ChannelEntry:
     last: bool = False  # the request's last event: its own stream then ends with the final flag
 
 
+# How the fields that are not plain JSON values are written.
+_WIRE_FORMS: dict[str, Callable[[Any], Any]] = {
+    "logprobs": lambda items: [logprob_wire(lp) for lp in items],
+    "usage": asdict,
+    "prompt_logprobs": prompt_logprobs_wire,
+}
+
+
 def _delta_fields(delta: ChoiceDelta) -> dict[str, Any]:
+    # text always (an entry with a delta is one with text, even empty); cumulative_logprob never:
+    # a channel's requests speak our contract, which has it in usage.
     fields: dict[str, Any] = {"text": delta.text}
-    if delta.index:
-        fields["index"] = delta.index
-    if delta.reasoning:
-        fields["reasoning"] = delta.reasoning
-    if delta.tool_calls:
-        fields["tool_calls"] = delta.tool_calls
-    if delta.finish_reason:
-        fields["finish_reason"] = delta.finish_reason
-    if delta.logprobs is not None:
-        fields["logprobs"] = [logprob_wire(lp) for lp in delta.logprobs]
-    if delta.usage is not None:
-        fields["usage"] = asdict(delta.usage)
-    if delta.num_input_tokens:
-        fields["num_input_tokens"] = delta.num_input_tokens
-    if delta.num_output_tokens:
-        fields["num_output_tokens"] = delta.num_output_tokens
-    if delta.prompt_logprobs is not None:
-        fields["prompt_logprobs"] = prompt_logprobs_wire(delta.prompt_logprobs)
+    for name, value in said(delta).items():
+        if name != "cumulative_logprob":
+            fields[name] = _WIRE_FORMS[name](value) if name in _WIRE_FORMS else value
     return fields
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -214,6 +214,22 @@ class ChoiceDelta:
     prompt_logprobs: PromptLogprobs | None = None  # the request's, on its first response only
 
 
+_DELTA_FIELDS = tuple(spec.name for spec in fields(ChoiceDelta))
+_NULLABLE_FIELDS = frozenset(spec.name for spec in fields(ChoiceDelta) if spec.default is None)
+
+
+def said(delta: ChoiceDelta) -> dict[str, Any]:
+    """The fields of ``delta`` that say something, by name: every wire form leaves the others out
+    (output tensors, channel entries, the frontend's chunks), and an absent one reads back as
+    empty, 0 or None. A field whose default is None says something whenever it is set (an empty
+    ``logprobs`` list: asked for, none in this response); the others when not empty or 0."""
+    return {
+        name: value
+        for name in _DELTA_FIELDS
+        if (value := getattr(delta, name)) is not None and (value or name in _NULLABLE_FIELDS)
+    }
+
+
 # --- encode / decode helpers --------------------------------------------------------------------
 def bytes_tensor(value: str | bytes) -> np.ndarray:
     """A BYTES tensor of shape [1] holding one UTF-8 string."""
@@ -279,25 +295,28 @@ def encode_delta(delta: ChoiceDelta, counts: CountOutputs = CountOutputs()) -> d
     """
     last = delta.finish_reason is not None
     tensors = {TEXT_OUTPUT: bytes_tensor(delta.text)}
-    if delta.index:
-        tensors[CHOICE_INDEX] = np.array([delta.index], dtype=np.int32)
+    for name, value in said(delta).items():
+        if name in _DELTA_TENSORS:
+            tensor, encode = _DELTA_TENSORS[name]
+            tensors[tensor] = encode(value)
     if last or counts.input_tokens:
         tensors[NUM_INPUT_TOKENS] = np.array([delta.num_input_tokens], dtype=np.uint32)
     if last or counts.output_tokens:
         tensors[NUM_OUTPUT_TOKENS] = np.array([delta.num_output_tokens], dtype=np.uint32)
-    if delta.reasoning:
-        tensors[REASONING_OUTPUT] = bytes_tensor(delta.reasoning)
-    if delta.tool_calls:
-        tensors[TOOL_CALLS] = bytes_tensor(json.dumps(delta.tool_calls))
-    if delta.finish_reason:
-        tensors[FINISH_REASON] = bytes_tensor(delta.finish_reason)
-    if delta.logprobs is not None:
-        tensors[LOGPROBS] = bytes_tensor(json.dumps([logprob_wire(lp) for lp in delta.logprobs]))
-    if delta.usage is not None:
-        tensors[USAGE] = bytes_tensor(delta.usage.to_json())
-    if delta.prompt_logprobs is not None:
-        tensors[PROMPT_LOGPROBS] = json_tensor(prompt_logprobs_wire(delta.prompt_logprobs))
     return tensors
+
+
+# The output tensor of each ChoiceDelta field ``said`` may name, and its encoding; text_output
+# and the token counts follow encode_delta's own rules, cumulative_logprob is the vLLM contract's.
+_DELTA_TENSORS: dict[str, tuple[str, Callable[[Any], np.ndarray]]] = {
+    "index": (CHOICE_INDEX, lambda index: np.array([index], dtype=np.int32)),
+    "reasoning": (REASONING_OUTPUT, bytes_tensor),
+    "tool_calls": (TOOL_CALLS, lambda calls: bytes_tensor(json.dumps(calls))),
+    "finish_reason": (FINISH_REASON, bytes_tensor),
+    "logprobs": (LOGPROBS, lambda items: bytes_tensor(json.dumps([logprob_wire(lp) for lp in items]))),
+    "usage": (USAGE, lambda usage: bytes_tensor(usage.to_json())),
+    "prompt_logprobs": (PROMPT_LOGPROBS, lambda scores: json_tensor(prompt_logprobs_wire(scores))),
+}
 
 
 def token_logprob(raw: dict[str, Any]) -> TokenLogprob:
