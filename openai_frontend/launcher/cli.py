@@ -26,6 +26,7 @@ from openai_frontend.launcher.http_flags import (
     http_limits,
     non_negative_int,
     operations_options,
+    with_default,
 )
 from openai_frontend.launcher.log_format import configure_launcher_logging
 from openai_frontend.launcher.log_rotation import BACKUPS, DEFAULT_MAX_MB
@@ -42,11 +43,16 @@ from openai_frontend.launcher.server_config import ConfigFileError, flag_default
 from openai_frontend.launcher.supervisor import MAX_RESTARTS
 from openai_frontend.launcher.triton_flags import add_triton_listen_flags, triton_listen
 from openai_frontend.launcher.triton_install import TritonInstallError
+from openai_frontend.launcher.worker import WorkerOptions, run_worker
 from python_backend.protocol.settings import EngineSettings, SettingsError
 
 logger = logging.getLogger("openai_frontend.launcher")
 
 DEFAULT_READY_TIMEOUT_S = 600.0
+HEADLESS_HELP = (
+    "run this node's tensor-parallel ranks only, as `triton-chat worker` (a node other than 0 of --nnodes; "
+    "no tritonserver, no HTTP frontend)"
+)
 INSTANCES_HELP = (
     "model instances (instance_group count), each its own engine, Triton spreading requests over them "
     "(default: config.pbtxt's, 1); helps with one instance per GPU/NPU, not on one CPU"
@@ -83,6 +89,7 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
         metavar="FILE",
         help="MindIE-style config.json (ServerConfig, ModelConfig, LoraModules); flags override it (default: none)",
     )
+    serve.add_argument("--headless", action="store_true", help=with_default(HEADLESS_HELP, "off"))
     if serve_defaults:
         serve.set_defaults(**serve_defaults)
 
@@ -140,6 +147,18 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
     add_engine_flags(repository)
     repository.add_argument("--instances", type=positive_int, metavar="N", help=INSTANCES_HELP)
 
+    worker = commands.add_parser(
+        "worker",
+        help="a node other than node 0 of a model spread over --nnodes: its tensor-parallel ranks only",
+        description="Run this node's share of the tensor-parallel ranks (--tensor-parallel-size / --nnodes of them) "
+        "for node 0's `triton-chat serve`: no tritonserver, no HTTP frontend. Its ranks join rank 0 at "
+        "--master-addr:--master-port, and join again each time node 0's model starts. Give it node 0's flags "
+        "with its own --node-rank; --nnodes, --node-rank, --master-addr and --master-port also come from "
+        "torchrun's environment variables (NNODES/PET_NNODES, NODE_RANK/GROUP_RANK/PET_NODE_RANK, "
+        "MASTER_ADDR, MASTER_PORT).",
+    )
+    add_engine_flags(worker)
+
     frontend = commands.add_parser(
         "frontend",
         help="only the HTTP frontend, in front of a tritonserver that already serves the model",
@@ -164,15 +183,22 @@ def build_parser(serve_defaults: dict[str, Any] | None = None) -> argparse.Argum
     return parser
 
 
-def parse_args(argv: list[str]) -> ServeOptions | FrontendOptions | RepositoryOptions | TritonServerArgs:
+def parse_args(
+    argv: list[str],
+) -> ServeOptions | FrontendOptions | RepositoryOptions | TritonServerArgs | WorkerOptions:
     """Parse the command line; usage errors exit with status 2 like any argparse error."""
     if argv[:1] == ["tritonserver"]:
         # Everything after it is tritonserver's, --help included.
         return TritonServerArgs(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "serve" and args.headless:
+        parser = build_parser(_config_defaults(argv))  # --config's values count for a worker too
+        return _worker_options(parser, parser.parse_args(argv), "triton-chat serve --headless")
     if args.command == "serve":
         return parse_serve_args(argv)
+    if args.command == "worker":
+        return _worker_options(parser, args, "triton-chat worker")
     if args.command == "repository":
         return _repository_options(parser, args)
     args.api_keys = api_keys_with_environment(args.api_keys, os.environ)
@@ -271,10 +297,33 @@ def _config_defaults(argv: list[str]) -> dict[str, Any] | None:
     return None
 
 
+def _worker_options(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> WorkerOptions:
+    """``worker`` (or ``serve --headless``): a node other than 0, with valid settings."""
+    engine = engine_values(parser, args)
+    values: dict[str, str | bool | int] = {**engine.flags, **engine.overrides}
+    if args.served_model_name:
+        values["served_model_name"] = args.served_model_name
+    try:
+        check_dtype_name(str(values["dtype"]), "--dtype")
+        settings = EngineSettings(**values)  # type: ignore[arg-type]
+    except (SettingsError, ModelFolderError) as exc:
+        parser.error(str(exc))
+    if settings.nnodes < 2 or settings.node_rank < 1:
+        parser.error(
+            f"{command} runs a node other than node 0 of a model over several nodes: it needs --nnodes >= 2 and "
+            f"--node-rank 1 to nnodes - 1 (got --nnodes {settings.nnodes}, --node-rank {settings.node_rank}); "
+            "node 0 runs `triton-chat serve`"
+        )
+    return WorkerOptions(model=args.model_path, values=values)
+
+
 def parse_serve_args(argv: list[str]) -> ServeOptions:
-    """Parse ``serve ...`` arguments; usage errors exit with status 2 like any argparse error."""
+    """Parse ``serve ...`` arguments (not ``--headless``: ``parse_args`` makes those a worker);
+    usage errors exit with status 2 like any argparse error."""
     parser = build_parser(_config_defaults(argv))
     args = parser.parse_args(argv)
+    if args.headless:
+        parser.error("serve --headless runs a worker node: parse it with parse_args")
     args.api_keys = api_keys_with_environment(args.api_keys, os.environ)
     check_http_flags(parser, args)
     if args.ready_timeout <= 0:
@@ -300,9 +349,14 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         # The same checks the model runs, here so that a typo fails now and not after the load.
         check_dtype_name(str(engine.flags["dtype"]), dtype_origin)
         values: dict[str, Any] = {**engine.flags, **engine.overrides}
-        EngineSettings(**values)
+        settings = EngineSettings(**values)
     except (SettingsError, ModelFolderError) as exc:
         parser.error(str(exc))
+    if settings.node_rank > 0:
+        parser.error(
+            f"--node-rank {settings.node_rank}: only node 0 serves; run `triton-chat worker` (or `serve "
+            "--headless`) with the same flags on the other nodes"
+        )
     return ServeOptions(
         model=args.model_path,
         model_origin=_origin(argv, "--model", config, "modelWeightPath"),
@@ -344,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(options, TritonServerArgs | RepositoryOptions):
         configure_launcher_logging(logger, "text")
         return _own_triton(options)
+    if isinstance(options, WorkerOptions):
+        configure_launcher_logging(logger, "text")
+        return run_worker(options)
     configure_launcher_logging(logger, options.operations.log_format, options.log_level)
     # Imported here: they pull in uvicorn and the app, which `--help` and usage errors do not need.
     if isinstance(options, FrontendOptions):

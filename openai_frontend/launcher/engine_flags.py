@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 from dataclasses import Field, dataclass, fields
 from pathlib import Path
@@ -148,7 +149,7 @@ def engine_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     for spec, _ in flagged_fields():
         if spec.name in (MODEL_DIR, SERVED_NAME, LORA_MODULES):
             continue
-        value = getattr(args, spec.name)
+        value = _from_environment(parser, spec, getattr(args, spec.name))
         if setting_kind(spec) != "int":
             flags[spec.name] = value
         elif value is not None:
@@ -164,6 +165,25 @@ def engine_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
             else:
                 flags[name] = value
     return EngineValues(overrides, flags)
+
+
+def _from_environment(parser: argparse.ArgumentParser, spec: Field[Any], value: Any) -> Any:
+    """``value``, or where it was not given (None, or an empty text) the first of the setting's
+    ``env`` variables that is set (torchrun's and its launchers' names, e.g. MASTER_ADDR)."""
+    if value not in (None, ""):
+        return value
+    for name in setting_info(spec).env:
+        text = os.environ.get(name, "")
+        if not text:
+            continue
+        if setting_kind(spec) != "int":
+            return text
+        try:
+            number = int(text)
+        except ValueError:
+            parser.error(f"{name}={text} (read for {setting_info(spec).flag}) must be an integer")
+        return number
+    return value
 
 
 def _given(spec: Field[Any], overrides: dict[str, int], flags: dict[str, str | bool]) -> bool:

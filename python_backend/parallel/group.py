@@ -1,7 +1,6 @@
 """The ranks' process group: which backend, which device each rank uses, joining and leaving.
 
-Owns ``RankPlan`` (what one rank needs to join: its rank, the world size, rank 0's rendezvous
-address), the backend per device (gloo on CPU, NCCL on CUDA, HCCL on Ascend), each rank's
+Owns the backend per device (gloo on CPU, NCCL on CUDA, HCCL on Ascend), each rank's
 settings (its device and CPU threads), and ``Channel``: pickled messages from rank 0 to the
 others, over gloo even where the tensors go over NCCL or HCCL, so that a step's few bytes of
 bookkeeping never wait behind the device queue.
@@ -13,7 +12,6 @@ import dataclasses
 import logging
 import os
 import socket
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -21,6 +19,8 @@ import torch
 import torch.distributed as dist
 
 from python_backend.model.device import resolve_device
+from python_backend.parallel.node import RankPlan
+from python_backend.parallel.rendezvous import use_interface_toward
 from python_backend.protocol.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
@@ -31,13 +31,6 @@ BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 COLLECTIVE_TIMEOUT = timedelta(seconds=600)
 
 
-@dataclass(frozen=True)
-class RankPlan:
-    rank: int
-    world_size: int
-    address: str  # "host:port" of rank 0's rendezvous
-
-
 def free_address(host: str = "127.0.0.1") -> str:
     """A ``host:port`` nobody listens on now, for rank 0's rendezvous (ranks share one host)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -46,22 +39,24 @@ def free_address(host: str = "127.0.0.1") -> str:
 
 
 def rank_device(settings: EngineSettings, rank: int) -> str:
-    """The device of ``rank``: ``device_ids[rank]``, else the device's own index plus ``rank``."""
+    """The device of ``rank`` on its node: ``device_ids[local]``, else the device's own index plus
+    ``local``, where ``local`` is the rank's place among its node's ranks."""
     device = resolve_device(settings.device)
     if device.type == "cpu":
         return "cpu"
+    local = rank % settings.ranks_per_node
     ids = settings.rank_device_ids
-    index = ids[rank] if ids else (device.index or 0) + rank
+    index = ids[local] if ids else (device.index or 0) + local
     return f"{device.type}:{index}"
 
 
 def rank_settings(settings: EngineSettings, rank: int) -> EngineSettings:
-    """``settings`` as rank ``rank`` runs them: its own device, and on CPU its share of the cores."""
+    """``settings`` as rank ``rank`` runs them: its own device, and on CPU its share of its node's cores."""
     device = rank_device(settings, rank)
     threads = settings.torch_threads
     if device == "cpu":
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        threads = max(1, (threads or cores) // settings.tensor_parallel_size)
+        threads = max(1, (threads or cores) // settings.ranks_per_node)
     return dataclasses.replace(settings, device=device, torch_threads=threads)
 
 
@@ -98,13 +93,16 @@ class Channel:
         return out
 
 
-def join(plan: RankPlan, device: str) -> Channel:
-    """Join the group (blocks until every rank has); the channel for step messages."""
+def join(plan: RankPlan, device: str, store: Any, nodes: int) -> Channel:
+    """Join the group through rank 0's ``store`` (blocks until every rank has); the channel for
+    step messages. Across ``nodes`` > 1, gloo takes the interface toward rank 0's address."""
     bind_device(device)
     backend = BACKENDS[device.split(":", 1)[0]]
+    if nodes > 1:
+        use_interface_toward(plan.address.rpartition(":")[0])
     dist.init_process_group(
         backend,
-        init_method=f"tcp://{plan.address}",
+        store=store,
         rank=plan.rank,
         world_size=plan.world_size,
         timeout=COLLECTIVE_TIMEOUT,

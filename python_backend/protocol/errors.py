@@ -282,6 +282,11 @@ def rank_failed(rank: int, exit_code: int) -> ErrorInfo:
     return ENGINE_FAILED.info(f"tensor-parallel rank {rank} exited (code {exit_code})")
 
 
+def rank_silent(rank: int, node: int, seconds: float) -> ErrorInfo:
+    """A tensor-parallel rank on another node stopped answering: its node is gone or cut off."""
+    return ENGINE_FAILED.info(f"tensor-parallel rank {rank} on node {node} has been silent for {seconds:.0f} s")
+
+
 def engine_stopped() -> ErrorInfo:
     return ENGINE_STOPPED.info("the engine is not running")
 

@@ -89,14 +89,46 @@ class EngineSettings(CpuSettings, ModelOutputSettings, SpeculativeSettings, Limi
             )
         if self.speculative_model and self.tensor_parallel_size > 1:
             raise SettingsError("speculative_model does not run with tensor_parallel_size > 1")
+        self._check_nodes()
         if self.device_ids:
             ids = self.device_ids.split(",")
             if not all(i.strip().isdigit() for i in ids):
                 raise SettingsError(f"device_ids must be comma-separated device indexes, got '{self.device_ids}'")
-            if len(ids) != self.tensor_parallel_size:
+            if len(ids) != self.ranks_per_node:
+                per_node = f" / nnodes {self.nnodes}" if self.nnodes > 1 else ""
                 raise SettingsError(
                     f"device_ids names {len(ids)} devices; tensor_parallel_size is {self.tensor_parallel_size}"
+                    f"{per_node}" + (f", {self.ranks_per_node} ranks on each node" if per_node else "")
                 )
+
+    def _check_nodes(self) -> None:
+        """The several-node settings agree: whole ranks per node, a node that exists, an address."""
+        if self.tensor_parallel_size % self.nnodes:
+            raise SettingsError(
+                f"tensor_parallel_size (--tensor-parallel-size) {self.tensor_parallel_size} counts the ranks "
+                f"of all nodes and must be a multiple of nnodes (--nnodes) {self.nnodes}"
+            )
+        if self.node_rank >= self.nnodes:
+            raise SettingsError(
+                f"node_rank (--node-rank) {self.node_rank} must be below nnodes (--nnodes) {self.nnodes}"
+            )
+        if self.nnodes > 1 and not (self.master_addr and self.master_port):
+            raise SettingsError(
+                f"nnodes (--nnodes) {self.nnodes} needs master_addr (--master-addr) and master_port "
+                "(--master-port): node 0's address and port, where the other nodes' ranks join"
+            )
+        if self.master_port > 65535:
+            raise SettingsError(f"master_port (--master-port) must be a TCP port, got {self.master_port}")
+
+    @property
+    def ranks_per_node(self) -> int:
+        """The ranks each node runs: ``tensor_parallel_size / nnodes``."""
+        return self.tensor_parallel_size // self.nnodes
+
+    @property
+    def first_rank(self) -> int:
+        """This node's first rank (node 0 holds rank 0, the one that serves)."""
+        return self.node_rank * self.ranks_per_node
 
     @property
     def rank_device_ids(self) -> list[int]:

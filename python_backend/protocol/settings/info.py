@@ -37,6 +37,7 @@ class SettingInfo:
     aliases: tuple[str, ...] = ()  # other names of the same flag (ours from before, vLLM's short ones)
     bytes_flag: str | None = None  # MB settings: a flag giving the same setting in bytes (vLLM's unit)
     mindie_key: str | None = None  # its key in MindIE's config.json ModelConfig, where one exists
+    env: tuple[str, ...] = ()  # environment variables that give it when no flag does, first set wins
     choices: tuple[str, ...] = ()  # the valid values of a string setting; () = any (checked apart)
     minimum: int | None = None  # integers: the smallest valid value
     metavar: str | None = None  # the flag's value in --help

@@ -90,6 +90,61 @@ class ModelSettings:
             docs_default="the device's index, then the next ones",
         ),
     )
+    # One model across several nodes (torch.distributed's launch names): node 0 serves, with rank
+    # 0 listening at master_addr:master_port; every other node runs `triton-chat worker`, whose
+    # ranks join there. tensor_parallel_size counts the ranks of all nodes, as in vLLM.
+    nnodes: int = setting(
+        1,
+        SettingInfo(
+            "nodes (machines) the tensor-parallel ranks are spread over; each runs "
+            "tensor_parallel_size / nnodes of them",
+            flag="--nnodes",
+            env=("NNODES", "PET_NNODES", "GROUP_WORLD_SIZE"),
+            minimum=1,
+            metavar="N",
+            docs="nodes the ranks are spread over, `tensor_parallel_size / nnodes` ranks each; node 0 runs "
+            "`serve`, the others `triton-chat worker` (see [tensor parallel](tensor-parallel.md)); unset: "
+            "`NNODES`, `PET_NNODES` or `GROUP_WORLD_SIZE` from the environment",
+        ),
+    )
+    node_rank: int = setting(
+        0,
+        SettingInfo(
+            "this node's index, 0 to nnodes - 1; node 0 runs serve, the others triton-chat worker",
+            flag="--node-rank",
+            env=("NODE_RANK", "GROUP_RANK", "PET_NODE_RANK"),
+            minimum=0,
+            metavar="R",
+            docs="this node's index (0: the node that serves; the others run `triton-chat worker`); unset: "
+            "`NODE_RANK`, `GROUP_RANK` or `PET_NODE_RANK`",
+        ),
+    )
+    master_addr: str = setting(
+        "",
+        SettingInfo(
+            "node 0's address the other nodes reach it at; rank 0 listens there for the ranks to join "
+            "(needed with --nnodes > 1)",
+            flag="--master-addr",
+            env=("MASTER_ADDR", "PET_MASTER_ADDR"),
+            metavar="HOST",
+            docs="node 0's address the other nodes reach; its interface carries the ranks' traffic "
+            "(needed with `nnodes` > 1); unset: `MASTER_ADDR` or `PET_MASTER_ADDR`",
+            docs_default="one node: loopback",
+        ),
+    )
+    master_port: int = setting(
+        0,
+        SettingInfo(
+            "the TCP port rank 0 listens on at --master-addr for the ranks to join (needed with --nnodes > 1)",
+            flag="--master-port",
+            env=("MASTER_PORT", "PET_MASTER_PORT"),
+            minimum=0,
+            metavar="PORT",
+            docs="the TCP port of rank 0's rendezvous at `master_addr` (needed with `nnodes` > 1); unset: "
+            "`MASTER_PORT` or `PET_MASTER_PORT`",
+            docs_default="one node: a free port",
+        ),
+    )
 
 
 @dataclass(frozen=True)
