@@ -8,7 +8,8 @@ and that folder's generation defaults. The conversion runs in a child process
 The folder is written "version-neutral" (loads the same in transformers 4.57 and 5.x): a
 top-level ``rope_theta`` and ``torch_dtype`` in ``config.json``, and a tokenizer config that names
 ``PreTrainedTokenizerFast`` and embeds the chat template. It is built in a temporary folder and
-renamed into place, so a present folder is always complete.
+renamed into place, so a present folder is always complete. The child reports its steps as the
+start-up stage ``CONVERSION`` (``protocol.start_events``) to the file the launcher names.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from python_backend.protocol.start_events import CONVERSION, START_EVENTS_ENV, StageReporter
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +45,14 @@ MARKER_NAME = "triton-chat-demo.json"
 CONVERT_TIMEOUT_S = 900.0
 # What the conversion imports; the `model` extra installs them, a frontend-only install does not.
 CONVERSION_PACKAGES = ("torch", "transformers", "gguf")
+# The conversion's steps and how far along each begins, from their times on a 2-core machine
+# (5 s tokenizer, 20 s GGUF, 7 s copy, 1 s save): the progress shown is by step.
+CONVERSION_STEPS = (
+    (0.0, "reading the tokenizer"),
+    (0.15, "reading and dequantizing the GGUF weights"),
+    (0.75, "copying the weights into a plain model"),
+    (0.95, "writing bfloat16 safetensors"),
+)
 
 
 class DemoModelError(RuntimeError):
@@ -94,19 +106,23 @@ def check_conversion_packages() -> None:
         )
 
 
-def ensure_demo_model(cache_dir: Path, progress: Callable[[str], None]) -> Path:
-    """The converted demo folder, converting it first if needed (about 20 s, once)."""
+def ensure_demo_model(cache_dir: Path, progress: Callable[[str], None], events: Path | None = None) -> Path:
+    """The converted demo folder, converting it first if needed (about 20 s, once). ``progress``
+    gets a line when the conversion begins and one when it ends; the conversion's steps go to
+    ``events`` (``protocol.start_events``) when given."""
     target = demo_model_dir(cache_dir)
     if is_converted(target):
         return target
     gguf = find_demo_gguf()
     check_conversion_packages()
-    progress(f"converting the demo model {DEMO_SERVED_NAME} once, about 20 s, into {target} ...")
+    progress(f"converting the demo model {DEMO_SERVED_NAME} (GGUF -> safetensors, once, about 20-40 s) into {target}")
+    started = time.monotonic()
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         built = staging / target.name
-        _run_conversion(gguf, built)
+        _run_conversion(gguf, built, events)
+        progress(f"demo model converted ({time.monotonic() - started:.1f} s)")
         if target.exists():
             if is_converted(target):
                 return target  # another launcher converted it meanwhile
@@ -117,10 +133,14 @@ def ensure_demo_model(cache_dir: Path, progress: Callable[[str], None]) -> Path:
     return target
 
 
-def _run_conversion(gguf: Path, out: Path) -> None:
+def _run_conversion(gguf: Path, out: Path, events: Path | None) -> None:
     env = dict(os.environ)
     # Everything needed is on disk; never reach for the hub, and keep the child's output small.
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
+    if events is not None:
+        env[START_EVENTS_ENV] = str(events)
+    else:
+        env.pop(START_EVENTS_ENV, None)
     cmd = [sys.executable, "-m", "openai_frontend.launcher.demo_model", "--gguf", str(gguf), "--out", str(out)]
     try:
         result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S, check=False)
@@ -136,8 +156,12 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+    stage = StageReporter(CONVERSION)
+    stage.progress(0.0, CONVERSION_STEPS[0][1])
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    stage.progress(*CONVERSION_STEPS[1])
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    stage.progress(*CONVERSION_STEPS[2])
     # A GGUF-loaded model refuses save_pretrained ("quantized with gguf"): copy its dequantized
     # weights into a plain model built from the same config without the quantization entry.
     config_dict = loaded.config.to_dict()
@@ -147,6 +171,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     del loaded
+    stage.progress(*CONVERSION_STEPS[3])
     model = model.to(torch.bfloat16)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     model.generation_config = GenerationConfig(
@@ -164,6 +189,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     tokenizer.save_pretrained(str(out))
     make_version_neutral(out, dtype=DEMO_DTYPE)
     (out / MARKER_NAME).write_text(json.dumps(_marker()) + "\n")
+    stage.progress(1.0, "written")
 
 
 def make_version_neutral(folder: Path, dtype: str) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
+from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
@@ -33,10 +35,22 @@ logger = logging.getLogger("openai_frontend.launcher")  # the launcher's user-fa
 class DrainingServer(uvicorn.Server):
     """A ``uvicorn.Server`` that drains on the first SIGTERM."""
 
-    def __init__(self, config: uvicorn.Config, drain: DrainState, drain_timeout_s: float) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        drain: DrainState,
+        drain_timeout_s: float,
+        on_started: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self._drain = drain
         self._drain_timeout_s = drain_timeout_s
+        self._on_started = on_started
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self._on_started is not None:
+            self._on_started()  # listening, the app's start-up done: what `serve` calls "frontend ready"
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if sig == signal.SIGTERM and self._drain_timeout_s > 0 and not (self._drain.draining or self.should_exit):
@@ -65,8 +79,10 @@ def draining_server(
     tls: TlsFiles | None,
     drain_timeout_s: float,
     log_level: str = DEFAULT_LOG_LEVEL,
+    on_started: Callable[[], None] | None = None,
 ) -> DrainingServer:
-    """The server for an app made by ``create_app`` (whose state holds the drain and the settings)."""
+    """The server for an app made by ``create_app`` (whose state holds the drain and the settings);
+    ``on_started`` is called once it listens."""
     log_config = uvicorn_log_config(app.state.frontend.settings.log_format, log_level)
     config = uvicorn.Config(
         app,
@@ -80,4 +96,4 @@ def draining_server(
         **uvicorn_tls(tls),
         log_config=log_config if log_config is not None else uvicorn.config.LOGGING_CONFIG,
     )
-    return DrainingServer(config, app.state.frontend.drain, drain_timeout_s)
+    return DrainingServer(config, app.state.frontend.drain, drain_timeout_s, on_started)

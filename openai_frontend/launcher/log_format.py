@@ -3,7 +3,8 @@
 Owns: ``JsonFormatter`` (``{"time", "level", "logger", "message"}``, plus ``request_id`` on the
 lines logged while a request is handled and ``exception`` with the traceback when there is one,
 so a log collector needs no parsing rules),
-``configure_launcher_logging`` (the launcher's own user-facing messages) and
+``configure_launcher_logging`` (the launcher's own user-facing messages; on a terminal through
+``TerminalHandler``, which keeps the start's status line below them) and
 ``uvicorn_log_config`` (uvicorn's server and access logs and the frontend's loggers, for
 ``uvicorn.Config``), both at the ``--log-level`` asked for (``LOG_LEVELS``; the frontend's own
 loggers show warnings and up unless it is debug, ``frontend_level``). Nothing is configured at
@@ -15,9 +16,10 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import shutil
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 from openai_frontend.http.request_id import LOG_FIELD, RequestIdLogFilter
 
@@ -25,6 +27,7 @@ JSON_FORMAT = "json"
 LAUNCHER_TEXT_FORMAT = "triton-chat: %(message)s"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")  # vLLM's --uvicorn-log-level's, less trace
 DEFAULT_LOG_LEVEL = "info"
+ERASE_LINE = "\r\x1b[K"  # to the line's start, then clear it
 
 
 def frontend_level(level: str) -> str:
@@ -51,12 +54,63 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False)
 
 
+class TerminalHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Log lines on a terminal with one status line kept below them (``start_stages``' progress):
+    the status is erased before each line and drawn again after it, under the handler's lock, so
+    the two never mix. The status is cut to the terminal's width: a wrapped line cannot be erased."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__(stream)
+        self._status = ""
+
+    def set_status(self, text: str) -> None:
+        """Show ``text`` as the status line ('' removes it)."""
+        self.acquire()
+        try:
+            self._erase()
+            self._status = text[: max(shutil.get_terminal_size().columns - 1, 1)]
+            self._draw()
+        finally:
+            self.release()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # Called with the lock held (``Handler.handle``).
+        self._erase()
+        super().emit(record)
+        self._draw()
+
+    def _erase(self) -> None:
+        if self._status:
+            self.stream.write(ERASE_LINE)
+
+    def _draw(self) -> None:
+        if self._status:
+            self.stream.write(self._status)
+            self.stream.flush()
+
+
+def terminal_handler(logger: logging.Logger) -> TerminalHandler | None:
+    """The ``TerminalHandler`` ``logger``'s lines reach (its own or an ancestor's), if any."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        for handler in current.handlers:
+            if isinstance(handler, TerminalHandler):
+                return handler
+        current = current.parent if current.propagate else None
+    return None
+
+
 def configure_launcher_logging(logger: logging.Logger, log_format: str, level: str = DEFAULT_LOG_LEVEL) -> None:
-    """The launcher's messages go to stderr, in ``log_format``, from ``level`` up; once per logger."""
+    """The launcher's messages go to stderr, in ``log_format``, from ``level`` up; once per logger.
+    Text on a terminal goes through a ``TerminalHandler``, which can keep a status line."""
     if logger.handlers:
         return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if log_format == JSON_FORMAT else logging.Formatter(LAUNCHER_TEXT_FORMAT))
+    if log_format == JSON_FORMAT:
+        handler: logging.Handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler = TerminalHandler(sys.stderr) if sys.stderr.isatty() else logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(LAUNCHER_TEXT_FORMAT))
     logger.addHandler(handler)
     logger.setLevel(level.upper())
     # The launcher's messages are for the user; uvicorn has its own handlers.

@@ -4,7 +4,9 @@ Owns the start/stop sequence and signal handling. Order on the way up: bind the 
 (fail fast), check the model folder and the device, find tritonserver, resolve the model
 (converting the demo once), write a temporary model repository, start the server in its own process group and wait until the model
 is ready, then run uvicorn in this process while ``supervisor.Supervisor`` watches tritonserver
-(and restarts it when the model's process dies). On the way down (Ctrl-C, SIGTERM, or
+(and restarts it when the model's process dies). Each stage of the way up is a line with the
+seconds since start (``start_stages``), the conversion's and the model's included; a start that
+fails says why, where tritonserver's log is, and its last lines. On the way down (Ctrl-C, SIGTERM, or
 tritonserver dying): stop uvicorn, stop tritonserver by its PID (SIGTERM, then SIGKILL after 30 s), and
 remove the temporary repository. Every step registers its undo before it can fail.
 """
@@ -18,6 +20,7 @@ import shutil
 import signal
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -37,17 +40,20 @@ from openai_frontend.launcher.model_repo import (
 )
 from openai_frontend.launcher.network import bind_listening_socket, is_loopback
 from openai_frontend.launcher.options import ServeOptions, engine_settings, http_settings, media_settings
+from openai_frontend.launcher.start_stages import EventFile, StageReport, following
 from openai_frontend.launcher.supervisor import Supervisor
 from openai_frontend.launcher.triton_access import RestrictedAccess, version_problem
 from openai_frontend.launcher.triton_install import TritonInstallError, locate_tritonserver
-from openai_frontend.launcher.tritonserver import TritonServerError, TritonServerProcess
+from openai_frontend.launcher.tritonserver import TritonServerError, TritonServerProcess, TritonStartError
 from python_backend.protocol.settings import SettingsError
+from python_backend.protocol.start_events import START_EVENTS_ENV
 
 logger = logging.getLogger(__name__)
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 EXIT_OK = 0
 EXIT_FAILED = 1
+EVENTS_NAME = "start-events.jsonl"  # in the run folder: the start stages of the conversion and the model
 
 
 # Startup failures the user can act on: reported as one message, without a traceback.
@@ -96,15 +102,19 @@ class _Shutdown:
 
 def run_serve(options: ServeOptions) -> int:
     """Run until a signal or a tritonserver failure; the exit status for the console script."""
+    report = StageReport.for_logger(logger)
     state = _Shutdown()
     previous = {sig: signal.signal(sig, state.handle) for sig in HANDLED_SIGNALS}
     try:
         with contextlib.ExitStack() as undo:
             try:
-                return _serve(options, state, undo)
+                return _serve(options, state, undo, report)
             except ShutdownRequested:
                 logger.info("interrupted while starting; stopping")
                 return EXIT_OK
+            except TritonStartError as exc:
+                report.start_failed(exc.what, exc.log_path, exc.tail)
+                return EXIT_FAILED
             except LAUNCH_ERRORS as exc:
                 logger.error("%s", exc)
                 return EXIT_FAILED
@@ -116,7 +126,7 @@ def run_serve(options: ServeOptions) -> int:
             signal.signal(sig, handler)
 
 
-def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) -> int:
+def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack, report: StageReport) -> int:
     try:
         listener = bind_listening_socket(options.host, options.port)
     except OSError as exc:
@@ -133,16 +143,18 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
     checkpoint = checkpoint_torch_dtype(given) if given is not None else DEMO_DTYPE
     dtype = check_dtype(options.dtype, options.device, checkpoint, options.dtype_origin)
     install = locate_tritonserver(cache)
+    run_dir = Path(tempfile.mkdtemp(prefix="triton-chat-"))
+    undo.callback(shutil.rmtree, run_dir, ignore_errors=True)
+    events = EventFile(run_dir / EVENTS_NAME, logger)
     if given is not None:
         model_dir = given
         served_name = options.served_model_name or model_dir.name
     else:
-        model_dir = ensure_demo_model(cache, logger.info)
+        with following(report, events, "converting the demo model"):
+            model_dir = ensure_demo_model(cache, report.line, events=events.path)
         served_name = options.served_model_name or DEMO_SERVED_NAME
     settings = engine_settings(options, model_dir, served_name)
 
-    run_dir = Path(tempfile.mkdtemp(prefix="triton-chat-"))
-    undo.callback(shutil.rmtree, run_dir, ignore_errors=True)
     repo = write_model_repository(run_dir / "models", settings, instances=options.instances)
     instances = instance_count(repo)
     if instances > 1 and options.response_channel:
@@ -159,15 +171,11 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
     undo.callback(_stop_triton, triton)
     env = backend_python_path()
     env["HF_HUB_OFFLINE"] = "1"  # models are local folders; never download at run time
+    env[START_EVENTS_ENV] = str(events.path)  # the model's process tells its stages there
     endpoints = triton.start(repo, env, listen)
-    logger.info(
-        "started tritonserver (pid %s), loading '%s' from %s in %s (%s); log: %s",
-        triton.pid,
-        served_name,
-        model_dir,
-        dtype.dtype,
-        dtype.reason,
-        log_path,
+    report.line(
+        f"started tritonserver (pid {triton.pid}), loading '{served_name}' from {model_dir} in {dtype.dtype} "
+        f"({dtype.reason}); log: {log_path}"
     )
     logger.info(
         "tritonserver listens on gRPC %s, HTTP %s, metrics %s",
@@ -181,12 +189,20 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
             "frontend's key or limits",
             name,
         )
-    triton.wait_ready(options.ready_timeout_s, MODEL_NAME)
+    with following(report, events, "starting tritonserver and the model"):
+        triton.wait_ready(options.ready_timeout_s, MODEL_NAME)
+    report.line(f"tritonserver ready (pid {triton.pid})")
     problem = version_problem(triton.version())
     if problem is not None:
         logger.warning("%s", problem)
 
-    server = _make_uvicorn(options, triton, served_name)
+    shown_host = f"[{options.host}]" if ":" in options.host else options.host
+    address = f"{'https' if options.tls else 'http'}://{shown_host}:{options.port}/v1"
+
+    def frontend_ready() -> None:
+        report.line(f"frontend ready: serving '{served_name}' at {address} (Triton gRPC at {endpoints.grpc_url})")
+
+    server = _make_uvicorn(options, triton, served_name, frontend_ready)
     supervisor = Supervisor(
         triton,
         repo,
@@ -207,20 +223,13 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack) 
         return EXIT_OK
     watcher.start()
     undo.callback(_join, watcher, supervisor.stop)
-    shown_host = f"[{options.host}]" if ":" in options.host else options.host
-    logger.info(
-        "serving '%s' at %s://%s:%d/v1 (Triton gRPC at %s)",
-        served_name,
-        "https" if options.tls else "http",
-        shown_host,
-        options.port,
-        endpoints.grpc_url,
-    )
     server.run(sockets=[listener])
     return EXIT_FAILED if state.triton_died else EXIT_OK
 
 
-def _make_uvicorn(options: ServeOptions, triton: TritonServerProcess, served_name: str) -> Any:
+def _make_uvicorn(
+    options: ServeOptions, triton: TritonServerProcess, served_name: str, on_started: Callable[[], None]
+) -> Any:
     # Imported late: uvicorn and the app are not needed until the model is ready.
     from openai_frontend.app import create_app
     from openai_frontend.launcher.draining_server import draining_server
@@ -238,7 +247,9 @@ def _make_uvicorn(options: ServeOptions, triton: TritonServerProcess, served_nam
         }
     )
     app = create_app(settings, engine_metrics=triton.read_metrics)
-    return draining_server(app, options.host, options.port, options.tls, options.drain_timeout_s, options.log_level)
+    return draining_server(
+        app, options.host, options.port, options.tls, options.drain_timeout_s, options.log_level, on_started
+    )
 
 
 def _join(thread: threading.Thread, stop: threading.Event) -> None:

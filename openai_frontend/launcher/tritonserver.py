@@ -37,7 +37,7 @@ from openai_frontend.launcher.tied_child import TiedSpawner
 from openai_frontend.launcher.triton_access import RestrictedAccess
 from openai_frontend.launcher.triton_endpoints import TritonEndpoints, TritonListen, private_socket_dir
 from openai_frontend.launcher.triton_install import TritonInstall
-from openai_frontend.launcher.triton_log import failure_summary, is_noise
+from openai_frontend.launcher.triton_log import failure_summary, is_noise, load_error
 from python_backend.protocol.contract import HEALTH_PROBE
 
 logger = logging.getLogger(__name__)
@@ -48,10 +48,27 @@ STUB_NAME = "triton_python_backend_stub"  # the Python backend's per-instance mo
 STOP_TIMEOUT_S = 30.0
 POLL_INTERVAL_S = 0.25
 PROBE_TIMEOUT_S = 2.0
+FAILURE_TAIL_LINES = 20  # of the log, shown when a start fails
 
 
 class TritonServerError(RuntimeError):
     """tritonserver did not start or become ready; the message carries the end of its log."""
+
+
+class TritonStartError(TritonServerError):
+    """tritonserver exited, or was not ready in time, while starting. ``what`` says which, with the
+    model's load error when the log names one; ``tail``: the log's last lines, without noise."""
+
+    def __init__(self, what: str, log_path: Path, tail: str) -> None:
+        summary = failure_summary(log_path)
+        super().__init__(f"{what}: {summary}" if "\n" not in summary else f"{what}:\n{summary}")
+        try:
+            error = load_error(log_path.read_text(encoding="utf-8", errors="replace").splitlines())
+        except FileNotFoundError:
+            error = None
+        self.what = f"{what}: {error}" if error is not None else what
+        self.log_path = log_path
+        self.tail = tail
 
 
 class TritonServerProcess:
@@ -222,12 +239,14 @@ class TritonServerProcess:
             self._remember_shm_regions()
             code = self.exit_code()
             if code is not None:
-                raise TritonServerError(f"tritonserver exited with status {code} while starting: {self._why()}")
+                what = f"tritonserver exited with status {code} while starting"
+                raise TritonStartError(what, self._log_path, self.log_tail(FAILURE_TAIL_LINES))
             if self._http_ok(endpoints, path):
                 self._remember_shm_regions()
                 return
             if time.monotonic() >= deadline:
-                raise TritonServerError(f"tritonserver was not ready after {timeout:.0f} s: {self._why()}")
+                what = f"tritonserver was not ready after {timeout:.0f} s"
+                raise TritonStartError(what, self._log_path, self.log_tail(FAILURE_TAIL_LINES))
             time.sleep(POLL_INTERVAL_S)
 
     def _http_ok(self, endpoints: TritonEndpoints, path: str) -> bool:
@@ -274,10 +293,6 @@ class TritonServerProcess:
             kill_group(proc.pid)
             wait_group_gone(proc.pid, timeout=5.0)
         self._remove_own_shm_regions()
-
-    def _why(self) -> str:
-        summary = failure_summary(self._log_path)
-        return summary if "\n" not in summary else "\n" + summary
 
     def log_tail(self, lines: int = 40) -> str:
         try:

@@ -4,7 +4,8 @@ Owns: ``load_model`` and ``LoadedModel`` (everything the engine needs to know ab
 EOS ids, context length, vocabulary size, sampling defaults from ``generation_config.json``).
 Vision and audio chat models (``model_type`` qwen2_vl, qwen2_5_vl, qwen2_audio) load with their
 own classes and bring a ``MediaProcessor``; every other folder is a causal LM that takes text only.
-Nothing is ever fetched from a hub: the folder must exist locally.
+Nothing is ever fetched from a hub: the folder must exist locally. Reading the weights is the
+start-up stage ``WEIGHTS`` (``protocol.start_events``), with its progress where transformers says it.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ from python_backend.cpu.native.invariant_attention import InvariantAttentionKern
 from python_backend.cpu.prompt_attention import build_prompt_kernel
 from python_backend.model.device import place, synchronize
 from python_backend.model.draft import DraftLoadError, DraftModel, load_draft
+from python_backend.model.load_progress import weight_progress
 from python_backend.model.lora import attach_adapters, parse_lora_modules
 from python_backend.model.shard import ShardError, check_shardable, shard_arguments
 from python_backend.prompt.multimodal.processor import AUDIO_MODEL_TYPES, VISION_MODEL_TYPES, MediaProcessor
 from python_backend.protocol.settings import EngineSettings
+from python_backend.protocol.start_events import WEIGHTS, StageReporter
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +163,12 @@ def _narrow_kv_dtype(cpu_text: bool, dtype: torch.dtype) -> torch.dtype | None:
     return torch.bfloat16 if dtype == torch.float32 else None  # a bfloat16 model's own dtype
 
 
+def _weight_bytes(model: torch.nn.Module) -> int:
+    """What the model's parameters and buffers take in memory."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+
+
 def load_model(settings: EngineSettings) -> LoadedModel:
     """Load the folder named by ``settings.model_path`` onto the chosen device and dtype."""
     folder = Path(settings.model_path).expanduser()
@@ -209,10 +218,20 @@ def load_model(settings: EngineSettings) -> LoadedModel:
             kv_dtype = torch.float32
     if settings.kv_cache_dtype == "bfloat16":
         kv_dtype = _narrow_kv_dtype(cpu_text, placement.dtype)
-    base = model_class.from_pretrained(
-        str(folder), dtype=placement.dtype, local_files_only=True, trust_remote_code=remote, **extra
-    )
-    base.to(placement.device)  # type: ignore[arg-type]  # transformers' typed wrapper of nn.Module.to
+    weights = StageReporter(WEIGHTS)
+    dtype_name = str(placement.dtype).removeprefix("torch.")
+    weights.begin(f"{folder.name}, {dtype_name}")
+    try:
+        with weight_progress(weights.progress):
+            base = model_class.from_pretrained(
+                str(folder), dtype=placement.dtype, local_files_only=True, trust_remote_code=remote, **extra
+            )
+        base.to(placement.device)  # type: ignore[arg-type]  # transformers' typed wrapper of nn.Module.to
+        synchronize(placement.device)  # so that the time reported is the copy's too
+    except BaseException as exc:
+        weights.failed(f"{folder.name}: {(str(exc).splitlines() or [type(exc).__name__])[0]}")
+        raise
+    weights.end(f"{folder.name}, {dtype_name}, {_weight_bytes(base) / 1e9:.2f} GB")
     base.eval()
     model = attach_adapters(base, adapters)
     fast = None

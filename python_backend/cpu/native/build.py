@@ -4,7 +4,9 @@ Owns ``build_library`` and ``bind_functions`` (each dtype's C entry point, typed
 ``build_library``: compile with the machine's C compiler (``$CC``, ``cc`` or ``gcc``) into the
 user's cache, keyed by the source, the flags and the CPU (the libraries are built with
 ``-march=native``), reuse the file afterwards, and return None with the reason logged when there
-is no compiler or the build fails, so every caller keeps a pure-PyTorch fallback.
+is no compiler or the build fails, so every caller keeps a pure-PyTorch fallback. A compilation
+is the start-up stage ``KERNEL`` (``protocol.start_events``), shown by the launcher: it takes
+seconds, on a first start only.
 
 The libraries link ``libgomp.so.1``: in a process where torch has loaded its own copy, the dynamic
 loader reuses that one (same soname), so their parallel regions run on the calling thread's
@@ -23,6 +25,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+
+from python_backend.protocol.start_events import KERNEL, StageReporter
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +76,8 @@ def build_library(source: Path, cache_dir: Path | None = None, extra_flags: tupl
     folder = cache_dir or default_cache_dir()
     library = folder / f"{what}-{key}.so"
     if not library.is_file():
+        stage = StageReporter(KERNEL)
+        stage.begin(what)
         try:
             folder.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=folder) as scratch:
@@ -80,12 +86,15 @@ def build_library(source: Path, cache_dir: Path | None = None, extra_flags: tupl
                 result = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S, check=False)
                 if result.returncode != 0:
                     logger.warning("building %s failed:\n%s", what, result.stderr)
+                    stage.failed(f"{what}: the compiler failed (see tritonserver's log)")
                     return None
                 os.replace(built, library)  # atomic: a concurrent loader sees no half-written file
         except (OSError, subprocess.TimeoutExpired) as exc:
             logger.warning("building %s failed (%s)", what, exc)
+            stage.failed(f"{what}: {exc}")
             return None
         logger.info("built %s", library)
+        stage.end(what)
     try:
         return ctypes.CDLL(str(library))
     except OSError as exc:
