@@ -13,13 +13,14 @@ from typing import Any
 
 import torch
 
+from python_backend.engine.execution import Execution
 from python_backend.engine.kv_cache import KVBatch
-from python_backend.engine.request import EngineEvent, RequestGroup
+from python_backend.engine.request import EngineEvent
 from python_backend.protocol.contract import FINISH_LENGTH
 
 
 def beam_advance(
-    group: RequestGroup,
+    group: Execution,
     kv: KVBatch,
     logits: torch.Tensor,
     rows: list[int] | None,
@@ -47,7 +48,7 @@ def beam_advance(
             seq.finish_reason = FINISH_LENGTH  # the group is over; each answer's reason is its own
 
 
-def beam_answers(group: RequestGroup, tokenizer: Any) -> list[EngineEvent]:
+def beam_answers(group: Execution, tokenizer: Any) -> list[EngineEvent]:
     """Beam search answers all at once (MindIE's pseudo-streaming): the best n hypotheses, as
     the request's last events (the engine delivers them and ends the request)."""
     if group.beam is None:

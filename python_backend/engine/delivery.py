@@ -14,7 +14,8 @@ import logging
 from typing import Any
 
 from python_backend.engine.beam_steps import beam_answers
-from python_backend.engine.request import EngineEvent, EngineRequest, RequestGroup
+from python_backend.engine.execution import Execution, Executions
+from python_backend.engine.request import EngineEvent, EngineRequest
 from python_backend.engine.scheduler import Scheduler
 from python_backend.engine.sequence import Sequence
 
@@ -29,8 +30,9 @@ def deliver(request: EngineRequest, event: EngineEvent) -> None:
 
 
 class Delivery:
-    def __init__(self, scheduler: Scheduler, tokenizer: Any, stream_interval: int) -> None:
+    def __init__(self, scheduler: Scheduler, runs: Executions, tokenizer: Any, stream_interval: int) -> None:
         self._scheduler = scheduler
+        self._runs = runs
         self._tokenizer = tokenizer
         self._stream_interval = stream_interval
 
@@ -40,29 +42,34 @@ class Delivery:
             group = self._scheduler.group(seq.request.request_id)
             if group is None:
                 continue
-            if group.beam is not None:
+            run = self._runs.of(group)
+            if run.beam is not None:
                 if seq.finish_reason is not None and self._scheduler.group(group.request.request_id) is group:
-                    for event in beam_answers(group, self._tokenizer):
+                    for event in beam_answers(run, self._tokenizer):
                         deliver(group.request, event)
-                    self._scheduler.finish(group)
+                    self._finish(run)
                 continue
             if seq.finish_reason is not None:
                 group.finished += 1
-            done = group.finished == len(group.sequences)
+            done = group.finished == len(run.sequences)
             if group.buffered:
                 if done:
-                    self._send_best(group)
+                    self._send_best(run)
                 continue
             if not (done or seq.delta_due(group.request.stream, self._stream_interval)):
                 continue
             delta = seq.take_delta(len(group.request.prompt_ids))
-            group.attach_prompt_logprobs(delta)
+            run.attach_prompt_logprobs(delta)
             if delta is not None or done:
                 deliver(group.request, EngineEvent(group.request.request_id, delta=delta, final=done))
             if done:
-                self._scheduler.finish(group)
+                self._finish(run)
 
-    def _send_best(self, group: RequestGroup) -> None:
+    def _finish(self, run: Execution) -> None:
+        self._scheduler.finish(run.group)
+        self._runs.forget(run.group)
+
+    def _send_best(self, group: Execution) -> None:
         ranked = sorted(group.sequences, key=lambda s: s.cumulative_logprob, reverse=True)
         chosen = ranked[: group.request.params.n]
         for index, seq in enumerate(chosen):
@@ -73,4 +80,4 @@ class Delivery:
             group.attach_prompt_logprobs(delta)
             final = index == len(chosen) - 1
             deliver(group.request, EngineEvent(group.request.request_id, delta=delta, final=final))
-        self._scheduler.finish(group)
+        self._finish(group)

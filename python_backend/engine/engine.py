@@ -213,7 +213,7 @@ class Engine:
             elif not self._ranks.step(self._reap_cancelled):
                 break
             self._after_pass()
-            self._steps.retain_drafts()
+            self._steps.retain()
             if not self._steps.has_work:
                 if idle_since is not None and time.monotonic() - idle_since >= IDLE_HOOK_DELAY_S:
                     idle_since = None
@@ -229,7 +229,7 @@ class Engine:
     def _reap_cancelled(self) -> None:
         """Drop requests cancelled by ``cancel()`` or seen cancelled by the watcher since the last step."""
         for group in self._scheduler.reap():
-            tokens = sum(len(s.tokens) for s in group.sequences)
+            tokens = self._steps.generated_tokens(group)
             logger.info("request %s cancelled after %d generated tokens", group.request.request_id, tokens)
             self._steps.drop(group, EngineEvent(group.request.request_id, final=True))
         groups = self._scheduler.groups

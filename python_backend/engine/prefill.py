@@ -8,8 +8,9 @@ computes only the rest; every prefilled prompt, and every finished one-choice an
 to the cache. A request with ``prompt_logprobs`` never starts from the cache (its cached positions
 were never scored) but still offers its prompt to it; its passes score its prompt tokens as they
 go (``prompt_scores.py``), chunk by chunk for a long prompt. ``Prefiller`` returns what it computed
-(``PrefillResult``); the engine adds the rows to the running batch and samples. The engine thread
-alone runs it.
+(``PrefillResult``); the engine adds the rows to the running batch and samples. What a prefill
+keeps between passes (a long prompt's cache, its prefix hit, its prompt log-probabilities) is the
+request's ``Execution`` (``execution.py``). The engine thread alone runs it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from python_backend.cpu.fast_decode import PromptSegment
 from python_backend.engine.batch_cache import BatchCache
+from python_backend.engine.execution import Executions
 from python_backend.engine.kv_cache import KVBatch, left_pad
 from python_backend.engine.prefix_cache import LayerStates, PrefixCache, PrefixHit
 from python_backend.engine.prompt_scores import HeadInput, PromptScorer
@@ -71,9 +73,10 @@ class PrefillResult:
 
 
 class Prefiller:
-    def __init__(self, loaded: LoadedModel, prefix: PrefixCache) -> None:
+    def __init__(self, loaded: LoadedModel, prefix: PrefixCache, runs: Executions) -> None:
         self._loaded = loaded
         self._prefix = prefix
+        self._runs = runs
         self._scorer = PromptScorer(loaded.transformers_model, TokenTexts(loaded.tokenizer))
 
     def check_request(self, request: EngineRequest) -> None:
@@ -141,15 +144,14 @@ class Prefiller:
 
     def _chunk_segment(self, chunk: PrefillChunk, hit: PrefixHit | None) -> OpenSegment:
         group = chunk.group
-        if group.prefill_cache is None:
-            group.prefill_cache = self._new_cache()
+        run = self._runs.of(group)
+        if run.prefill_cache is None:
+            run.prefill_cache = self._new_cache()
             if hit is not None and chunk.cached:
-                group.prefill_cache.set_layer_states(hit.states)
-                group.cached_tokens = chunk.cached
+                run.prefill_cache.set_layer_states(hit.states)
+                run.cached_tokens = chunk.cached
         tokens = group.request.prompt_ids[chunk.start : chunk.end]
-        return OpenSegment(
-            group, PromptSegment(tokens, chunk.start, group.prefill_cache, chunk.last), group.cached_tokens
-        )
+        return OpenSegment(group, PromptSegment(tokens, chunk.start, run.prefill_cache, chunk.last), run.cached_tokens)
 
     def close_segments(self, opened: list[OpenSegment], logits: list[torch.Tensor | None]) -> PrefillResult:
         """After the mixed pass: the prompts it completed, ready to join the running batch."""
@@ -159,9 +161,10 @@ class Prefiller:
                 continue  # a chunk of a long prompt: its cache carries on to the next step
             group = entry.group
             group.prefill_done = len(group.request.prompt_ids)
-            group.prefill_cache = None
-            group.prefix_hit = None
-            group.cached_tokens = entry.cached
+            run = self._runs.of(group)
+            run.prefill_cache = None
+            run.prefix_hit = None
+            run.cached_tokens = entry.cached
             self._offer_prefix(group, entry.segment.cache, row=0, pad=0)
             result.ready.append(Prefilled(group, last, entry.segment.cache))
         return result
@@ -169,11 +172,12 @@ class Prefiller:
     def chunk(self, chunk: PrefillChunk, hit: PrefixHit | None, forward: Forward) -> PrefillResult:
         """Compute one chunk of a long prompt (``hit``: the cached keys/values of its first)."""
         group = chunk.group
-        if group.prefill_cache is None:
-            group.prefill_cache = self._new_cache()
+        run = self._runs.of(group)
+        if run.prefill_cache is None:
+            run.prefill_cache = self._new_cache()
             if hit is not None and chunk.cached:
-                group.prefill_cache.set_layer_states(hit.states)  # copied into the group's own cache
-                group.cached_tokens = chunk.cached
+                run.prefill_cache.set_layer_states(hit.states)  # copied into the request's own cache
+                run.cached_tokens = chunk.cached
         tokens = group.request.prompt_ids[chunk.start : chunk.end]
         device = self._loaded.device
         wanted = _scores(group)
@@ -181,7 +185,7 @@ class Prefiller:
             with self._scorer.capture(wanted) as kept:
                 out = forward(
                     [group.request.params.lora],
-                    group.prefill_cache,
+                    run.prefill_cache,
                     input_ids=torch.tensor([tokens], dtype=torch.long, device=device),
                     position_ids=torch.arange(chunk.start, chunk.end, device=device).unsqueeze(0),
                     logits_to_keep=0 if wanted else 1,
@@ -193,7 +197,7 @@ class Prefiller:
             return PrefillResult(failed=[group])
         if not chunk.last:
             return PrefillResult()
-        cache, group.prefill_cache = group.prefill_cache, None
+        cache, run.prefill_cache = run.prefill_cache, None
         self._offer_prefix(group, cache, row=0, pad=0)
         return PrefillResult(ready=[Prefilled(group, out.logits[0, -1:, :], cache)])
 
@@ -201,8 +205,8 @@ class Prefiller:
         """Prefill short prompts (``prefix_hit`` set where cached): those with a cached prefix in
         one pass, the others in another."""
         result = PrefillResult()
-        hits = [g for g in groups if g.prefix_hit is not None]
-        misses = [g for g in groups if g.prefix_hit is None]
+        hits = [g for g in groups if self._runs.of(g).prefix_hit is not None]
+        misses = [g for g in groups if self._runs.of(g).prefix_hit is None]
         for part in (misses, hits):
             if part:
                 done = self._prefill_rows(part, forward)
@@ -220,7 +224,8 @@ class Prefiller:
         """
         device = self._loaded.device
         prompts = [g.request.prompt_ids for g in groups]
-        cached = [g.prefix_hit.tokens if g.prefix_hit is not None else 0 for g in groups]
+        prefix_hits = [self._runs.of(g).prefix_hit for g in groups]
+        cached = [hit.tokens if hit is not None else 0 for hit in prefix_hits]
         width = max(len(p) - c for p, c in zip(prompts, cached, strict=True))
         reuse = [max(0, len(p) - width) for p in prompts]
         past = max(reuse)
@@ -234,7 +239,7 @@ class Prefiller:
         wanted = any(_scores(g) for g in groups)
         try:
             if past:
-                cache.set_layer_states(self._cached_rows(groups, reuse, past))
+                cache.set_layer_states(self._cached_rows(prefix_hits, reuse, past))
             with self._scorer.capture(wanted) as kept:
                 out = forward(
                     [g.request.params.lora for g in groups],
@@ -254,9 +259,10 @@ class Prefiller:
         result = PrefillResult()
         for row, group in enumerate(groups):
             group.prefill_done = len(group.request.prompt_ids)
-            group.prefill_cache = None
-            group.prefix_hit = None
-            group.cached_tokens = reuse[row]
+            run = self._runs.of(group)
+            run.prefill_cache = None
+            run.prefix_hit = None
+            run.cached_tokens = reuse[row]
             self._offer_prefix(group, cache, row=row, pad=pads[row])
             result.ready.append(Prefilled(group, out.logits[row, -1:, :], cache, row=row, pad=pads[row]))
         return result
@@ -282,21 +288,21 @@ class Prefiller:
             self._scorer.check_last(hidden, last_logits)
         targets = request.prompt_ids[start + 1 : end + 1]  # each position predicts the next token
         scored = self._scorer.score(hidden[: len(targets)], targets, request.params.prompt_logprobs or 0)
+        run = self._runs.of(group)
         if start == 0:
-            group.prompt_logprobs = [self._scorer.first(request.prompt_ids[0])]
-        if group.prompt_logprobs is None:
+            run.prompt_logprobs = [self._scorer.first(request.prompt_ids[0])]
+        if run.prompt_logprobs is None:
             raise RuntimeError("a later prompt chunk was scored before the first")
-        group.prompt_logprobs.extend(scored)
+        run.prompt_logprobs.extend(scored)
 
     @staticmethod
     def _cached_rows(
-        groups: list[RequestGroup], reuse: list[int], past: int
+        hits: list[PrefixHit | None], reuse: list[int], past: int
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer, the rows' cached keys/values left-padded to ``past`` positions."""
-        template = next(g.prefix_hit for g, r in zip(groups, reuse, strict=True) if r and g.prefix_hit)
+        template = next(hit for hit, r in zip(hits, reuse, strict=True) if r and hit)
         per_row = []
-        for group, count in zip(groups, reuse, strict=True):
-            hit = group.prefix_hit
+        for hit, count in zip(hits, reuse, strict=True):
             if hit is not None and count:
                 per_row.append(
                     [(left_pad(k, past - count), left_pad(v, past - count)) for k, v in hit.layer_slice(count)]
@@ -329,7 +335,7 @@ class Prefiller:
             return PrefillResult(failed=[group])
         request.media = None  # the pixels / features are not needed after prefill: free them now
         group.prefill_done = len(request.prompt_ids)
-        group.prefill_cache = None
+        self._runs.of(group).prefill_cache = None
         return PrefillResult(ready=[Prefilled(group, out.logits[0, -1:, :], cache, rope_delta=prefill.rope_delta)])
 
 

@@ -1,9 +1,9 @@
 """A request as the engine holds it, in types that import no torch.
 
 Owns: ``EngineRequest`` (what a transport hands the engine), ``EngineEvent`` (what the engine
-sends back), ``RequestGroup`` (a request inside the engine: its rows, reservation, prefill
-progress and, once running, its sequences) and ``rows_needed``. The scheduler works on these
-without torch; the execution-side fields are typed only for the checker.
+sends back), ``RequestGroup`` (a request as the scheduler keeps it: its rows, KV reservation,
+prefill progress and finished choices) and ``rows_needed``. The scheduler works on these without
+torch; what running a request on the model holds (caches, sequences, beams) is ``execution.py``'s.
 """
 
 from __future__ import annotations
@@ -16,14 +16,9 @@ from typing import TYPE_CHECKING, Any
 from python_backend.protocol.contract import ChoiceDelta
 from python_backend.protocol.errors import ErrorInfo
 from python_backend.protocol.params import GenerationParams
-from python_backend.protocol.prompt_logprobs import PromptLogprobs
 from python_backend.text.output_plan import OutputPlan
 
-if TYPE_CHECKING:  # execution-side types: they import torch, which the scheduler must not
-    from python_backend.engine.batch_cache import BatchCache
-    from python_backend.engine.beam_search import BeamSearch
-    from python_backend.engine.prefix_cache import PrefixHit
-    from python_backend.engine.sequence import Sequence
+if TYPE_CHECKING:  # it imports torch, which the scheduler must not
     from python_backend.prompt.multimodal.processor import MediaInputs
 
 
@@ -61,30 +56,18 @@ def rows_needed(request: EngineRequest) -> int:
 
 @dataclass(eq=False)  # identity semantics: groups are compared with `is`, never by value
 class RequestGroup:
-    """A request in the engine: its sequences (n or best_of of them) and its bookkeeping."""
+    """A request as the scheduler keeps it: its reservation, prefill progress and choices ended."""
 
     request: EngineRequest
     max_new_tokens: int
     reservation: int
-    sequences: list[Sequence] = field(default_factory=list)
-    finished: int = 0
+    finished: int = 0  # choices ended (sequences; beam search ends all of them at once)
     prefill_done: int = 0  # prompt tokens whose keys/values exist (cached or computed)
-    prefill_cache: BatchCache | None = None
     prefill_started: float = 0.0
-    beam: BeamSearch | None = None
-    prefill_ms: float = 0.0
-    prefix_hit: PrefixHit | None = None  # cached keys/values its chunked prefill starts from
-    cached_tokens: int = 0  # prompt tokens taken from the prefix cache (usage.cached_tokens)
-    prompt_logprobs: PromptLogprobs | None = None  # scored in prefill, until the first delta takes them
 
     @property
     def candidates(self) -> int:
         return rows_needed(self.request)
-
-    def attach_prompt_logprobs(self, delta: ChoiceDelta | None) -> None:
-        """The request's first delta carries its prompt log-probabilities, and only that one."""
-        if delta is not None and self.prompt_logprobs is not None:
-            delta.prompt_logprobs, self.prompt_logprobs = self.prompt_logprobs, None
 
     @property
     def buffered(self) -> bool:

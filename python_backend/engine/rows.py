@@ -1,6 +1,6 @@
 """A request's rows as they join the running batch: its sequences and their sampling state.
 
-Owns turning an admitted ``RequestGroup`` into its ``Sequence``s (n, best_of or beam-width of
+Owns turning an admitted request (its ``Execution``) into its ``Sequence``s (n, best_of or beam-width of
 them): each row's sampling settings (the request's, else the model's defaults), its own seeded
 generator, grammar state and detokenizer.
 """
@@ -11,6 +11,7 @@ import secrets
 
 import torch
 
+from python_backend.engine.execution import Execution
 from python_backend.engine.request import RequestGroup
 from python_backend.engine.sequence import Sequence
 from python_backend.model.loader import LoadedModel
@@ -42,9 +43,9 @@ def row_sampling(loaded: LoadedModel, group: RequestGroup, index: int) -> RowSam
     )
 
 
-def new_sequences(loaded: LoadedModel, group: RequestGroup, rope_delta: int = 0) -> list[Sequence]:
+def new_sequences(loaded: LoadedModel, run: Execution, rope_delta: int = 0) -> list[Sequence]:
     """The request's sequences, one per row, ready to join the batch."""
-    request = group.request
+    group, request = run.group, run.request
     sequences = [
         Sequence(
             index=i,
@@ -60,5 +61,5 @@ def new_sequences(loaded: LoadedModel, group: RequestGroup, rope_delta: int = 0)
     ]
     for seq in sequences:
         seq.rope_delta = rope_delta
-        seq.cached_tokens = group.cached_tokens
+        seq.cached_tokens = run.cached_tokens
     return sequences

@@ -1,7 +1,7 @@
 """What one engine step executes on the model, and the running batch it executes it on.
 
-Owns ``StepRunner``: the running sequences (in KV-batch row order) and their ``KVBatch``, the
-prefix cache and the ``Prefiller``, the speculator, sampling, and each kind of pass: the mixed
+Owns ``StepRunner``: the running sequences (in KV-batch row order) and their ``KVBatch``, each
+request's execution state (``execution.py``), the prefix cache and the ``Prefiller``, the speculator, sampling, and each kind of pass: the mixed
 step (prompt tokens in the decode pass, the lean CPU step), prefill passes of their own, the
 batched decode step and speculation's verify step. The ``Scheduler`` plans each step (which
 prompts run, which join from the cache); this executes the plan, joins finished prefills into the
@@ -25,6 +25,7 @@ from python_backend.engine.batch_cache import BatchCache
 from python_backend.engine.beam_search import BeamSearch
 from python_backend.engine.beam_steps import beam_advance
 from python_backend.engine.delivery import Delivery, deliver
+from python_backend.engine.execution import Execution, Executions
 from python_backend.engine.kv_cache import KVBatch
 from python_backend.engine.limits import Limits
 from python_backend.engine.prefill import INTERNAL_ERROR, OpenSegment, Prefilled, Prefiller, PrefillResult
@@ -63,11 +64,12 @@ class StepRunner:
         self._team = team
         self._sample = ranks.sample if ranks is not None else sample
         self._texts = TokenTexts(loaded.tokenizer)
-        self._delivery = Delivery(scheduler, loaded.tokenizer, settings.stream_interval)
+        self._runs = Executions()
+        self._delivery = Delivery(scheduler, self._runs, loaded.tokenizer, settings.stream_interval)
         self._running: list[Sequence] = []  # in KV-batch row order
         self._kv = KVBatch(loaded.kv_dtype, settings.max_num_seqs)
         self.prefix = PrefixCache(limits.prefix_cache_tokens)
-        self.prefiller = Prefiller(loaded, self.prefix)
+        self.prefiller = Prefiller(loaded, self.prefix, self._runs)
         self._cache_arg = cache_keyword(loaded.transformers_model)
         # Every rank would have to agree on each row's drafts and accepted count: one device only.
         self.speculator = Speculator.from_settings(settings, loaded.draft) if ranks is None else None
@@ -88,8 +90,9 @@ class StepRunner:
     def kv_bytes(self) -> int:
         return self._kv.bytes_used()
 
-    def retain_drafts(self) -> None:
-        """Let the speculator forget the drafting state of rows that have left."""
+    def retain(self) -> None:
+        """Forget the execution state of requests that have left, and the drafting state of rows."""
+        self._runs.retain(self._scheduler.group)
         if self.speculator is not None:
             self.speculator.retain(self._running)
 
@@ -123,7 +126,13 @@ class StepRunner:
         if any(s.request is group.request for s in self._running):
             keep = [i for i, s in enumerate(self._running) if s.request is not group.request]
             self._running = [self._running[i] for i in self._kv.keep(keep)]
+        self._runs.forget(group)
         deliver(group.request, last)
+
+    def generated_tokens(self, group: RequestGroup) -> int:
+        """Tokens a request's sequences generated so far (0 before it runs)."""
+        run = self._runs.get(group)
+        return sum(len(s.tokens) for s in run.sequences) if run is not None else 0
 
     # --- prefill ---------------------------------------------------------------------------------
     def forward(self, adapters: list[str | None], cache: BatchCache | None, **inputs: Any) -> Any:
@@ -174,7 +183,7 @@ class StepRunner:
             self._join_cached(joined.group, hits[joined.group.request.request_id])
         if plan.batch:
             for admitted in plan.batch:
-                admitted.group.prefix_hit = hits.get(admitted.group.request.request_id)
+                self._runs.of(admitted.group).prefix_hit = hits.get(admitted.group.request.request_id)
             self._join(self.prefiller.batch([a.group for a in plan.batch], self.forward))
         if plan.media is not None:
             self._join(self.prefiller.media(plan.media, self.forward))
@@ -192,39 +201,41 @@ class StepRunner:
         """A prompt cached up to its last token needs no forward pass of its own: it joins the
         running batch, and the next decode step feeds that last token and samples the first
         output token beside every other row (telemetry: that step's batch size and time)."""
-        group.cached_tokens = hit.tokens
-        self._add_sequences(group, hit.states)
+        run = self._runs.of(group)
+        run.cached_tokens = hit.tokens
+        self._add_sequences(run, hit.states)
 
     def _add_sequences(
-        self, group: RequestGroup, states: LayerStates, pad: int = 0, rope_delta: int = 0, own: BatchCache | None = None
+        self, run: Execution, states: LayerStates, pad: int = 0, rope_delta: int = 0, own: BatchCache | None = None
     ) -> None:
         """The request's sequences join the running batch with these prompt keys/values; ``own``:
         the prefill's cache holding just them, which an empty batch takes without a copy."""
-        group.sequences = new_sequences(self._loaded, group, rope_delta)
-        if own is None or group.candidates != 1 or pad or not self._kv.adopt(own):
-            self._kv.add_states(states, group.candidates, pad=pad)
-        self._running.extend(group.sequences)
+        run.sequences = new_sequences(self._loaded, run, rope_delta)
+        if own is None or run.candidates != 1 or pad or not self._kv.adopt(own):
+            self._kv.add_states(states, run.candidates, pad=pad)
+        self._running.extend(run.sequences)
 
     def _start_sequences(self, done: Prefilled) -> None:
         """After its prefill: the request joins the batch and samples its first token."""
-        group, logits, request = done.group, done.logits, done.group.request
+        logits, group = done.logits, done.group
+        request, run = group.request, self._runs.of(group)
         states = KVBatch.row_states(done.cache, done.row)
-        self._add_sequences(group, states, done.pad, done.rope_delta, own=done.cache)
+        self._add_sequences(run, states, done.pad, done.rope_delta, own=done.cache)
         if request.params.use_beam_search:
             eos = frozenset() if request.params.ignore_eos else self._loaded.eos_token_ids
-            group.beam = BeamSearch(group.candidates, group.max_new_tokens, eos)
+            run.beam = BeamSearch(group.candidates, group.max_new_tokens, eos)
             ended = time.perf_counter()
-            beam_advance(group, self._kv, logits.expand(group.candidates, -1), None, group.prefill_started, ended, 1)
-            self._after_tokens(group.sequences)
+            beam_advance(run, self._kv, logits.expand(group.candidates, -1), None, group.prefill_started, ended, 1)
+            self._after_tokens(run.sequences)
             return
-        for seq in group.sequences:
+        for seq in run.sequences:
             seq.update_suppression()
-        sampled = self._sample(logits.expand(group.candidates, -1), [s.sampling for s in group.sequences])
+        sampled = self._sample(logits.expand(group.candidates, -1), [s.sampling for s in run.sequences])
         ended = time.perf_counter()
-        for seq, token in zip(group.sequences, sampled, strict=True):
+        for seq, token in zip(run.sequences, sampled, strict=True):
             seq.accept(token, self._texts)
             seq.record(group.prefill_started, ended, group.candidates)
-        self._after_tokens(group.sequences)
+        self._after_tokens(run.sequences)
 
     # --- decode ----------------------------------------------------------------------------------
     def decode_step(self) -> None:
@@ -296,8 +307,8 @@ class StepRunner:
 
     def _fail_running(self) -> None:
         logger.exception("decode step failed; stopping the %d running requests", len(self._running))
-        for group in {id(s.request): self._group(s.request) for s in self._running}.values():
-            self.remove(group, EngineEvent(group.request.request_id, error=INTERNAL_ERROR, final=True))
+        for run in {id(s.request): self._group(s.request) for s in self._running}.values():
+            self.remove(run.group, EngineEvent(run.request.request_id, error=INTERNAL_ERROR, final=True))
 
     def _verify_step(self, plan: DraftPlan) -> None:
         """A decode step that also feeds each row its drafts (``speculative.py``); each token is
@@ -327,12 +338,12 @@ class StepRunner:
             keep = [i for i, s in enumerate(self._running) if s.finish_reason is None]
             self._running = [self._running[i] for i in self._kv.keep(keep)]
 
-    def _group(self, request: EngineRequest) -> RequestGroup:
+    def _group(self, request: EngineRequest) -> Execution:
         return self._group_by_id(request.request_id)
 
-    def _group_by_id(self, request_id: str) -> RequestGroup:
-        """The group of a running row; every running row's request is on the scheduler's books."""
+    def _group_by_id(self, request_id: str) -> Execution:
+        """The execution state of a running row's request, which is on the scheduler's books."""
         group = self._scheduler.group(request_id)
         if group is None:
             raise RuntimeError(f"running row of unknown request {request_id}")
-        return group
+        return self._runs.of(group)

@@ -182,6 +182,16 @@ def _called_name(call: ast.Call) -> str:
     return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
 
 
+def test_the_scheduling_side_never_imports_the_execution_side(all_imports: list[Import]) -> None:
+    # Scheduling state (request.py's RequestGroup) and execution state (execution.py's Execution)
+    # live apart: what decides imports nothing of what runs, not even for the type checker.
+    deciding = ("request", "scheduler", "admission")
+    running = ("execution", "sequence", "steps", "prefill", "delivery", "batch_cache", "beam_search", "prefix_cache")
+    for module in deciding:
+        banned = tuple(f"python_backend.engine.{m}" for m in running)
+        assert violations(all_imports, f"python_backend.engine.{module}", banned) == []
+
+
 def test_only_the_frontend_client_imports_tritonclient_or_grpc(all_imports: list[Import]) -> None:
     users = {imp.module for imp in all_imports if _within(imp.target, "tritonclient") or _within(imp.target, "grpc")}
     assert users and all(_within(user, "openai_frontend.client") for user in users), users
