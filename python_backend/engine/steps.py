@@ -63,6 +63,9 @@ class StepRunner:
         self._scheduler = scheduler
         self._team = team
         self._sample = ranks.sample if ranks is not None else sample
+        # Under tensor parallel a failed pass (a rank gone mid all-reduce) leaves the ranks out of
+        # step: the loop fails, every request ends 503 engine_failed, and the model is restarted.
+        self._one_of_ranks = ranks is not None
         self._texts = TokenTexts(loaded.tokenizer)
         self._runs = Executions()
         self._delivery = Delivery(scheduler, self._runs, loaded.tokenizer, settings.stream_interval)
@@ -192,6 +195,8 @@ class StepRunner:
             self._join(self.prefiller.chunk(plan.started, hit, self.forward))
 
     def _join(self, result: PrefillResult) -> None:
+        if result.failed and self._one_of_ranks:
+            raise RuntimeError("a prefill pass failed under tensor parallel; the ranks are out of step")
         for group in result.failed:
             self.remove(group, EngineEvent(group.request.request_id, error=INTERNAL_ERROR, final=True))
         for done in result.ready:
@@ -306,6 +311,8 @@ class StepRunner:
         self._after_tokens(list(self._running))
 
     def _fail_running(self) -> None:
+        if self._one_of_ranks:
+            raise RuntimeError("a decode step failed under tensor parallel; the ranks are out of step")
         logger.exception("decode step failed; stopping the %d running requests", len(self._running))
         for run in {id(s.request): self._group(s.request) for s in self._running}.values():
             self.remove(run.group, EngineEvent(run.request.request_id, error=INTERNAL_ERROR, final=True))
