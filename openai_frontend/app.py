@@ -48,7 +48,7 @@ def create_app(
     """An app serving ``settings``; with ``backend`` None it talks to Triton over gRPC.
     ``engine_metrics`` reads Triton's metrics text, for the engine's gauges on ``/metrics``."""
     observed = FrontendMetrics(
-        settings.served_model_name, "vllm:" if settings.metrics_vllm_names else "", engine_metrics
+        settings.served_model_name, "vllm:" if settings.metrics_vllm_names else "", engine_metrics, settings.lora_names
     )
     media = MediaLoader(settings.media, media_network, on_fetch=observed.media_fetched)
     state = FrontendState(settings=settings, media=media, metrics=observed, backend=backend)

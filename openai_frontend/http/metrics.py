@@ -10,13 +10,16 @@ says: failures, cancellations, rejections). Names follow vLLM's and MindIE's das
 vLLM's ``vllm:`` prefix, or with it (``prefix="vllm:"``, so vLLM's Grafana dashboards work as they
 are); every family has the ``model_name`` label. The engine's own gauges (running and waiting
 sequences, KV-cache usage) are read from Triton's ``/metrics`` when the launcher hands in a
-reader (``engine_metrics.EngineCollector``).
+reader (``engine_metrics.EngineCollector``); the LoRA adapters in use, when adapters are served, by
+``lora_activity.LoraActivity``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -24,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from openai_frontend.http.cancellation import CLIENT_CLOSED_REQUEST
 from openai_frontend.http.drain import DrainState
 from openai_frontend.http.engine_metrics import EngineCollector
+from openai_frontend.http.lora_activity import LoraActivity, LoraRequest
 from python_backend.protocol.contract import ChoiceDelta, ChoiceUsage
 
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
@@ -36,12 +40,32 @@ _REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30
 _BYTES_BUCKETS = tuple(float(2**n) for n in range(10, 30, 2))  # 1 KiB .. 128 MiB
 
 
+@dataclass
+class _InFlight:
+    """What ``MetricsMiddleware`` ends when a generation request's ASGI call returns, whatever the
+    path it took: its place among the LoRA adapters' requests, once the route named one."""
+
+    lora: LoraRequest | None = None
+
+
+# The generation request the middleware is answering, for the observation the route makes inside
+# it: a context variable is per request (each ASGI call runs in a context of its own).
+_IN_FLIGHT: ContextVar[_InFlight | None] = ContextVar("triton_chat_in_flight", default=None)
+
+
 class FrontendMetrics:
     """Every metric family of one frontend; ``render`` is the exposition text."""
 
-    def __init__(self, model_name: str, prefix: str = "", engine_metrics: Callable[[], str] | None = None) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        prefix: str = "",
+        engine_metrics: Callable[[], str] | None = None,
+        lora_adapters: Sequence[str] = (),
+    ) -> None:
         """``prefix``: before every name (``vllm:`` for vLLM's dashboards); ``engine_metrics``: reads
-        Triton's ``/metrics``, whose engine gauges each scrape re-exposes (None: none)."""
+        Triton's ``/metrics``, whose engine gauges each scrape re-exposes (None: none);
+        ``lora_adapters``: the adapters served, whose requests ``lora_requests_info`` shows."""
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
         labels = ["model_name"]
@@ -112,6 +136,9 @@ class FrontendMetrics:
         self.backend_outages.labels(model_name)
         if engine_metrics is not None:
             r.register(EngineCollector(engine_metrics, model_name, prefix))
+        self.lora = LoraActivity(f"{p}lora_requests_info", lora_adapters) if lora_adapters else None
+        if self.lora is not None:
+            r.register(self.lora)
         # The children observed per streamed token, looked up once (labels() costs a lock and a dict).
         self.ttft_child = self.ttft.labels(model_name)
         self.itl_child = self.itl.labels(model_name)
@@ -121,7 +148,7 @@ class FrontendMetrics:
 
     def observe(self, started: float) -> ChatObservation:
         """What one chat request's answer adds, timed from ``started`` (``time.monotonic()``)."""
-        return ChatObservation(self, started)
+        return ChatObservation(self, started, _IN_FLIGHT.get())
 
     def backend_state(self, up: bool) -> None:
         """The backend's health changed (``client.health``): down counts one outage."""
@@ -139,16 +166,27 @@ class FrontendMetrics:
 class ChatObservation:
     """The answer of one chat request as metrics see it; the routes and ``serving`` feed it."""
 
-    def __init__(self, metrics: FrontendMetrics, started: float) -> None:
+    def __init__(self, metrics: FrontendMetrics, started: float, in_flight: _InFlight | None = None) -> None:
         self._metrics = metrics
         self._started = started
+        self._in_flight = in_flight
+        self._lora_waiting: LoraRequest | None = None  # until the first output
         self._last_response: float | None = None
         self._prompt_counted = False
         self._ended = False
 
+    def for_adapter(self, adapter: str | None) -> None:
+        """The request names LoRA adapter ``adapter`` (None: the base model)."""
+        lora, in_flight = self._metrics.lora, self._in_flight
+        if adapter and lora is not None and in_flight is not None and in_flight.lora is None:
+            in_flight.lora = self._lora_waiting = lora.arrived(adapter)
+
     def on_delta(self, delta: ChoiceDelta, streamed: bool) -> None:
         """A response from the model; a streamed one with something to show times TTFT / ITL."""
         m = self._metrics
+        if self._lora_waiting is not None:
+            self._lora_waiting.started()
+            self._lora_waiting = None
         if streamed and (delta.text or delta.reasoning or delta.tool_calls or delta.finish_reason):
             now = time.monotonic()
             if self._last_response is None:
@@ -218,6 +256,8 @@ class MetricsMiddleware:
             await send(message)
 
         m.running.labels(name).inc()
+        in_flight = _InFlight()
+        entered = _IN_FLIGHT.set(in_flight)
         try:
             await self.app(scope, receive, send_observed)
         except Exception:
@@ -227,6 +267,9 @@ class MetricsMiddleware:
             raise
         finally:
             m.running.labels(name).dec()
+            if in_flight.lora is not None:
+                in_flight.lora.ended()
+            _IN_FLIGHT.reset(entered)
             if statuses and statuses[0] != 200:
                 self._count_status(statuses[0], draining_at_start)
 

@@ -27,6 +27,7 @@ from openai_frontend.http.headers import ignored_params_headers
 from openai_frontend.http.metrics import ChatObservation
 from openai_frontend.settings import FrontendSettings
 from openai_frontend.state import frontend_state, require_backend
+from python_backend.protocol.params import GenerationParams
 
 # Bodies above this are parsed and validated in a worker thread: a multi-megabyte JSON body would
 # otherwise hold the event loop (and every other request, /health included) for tens of ms.
@@ -38,6 +39,9 @@ class Validated(Protocol):
 
     @property
     def ignored(self) -> tuple[str, ...]: ...
+
+    @property
+    def params(self) -> GenerationParams: ...
 
 
 V = TypeVar("V", bound=Validated)
@@ -90,6 +94,7 @@ async def arrive(request: Request, validate: Callable[[bytes, FrontendSettings],
     body = await read_validated(request, validate)
     if body is None:
         return None
+    observation.for_adapter(body.params.lora)
     return Arrival(body, observation, require_backend(request), ignored_params_headers(body.ignored))
 
 
