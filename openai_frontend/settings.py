@@ -10,7 +10,7 @@ module has no side effects.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -264,14 +264,8 @@ class FrontendSettings(BaseModel):
 
     @property
     def http_limits(self) -> HttpLimits:
-        """The limits the HTTP layer enforces."""
-        return HttpLimits(
-            max_header_bytes=self.max_header_bytes,
-            max_headers=self.max_headers,
-            header_timeout_s=self.header_timeout_s,
-            body_timeout_s=self.body_timeout_s,
-            max_connections=self.max_connections,
-        )
+        """The limits the HTTP layer enforces (each an ``HttpLimits`` field of the same name)."""
+        return HttpLimits(**{spec.name: getattr(self, spec.name) for spec in fields(HttpLimits)})
 
     @property
     def mindie_mode(self) -> bool:

@@ -207,24 +207,32 @@ def parse_args(
         triton_url=args.triton_url,
         triton_model=args.triton_model,
         served_model_name=args.served_model_name,
-        host=args.host,
-        port=args.port,
-        openai_mode=args.openai_mode,
-        full_text=args.full_text,
-        api_keys=tuple(args.api_keys),
-        strict_params=args.strict_params,
-        tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,
-        drain_timeout_s=args.drain_timeout,
-        token_timeout_s=args.token_timeout,
-        e2e_timeout_s=args.e2e_timeout,
-        response_channel=args.response_channel,
-        http_limits=http_limits(args),
-        operations=operations_options(args),
-        metrics_vllm_names=args.metrics_vllm_names,
         triton_metrics_url=args.triton_metrics_url,
-        log_level=args.log_level,
-        media_root=args.allowed_local_media_path,
+        **_http_options(args),
     )
+
+
+def _http_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The HTTP frontend's options from its flags (``add_http_flags``), the same for ``serve`` and
+    ``frontend``: both options dataclasses take them under these names, from this one mapping."""
+    return {
+        "host": args.host,
+        "port": args.port,
+        "openai_mode": args.openai_mode,
+        "full_text": args.full_text,
+        "api_keys": tuple(args.api_keys),
+        "strict_params": args.strict_params,
+        "tls": TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,
+        "drain_timeout_s": args.drain_timeout,
+        "token_timeout_s": args.token_timeout,
+        "e2e_timeout_s": args.e2e_timeout,
+        "response_channel": args.response_channel,
+        "http_limits": http_limits(args),
+        "operations": operations_options(args),
+        "metrics_vllm_names": args.metrics_vllm_names,
+        "log_level": args.log_level,
+        "media_root": args.allowed_local_media_path,
+    }
 
 
 def lora_module(item: str) -> tuple[str, str] | None:
@@ -363,32 +371,17 @@ def parse_serve_args(argv: list[str]) -> ServeOptions:
         device_origin=_origin(argv, "--device", config, "device"),
         dtype_origin=dtype_origin,
         served_model_name=args.served_model_name,
-        host=args.host,
-        port=args.port,
         allow_external=args.allow_external,
         engine_overrides=engine.overrides,
         engine_flags=engine.flags,
         lora_modules=lora_modules,
-        openai_mode=args.openai_mode,
-        full_text=args.full_text,
-        api_keys=tuple(args.api_keys),
-        strict_params=args.strict_params,
         ready_timeout_s=args.ready_timeout,
         max_restarts=args.max_restarts,
-        drain_timeout_s=args.drain_timeout,
-        token_timeout_s=args.token_timeout,
-        e2e_timeout_s=args.e2e_timeout,
-        response_channel=args.response_channel,
-        http_limits=http_limits(args),
-        operations=operations_options(args),
-        metrics_vllm_names=args.metrics_vllm_names,
         triton_log=args.triton_log,
         triton_log_max_mb=args.triton_log_max_mb,
         triton_listen=listen,
         instances=args.instances,
-        tls=TlsFiles(args.tls_cert, args.tls_key, args.tls_ca_cert) if args.tls_cert else None,
-        log_level=args.log_level,
-        media_root=args.allowed_local_media_path,
+        **_http_options(args),
     )
 
 

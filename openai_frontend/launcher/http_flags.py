@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -147,14 +148,10 @@ def _flag_arguments(spec: FieldInfo, info: FlagInfo) -> dict[str, Any]:
 
 
 def http_limits(args: argparse.Namespace) -> HttpLimits:
-    """The HTTP layer's limits from the parsed flags."""
-    return HttpLimits(
-        max_header_bytes=args.max_header_bytes,
-        max_headers=args.max_headers,
-        header_timeout_s=args.header_timeout,
-        body_timeout_s=args.body_timeout,
-        max_connections=args.max_connections,
-    )
+    """The HTTP layer's limits from the parsed flags: each ``HttpLimits`` field is the
+    ``FrontendSettings`` field of the same name, given by that field's flag."""
+    dests = {name: info.dest for name, _, info in frontend_flags()}
+    return HttpLimits(**{spec.name: getattr(args, dests[spec.name]) for spec in fields(HttpLimits)})
 
 
 def operations_options(args: argparse.Namespace) -> OperationsOptions:
