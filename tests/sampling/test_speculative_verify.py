@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
 
 from python_backend.sampling.sampler import RowSampling, SampledToken, sample
 from python_backend.sampling.speculative import verify_drafts
+from tests.sampling.test_sampler import row as neutral_row
 
 VOCAB = 6
 # Two positions: the logits after the row's last token, and after the draft (token 2).
@@ -28,22 +28,19 @@ CRITICAL_0_001 = {5: 20.52, 6: 22.46, 7: 24.32, 8: 26.12, 9: 27.88, 10: 29.59, 1
 Outcome = tuple[int, ...]
 
 
+# Every rule that reshapes the distribution at once: temperature, top-p, top-k, a penalty, a bias.
+SAMPLING = {
+    "temperature": 0.9,
+    "top_p": 0.97,
+    "top_k": 5,
+    "presence_penalty": 0.4,
+    "prompt_ids": torch.tensor([0]),
+    "logit_bias": ((4, 0.3),),
+}
+
+
 def row(seed: int, **overrides: Any) -> RowSampling:
-    generator = torch.Generator()
-    generator.manual_seed(seed)
-    base = RowSampling(
-        temperature=0.9,
-        top_p=0.97,
-        top_k=5,
-        repetition_penalty=1.0,
-        presence_penalty=0.4,
-        frequency_penalty=0.0,
-        generator=generator,
-        top_logprobs=None,
-        prompt_ids=torch.tensor([0]),
-        logit_bias=((4, 0.3),),
-    )
-    return replace(base, **overrides)
+    return neutral_row(seed, **{**SAMPLING, **overrides})
 
 
 def speculative(sampling: RowSampling) -> Outcome:
