@@ -65,11 +65,13 @@ class TerminalHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
     def set_status(self, text: str) -> None:
         """Show ``text`` as the status line ('' removes it)."""
+        text = text[: max(shutil.get_terminal_size().columns - 1, 1)]
         self.acquire()
         try:
-            self._erase()
-            self._status = text[: max(shutil.get_terminal_size().columns - 1, 1)]
-            self._draw()
+            if text != self._status:
+                self._erase()
+                self._status = text
+                self._draw()
         finally:
             self.release()
 

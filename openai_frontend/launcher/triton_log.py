@@ -1,7 +1,7 @@
 """Reading tritonserver's log for the user: the one line that says why it failed, without its noise.
 
 Owns ``failure_summary`` (what a failed start reports: the model's own load error when the log
-has one, else the end of the log) and ``is_noise``, the lines tritonserver writes on every CPU
+has one, else the end of the log), ``last_lines`` (the end worth reading) and ``is_noise``, the lines tritonserver writes on every CPU
 machine that look like errors and are not ("Error: Failed to initialize NVML", DCGM, pinned
 memory), which would otherwise be read as the cause.
 """
@@ -9,6 +9,7 @@ memory), which would otherwise be read as the cause.
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -25,6 +26,7 @@ NOISE = (
 _LOAD_FAILURE = re.compile(r"failed to load '(?P<model>[^']+)' version \d+: (?P<message>.*)")
 _ESCAPED_NEWLINE = "\\n"
 TAIL_LINES = 15
+TAIL_LINE_CHARS = 400  # a load error's line holds its whole traceback, escaped
 
 
 def is_noise(line: str) -> bool:
@@ -39,6 +41,21 @@ def load_error(lines: Iterable[str]) -> str | None:
             message = found.group("message").split(_ESCAPED_NEWLINE, 1)[0].rstrip('"').strip()
             return f"the model '{found.group('model')}' failed to load: {message}"
     return None
+
+
+def last_lines(log_path: Path, count: int) -> str:
+    """The log's last ``count`` lines worth reading after a failed start: without the noise, the
+    blank lines and Triton's status tables (their rows start with '|' or '+'), each cut to
+    ``TAIL_LINE_CHARS``."""
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as log:
+            kept = deque(
+                (line.rstrip() for line in log if line.strip() and line[:1] not in "|+" and not is_noise(line)),
+                maxlen=count,
+            )
+    except FileNotFoundError:
+        return "(no tritonserver log)"
+    return "\n".join(line if len(line) <= TAIL_LINE_CHARS else line[:TAIL_LINE_CHARS] + " ..." for line in kept)
 
 
 def failure_summary(log_path: Path) -> str:

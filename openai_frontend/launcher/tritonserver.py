@@ -37,7 +37,7 @@ from openai_frontend.launcher.tied_child import TiedSpawner
 from openai_frontend.launcher.triton_access import RestrictedAccess
 from openai_frontend.launcher.triton_endpoints import TritonEndpoints, TritonListen, private_socket_dir
 from openai_frontend.launcher.triton_install import TritonInstall
-from openai_frontend.launcher.triton_log import failure_summary, is_noise, load_error
+from openai_frontend.launcher.triton_log import failure_summary, is_noise, last_lines, load_error
 from python_backend.protocol.contract import HEALTH_PROBE
 
 logger = logging.getLogger(__name__)
@@ -240,13 +240,13 @@ class TritonServerProcess:
             code = self.exit_code()
             if code is not None:
                 what = f"tritonserver exited with status {code} while starting"
-                raise TritonStartError(what, self._log_path, self.log_tail(FAILURE_TAIL_LINES))
+                raise TritonStartError(what, self._log_path, last_lines(self._log_path, FAILURE_TAIL_LINES))
             if self._http_ok(endpoints, path):
                 self._remember_shm_regions()
                 return
             if time.monotonic() >= deadline:
                 what = f"tritonserver was not ready after {timeout:.0f} s"
-                raise TritonStartError(what, self._log_path, self.log_tail(FAILURE_TAIL_LINES))
+                raise TritonStartError(what, self._log_path, last_lines(self._log_path, FAILURE_TAIL_LINES))
             time.sleep(POLL_INTERVAL_S)
 
     def _http_ok(self, endpoints: TritonEndpoints, path: str) -> bool:

@@ -169,6 +169,11 @@ def _weight_bytes(model: torch.nn.Module) -> int:
     return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
 
 
+def _size(count: int) -> str:
+    """Bytes for a person: GB from 0.1 GB up, MB below (a test model's weights are a few MB)."""
+    return f"{count / 1e9:.2f} GB" if count >= 1e8 else f"{count / 1e6:.1f} MB"
+
+
 def load_model(settings: EngineSettings) -> LoadedModel:
     """Load the folder named by ``settings.model_path`` onto the chosen device and dtype."""
     folder = Path(settings.model_path).expanduser()
@@ -231,7 +236,7 @@ def load_model(settings: EngineSettings) -> LoadedModel:
     except BaseException as exc:
         weights.failed(f"{folder.name}: {(str(exc).splitlines() or [type(exc).__name__])[0]}")
         raise
-    weights.end(f"{folder.name}, {dtype_name}, {_weight_bytes(base) / 1e9:.2f} GB")
+    weights.end(f"{folder.name}, {dtype_name}, {_size(_weight_bytes(base))}")
     base.eval()
     model = attach_adapters(base, adapters)
     fast = None

@@ -12,6 +12,7 @@ import pytest
 from openai_frontend.launcher import demo_model, start_stages
 from openai_frontend.launcher.log_format import ERASE_LINE, TerminalHandler, configure_launcher_logging
 from openai_frontend.launcher.start_stages import EventFile, StageReport, following, progress_bar, stage_prefix
+from openai_frontend.launcher.triton_log import TAIL_LINE_CHARS, last_lines
 from openai_frontend.launcher.tritonserver import TritonStartError
 from python_backend.protocol.start_events import (
     BEGIN,
@@ -253,3 +254,19 @@ def test_unknown_stages_from_a_newer_model_still_show(tmp_path: Path) -> None:
     report.take([_event("warmup", BEGIN, 1.0), _event("warmup", END, 2.0, detail="3 passes", seconds=1.0)])
     assert out.getvalue().splitlines() == ["triton-chat: [    2.0s] warmup end (3 passes)"]
     assert start_stages.ACTIVE.keys() == {CONVERSION, WEIGHTS, KERNEL}
+
+
+def test_the_last_lines_of_a_failed_start_skip_tables_noise_and_blank_lines(tmp_path: Path) -> None:
+    log = tmp_path / "tritonserver.log"
+    long_line = 'E1201 pb_stub.cc:366] "Failed to initialize Python stub: ' + "x" * 1000
+    log.write_text(
+        f"I1201 loading: triton_chat:1\n{long_line}\n+------+\n| Model | Status |\n\n"
+        "Error: Failed to initialize NVML\nerror: creating server: Internal - failed to load all models\n"
+    )
+    assert last_lines(log, 5).splitlines() == [
+        "I1201 loading: triton_chat:1",
+        long_line[:TAIL_LINE_CHARS] + " ...",
+        "error: creating server: Internal - failed to load all models",
+    ]
+    assert last_lines(log, 1) == "error: creating server: Internal - failed to load all models"
+    assert last_lines(tmp_path / "none.log", 5) == "(no tritonserver log)"
