@@ -1,11 +1,12 @@
 """What every tool-call parser shares: the parsed call, the parser interface, hold-back helpers.
 
-Owns: ``ToolCall`` (one complete call, with its ``call_<24 hex>`` id and its OpenAI forms),
+Owns: ``ToolCall`` (one complete call, with its ``call_<24 hex>`` id and its OpenAI forms) and
+the readers of a call's JSON (``json_object``, ``call_from_json``, ``call_from_object``),
 ``ParserOutput``, the ``ToolParser`` protocol (fed text deltas after detokenization, returns the
 content that is safe to show and the calls completed so far), ``SteppedToolParser``, the feed
 and finish driver of the parsers written as a state machine over a text buffer (with the moves
-they share: release content up to a tag, skip the space after a call), ``json_object``, ``held_prefix``,
-the rule that holds text back only while it could still be the start of a tag, and ``JsonEnd``,
+they share: release content up to a tag, skip the space after a call), ``held_prefix``, the
+rule that holds text back only while it could still be the start of a tag, and ``JsonEnd``,
 which finds where a streamed JSON object or array closes.
 """
 
@@ -49,6 +50,17 @@ def json_object(body: str) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def call_from_json(body: str, keys: tuple[str, ...] = ("arguments", "parameters")) -> ToolCall | None:
+    """A call from the JSON text of ``{"name": ..., <arguments>: {...}}``, its arguments under the
+    first of ``keys`` it has (formats differ in which name they write, and models in which they
+    use); None when it is not one."""
+    data = json_object(body)
+    if data is None:
+        return None
+    arguments = next((data[key] for key in keys if key in data), None)
+    return call_from_object(data.get("name"), arguments)
 
 
 def call_from_object(name: Any, arguments: Any) -> ToolCall | None:

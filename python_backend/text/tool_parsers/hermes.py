@@ -20,21 +20,11 @@ from __future__ import annotations
 from python_backend.text.tool_parsers.base import (
     ParserOutput,
     SteppedToolParser,
-    ToolCall,
-    call_from_object,
-    json_object,
+    call_from_json,
 )
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
-
-
-def _parse_body(body: str) -> ToolCall | None:
-    data = json_object(body)
-    if data is None:
-        return None
-    arguments = data.get("arguments", data.get("parameters"))
-    return call_from_object(data.get("name"), arguments)
 
 
 class HermesToolParser(SteppedToolParser):
@@ -70,7 +60,7 @@ class HermesToolParser(SteppedToolParser):
 
     def _close_call(self, body: str, out: ParserOutput, closed: bool) -> None:
         self._in_call = False
-        call = _parse_body(body.strip())
+        call = call_from_json(body.strip())
         if call is None:
             out.content += OPEN_TAG + body + (CLOSE_TAG if closed else "")
         else:

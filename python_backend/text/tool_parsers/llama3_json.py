@@ -23,20 +23,11 @@ from python_backend.text.tool_parsers.base import (
     JsonEnd,
     ParserOutput,
     SteppedToolParser,
-    ToolCall,
-    call_from_object,
-    json_object,
+    call_from_json,
 )
 
 PYTHON_TAG = "<|python_tag|>"
 _SEPARATORS = " \t\r\n;"
-
-
-def _parse_call(body: str) -> ToolCall | None:
-    data = json_object(body)
-    if data is None or "name" not in data:
-        return None
-    return call_from_object(data.get("name"), data.get("parameters", data.get("arguments")))
 
 
 class Llama3JsonToolParser(SteppedToolParser):
@@ -88,7 +79,7 @@ class Llama3JsonToolParser(SteppedToolParser):
             return False
         raw, self._buffer = self._buffer[:end], self._buffer[end:]
         self._value = None
-        call = _parse_call(raw[value.start :])
+        call = call_from_json(raw[value.start :], ("parameters", "arguments"))
         if call is None:
             out.content += raw
             self._calls = False
