@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import io
 import logging
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -64,7 +66,7 @@ def decode_image(data: bytes, mime: str, where: str, limits: MediaLimits) -> Ima
     fmt = _IMAGE_MIMES.get(mime)
     if fmt is None:
         raise invalid(f"'{where}' has media type '{mime}'; images must be image/jpeg or image/png", where)
-    try:
+    with _decoding(where, f"a {fmt} image"):
         image = Image.open(io.BytesIO(data), formats=[fmt])
         width, height = image.size
         # Checked from the header, before the pixels are decoded (decompression bombs).
@@ -72,11 +74,18 @@ def decode_image(data: bytes, mime: str, where: str, limits: MediaLimits) -> Ima
             raise invalid(f"'{where}' is {width}x{height} pixels; the limit is {limits.max_image_pixels} pixels", where)
         image.load()
         return image.convert("RGB")
+
+
+@contextmanager
+def _decoding(where: str, what: str) -> Iterator[None]:
+    """Any failure inside, but our own errors, is the 400 saying ``where`` is not ``what``."""
+    try:
+        yield
     except ContractError:
         raise
-    except Exception as exc:  # Pillow raises many types (OSError, SyntaxError, ValueError, ...)
-        logger.info("image decode failed for %s: %r", where, exc)
-        raise _bad(where, f"a {fmt} image") from exc
+    except Exception as exc:  # the decoders raise many types (OSError, SyntaxError, ValueError, av.error.*)
+        logger.info("%s decode failed for %s: %r", what, where, exc)
+        raise _bad(where, what) from exc
 
 
 def _open_container(data: bytes, allowed: tuple[str, ...], where: str, what: str) -> Any:
@@ -103,7 +112,7 @@ def decode_audio(data: bytes, mime: str, where: str, limits: MediaLimits, sampli
 
     what = f"{allowed[0].upper()} audio"
     container = _open_container(data, allowed, where, what)
-    try:
+    with _decoding(where, what), closing(container):
         if not container.streams.audio:
             raise _bad(where, what)
         # Planar float at the target rate, channels kept: we average them ourselves, because
@@ -121,13 +130,6 @@ def decode_audio(data: bytes, mime: str, where: str, limits: MediaLimits, sampli
                 raise invalid(f"'{where}' is longer than {limits.max_audio_seconds:g} seconds", where)
         for out in resampler.resample(None):
             chunks.append(out.to_ndarray().mean(axis=0))
-    except ContractError:
-        raise
-    except Exception as exc:
-        logger.info("audio decode failed for %s: %r", where, exc)
-        raise _bad(where, what) from exc
-    finally:
-        container.close()
     samples = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
     if samples.size == 0:
         raise invalid(f"'{where}' contains no audio samples", where)
@@ -141,7 +143,7 @@ def decode_video(data: bytes, mime: str, where: str, limits: MediaLimits) -> Vid
     what = f"{mime.split('/')[1]} video"
     container = _open_container(data, allowed, where, what)
     frames: list[Image.Image] = []
-    try:
+    with _decoding(where, what), closing(container):
         if not container.streams.video:
             raise _bad(where, what)
         stream = container.streams.video[0]
@@ -163,13 +165,6 @@ def decode_video(data: bytes, mime: str, where: str, limits: MediaLimits) -> Vid
                 next_at += step
                 if len(frames) >= limits.max_video_frames:
                     break
-    except ContractError:
-        raise
-    except Exception as exc:
-        logger.info("video decode failed for %s: %r", where, exc)
-        raise _bad(where, what) from exc
-    finally:
-        container.close()
     if not frames:
         raise invalid(f"'{where}' contains no video frames", where)
     return VideoClip(frames, fps)
