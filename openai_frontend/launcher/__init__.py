@@ -6,6 +6,7 @@ server process: command line, readiness, shutdown), ``triton_endpoints`` (its pr
 or the ports asked for), ``local_http`` (HTTP over those sockets), ``triton_access`` (the
 admin-API secret of an exposed listener, safe versions), ``tied_child`` (children that die with
 ``serve``), ``supervisor`` (restarts) and ``log_rotation`` (its log under a size),
+``start_stages`` (the start's stage lines and progress, with the model's events),
 ``process_group`` (its stubs, found in ``/proc``), ``model_repo`` (the generated model repository),
 ``demo_model`` (the default SmolLM2 model), ``model_check`` and ``dtype_check`` (what is
 checked before tritonserver starts), ``network`` (hosts and ports), ``cache`` (where the

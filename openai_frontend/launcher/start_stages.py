@@ -137,8 +137,9 @@ class StageReport:
             return
         self._active.pop(key, None)
         templates = END_LINES if event.phase == END else FAILED_LINES if event.phase == FAILED else {}
-        template = templates.get(event.stage, f"{event.stage} {event.phase} ({{detail}})")
-        self.line(template.format(**values), event.at)
+        template = templates.get(event.stage)
+        text = template.format(**values) if template is not None else f"{event.stage} {event.phase} ({event.detail})"
+        self.line(text, event.at)
 
     def tick(self) -> None:
         """Redraw the status line (the seconds move on); off a terminal, say how far a long stage is."""

@@ -251,8 +251,8 @@ def test_the_demo_conversion_says_when_it_begins_and_ends(tmp_path: Path, monkey
 def test_unknown_stages_from_a_newer_model_still_show(tmp_path: Path) -> None:
     out = io.StringIO()
     report = StageReport(_logger(out), started=STARTED)
-    report.take([_event("warmup", BEGIN, 1.0), _event("warmup", END, 2.0, detail="3 passes", seconds=1.0)])
-    assert out.getvalue().splitlines() == ["triton-chat: [    2.0s] warmup end (3 passes)"]
+    report.take([_event("warm{up}", BEGIN, 1.0), _event("warm{up}", END, 2.0, detail="3 passes", seconds=1.0)])
+    assert out.getvalue().splitlines() == ["triton-chat: [    2.0s] warm{up} end (3 passes)"]
     assert start_stages.ACTIVE.keys() == {CONVERSION, WEIGHTS, KERNEL}
 
 
