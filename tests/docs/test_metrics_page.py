@@ -1,8 +1,8 @@
 """docs/metrics.md against the metric definitions themselves.
 
 The frontend's families come from a real ``FrontendMetrics`` registry, in both naming modes, with an
-engine reader that hands it Triton's exposition of one model instance (so the engine's gauges and
-their labels are there too); the model's families from a real ``MetricsReporter`` over a stand-in
+engine reader that hands it Triton's exposition of one model instance and a LoRA adapter served (so
+the engine's gauges, the adapters' family and their labels are there too); the model's families from a real ``MetricsReporter`` over a stand-in
 for Triton's ``pb_utils``. A family missing from the page, a row naming one that does not exist, or
 a row whose vLLM name, type or labels differ from the code's fails here. The plain and the vLLM
 name of one family are paired by what they share in the code: their help text and type.
@@ -35,6 +35,8 @@ triton_chat_num_requests_waiting{model="m",instance="triton_chat_0"} 0
 triton_chat_kv_cache_reserved_tokens{model="m",instance="triton_chat_0"} 10
 triton_chat_kv_cache_budget_tokens{model="m",instance="triton_chat_0"} 100
 """
+# Served adapters, so that the family of the adapters in use is there too.
+LORA_ADAPTERS = ("sql-lora",)
 _NAME = re.compile(r"`([a-z0-9_:]+)`")
 
 
@@ -48,7 +50,7 @@ class Family:
 
 def frontend_families(prefix: str) -> dict[str, Family]:
     """Every family the frontend's /metrics exposes with ``prefix``, by exposed name."""
-    metrics = FrontendMetrics("m", prefix=prefix, engine_metrics=lambda: TRITON_TEXT)
+    metrics = FrontendMetrics("m", prefix=prefix, engine_metrics=lambda: TRITON_TEXT, lora_adapters=LORA_ADAPTERS)
     declared = {w._name: w._labelnames for w in vars(metrics).values() if isinstance(w, MetricWrapperBase)}
     families = {}
     for metric in metrics.registry.collect():
@@ -159,5 +161,5 @@ def test_the_page_lists_every_triton_family_as_the_model_declares_it() -> None:
 
 def test_the_definitions_read_are_the_real_ones() -> None:
     families = frontend_families("")
-    assert {"prompt_tokens_total", "kv_cache_usage_perc", "time_to_first_token_seconds"} <= set(families)
+    assert {"prompt_tokens_total", "kv_cache_usage_perc", "lora_requests_info"} <= set(families)
     assert "triton_chat_kv_cache_budget_tokens" in triton_families()
