@@ -23,6 +23,22 @@ MEDIA_PART_TYPES = ("image_url", "video_url", "audio_url", "input_audio")
 INTERNAL_MEDIA_TYPES = ("image", "video", "audio")
 
 
+def function_of(item: Any, shown: str, param: str) -> dict[str, Any]:
+    """The ``function`` object of a tool or a tool call, ``{"type": "function", "function":
+    {"name": ..., ...}}``; a 400 naming the first bad field (``shown`` in the message, ``param``
+    as the field)."""
+    if not isinstance(item, dict):
+        raise invalid(f"'{shown}' must be an object", param)
+    if item.get("type") != "function":
+        raise invalid(f"'{shown}.type' must be \"function\"", f"{param}.type")
+    function = item.get("function")
+    if not isinstance(function, dict):
+        raise invalid(f"'{shown}.function' must be an object", f"{param}.function")
+    if not isinstance(function.get("name"), str) or not function["name"]:
+        raise invalid(f"'{shown}.function.name' must be a non-empty string", f"{param}.function.name")
+    return function
+
+
 def _check_tool_calls(calls: Any, where: str) -> None:
     if not isinstance(calls, list):
         raise invalid(f"'{where}' must be a list", where)
@@ -32,13 +48,7 @@ def _check_tool_calls(calls: Any, where: str) -> None:
             raise invalid(f"'{at}' must be an object", at)
         if not isinstance(call.get("id"), str) or not call["id"]:
             raise invalid(f"'{at}.id' must be a non-empty string", f"{at}.id")
-        if call.get("type") != "function":
-            raise invalid(f"'{at}.type' must be \"function\"", f"{at}.type")
-        function = call.get("function")
-        if not isinstance(function, dict):
-            raise invalid(f"'{at}.function' must be an object", f"{at}.function")
-        if not isinstance(function.get("name"), str) or not function["name"]:
-            raise invalid(f"'{at}.function.name' must be a non-empty string", f"{at}.function.name")
+        function = function_of(call, at, at)
         arguments = function.get("arguments")
         if not isinstance(arguments, str):
             raise invalid(f"'{at}.function.arguments' must be a JSON string", f"{at}.function.arguments")

@@ -17,6 +17,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from python_backend.protocol.errors import invalid
+from python_backend.protocol.messages import function_of
 
 INT32_MAX = 2**31 - 1
 UINT64_MAX = 2**64 - 1
@@ -187,23 +188,20 @@ def _stop_token_ids(raw: dict[str, Any]) -> tuple[int, ...]:
     return tuple(kept)
 
 
+def _given(raw: dict[str, Any], key: str, kind: type, what: str) -> Any:
+    """``raw[key]``, None when not given; a 400 unless it is a ``kind`` (``what`` says one)."""
+    value = raw.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise invalid(f"'{key}' must be {what}", key)
+    return value
+
+
 def _tools(raw: dict[str, Any]) -> tuple[dict[str, Any], ...]:
-    value = raw.get("tools")
+    value = _given(raw, "tools", list, "a list")
     if value is None:
         return ()
-    if not isinstance(value, list):
-        raise invalid("'tools' must be a list", "tools")
     for i, tool in enumerate(value):
-        if not isinstance(tool, dict):
-            raise invalid(f"'tools[{i}]' must be an object", f"tools.{i}")
-        if tool.get("type") != "function":
-            raise invalid(f"'tools[{i}].type' must be \"function\"", f"tools.{i}.type")
-        function = tool.get("function")
-        if not isinstance(function, dict):
-            raise invalid(f"'tools[{i}].function' must be an object", f"tools.{i}.function")
-        name = function.get("name")
-        if not isinstance(name, str) or not name:
-            raise invalid(f"'tools[{i}].function.name' must be a non-empty string", f"tools.{i}.function.name")
+        function = function_of(tool, f"tools[{i}]", f"tools.{i}")
         params = function.get("parameters")
         if params is not None and not isinstance(params, dict):
             raise invalid(f"'tools[{i}].function.parameters' must be an object", f"tools.{i}.function.parameters")
@@ -240,11 +238,9 @@ def _tool_choice(raw: dict[str, Any], tools: tuple[dict[str, Any], ...]) -> str 
 
 
 def _chat_template_kwargs(raw: dict[str, Any]) -> dict[str, Any]:
-    value = raw.get("chat_template_kwargs")
+    value = _given(raw, "chat_template_kwargs", dict, "an object")
     if value is None:
         return {}
-    if not isinstance(value, dict):
-        raise invalid("'chat_template_kwargs' must be an object", "chat_template_kwargs")
     for key, item in value.items():
         # An allow-list: template kwargs such as 'tokenize' must never reach apply_chat_template.
         if key not in CHAT_TEMPLATE_KWARGS_ALLOWED:
@@ -269,11 +265,9 @@ def _response_format(raw: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _logit_bias(raw: dict[str, Any]) -> tuple[tuple[int, float], ...]:
-    value = raw.get("logit_bias")
+    value = _given(raw, "logit_bias", dict, "an object mapping token ids to biases")
     if value is None:
         return ()
-    if not isinstance(value, dict):
-        raise invalid("'logit_bias' must be an object mapping token ids to biases", "logit_bias")
     biases: dict[int, float] = {}
     for key, bias in value.items():
         # OpenAI's keys: token ids written as decimal integers (JSON object keys are strings).
