@@ -307,6 +307,8 @@ def _config_defaults(argv: list[str]) -> dict[str, Any] | None:
 
 def _worker_options(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> WorkerOptions:
     """``worker`` (or ``serve --headless``): a node other than 0, with valid settings."""
+    if args.lora_modules:
+        parser.error("--lora-modules: a model over several nodes (tensor parallel) runs no LoRA adapters")
     engine = engine_values(parser, args)
     values: dict[str, str | bool | int] = {**engine.flags, **engine.overrides}
     if args.served_model_name:

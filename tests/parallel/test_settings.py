@@ -119,3 +119,9 @@ def test_node_zero_serves_and_the_others_run_worker(capsys: pytest.CaptureFixtur
     assert "node 0 runs `triton-chat serve`" in capsys.readouterr().err
     settings = engine_settings(parse_serve_args(["serve", "-tp", "2", *NODE_FLAGS]), Path("/m"), "m")
     assert settings.to_parameters()["master_addr"] == "10.231.0.1"  # what config.pbtxt hands the model
+
+
+def test_a_worker_refuses_lora_adapters(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["worker", "-tp", "2", "--node-rank", "1", *NODE_FLAGS, "--lora-modules", f"a={tmp_path}"])
+    assert "--lora-modules: a model over several nodes" in capsys.readouterr().err
