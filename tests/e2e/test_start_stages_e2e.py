@@ -5,12 +5,20 @@ its last lines. Off a terminal (a pipe here) there are no control characters."""
 from __future__ import annotations
 
 import os
+import pty
 import re
 import shutil
 import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
-from tests.e2e.test_smoke import _finish, _read_until, _start_launcher
+from openai_frontend.launcher.log_format import ERASE_LINE
+from openai_frontend.launcher.network import free_port
+from tests.e2e.processes import stop
+from tests.e2e.test_smoke import REPO_ROOT, _finish, _read_until, _start_launcher
 
 STAGE = re.compile(r"^triton-chat: \[ *(?P<seconds>\d+\.\d)s\] (?P<text>.*)$")
 
@@ -76,3 +84,52 @@ def test_a_failed_start_names_the_log_and_shows_its_last_lines(tiny_model_dir: P
     log_lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
     assert all(any(line.startswith(part) for line in log_lines) for part in tail), (tail, err)
     assert "error: creating server" in tail[-1], err
+
+
+def test_on_a_terminal_a_status_line_moves_below_whole_stage_lines(tiny_model_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [
+        sys.executable, "-m", "openai_frontend.launcher", "serve", "--model", str(tiny_model_dir),
+        "--served-model-name", "tiny", "--port", str(port), "--dtype", "float32", "--device", "cpu",
+        "--triton-log", str(tmp_path / "tritonserver.log"), "--ready-timeout", "180",
+    ]  # fmt: skip
+    terminal, stderr = pty.openpty()
+    launcher = subprocess.Popen(
+        cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+    )
+    os.close(stderr)
+    chunks: list[bytes] = []
+    ready = threading.Event()
+
+    def drain() -> None:  # to the end, so that the launcher never blocks on a full terminal
+        while True:
+            try:
+                chunk = os.read(terminal, 65536)
+            except OSError:  # EIO: every writer is gone
+                return
+            if not chunk:
+                return
+            chunks.append(chunk)
+            if b"frontend ready" in b"".join(chunks[-2:]):
+                ready.set()
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 240
+        while not ready.wait(0.5):
+            assert launcher.poll() is None and time.monotonic() < deadline, b"".join(chunks)
+    finally:
+        code = stop(launcher, signal.SIGINT, timeout=90)
+        reader.join(10)
+        os.close(terminal)
+    screen = b"".join(chunks).decode("utf-8", "replace")
+    assert code == 0, screen
+    assert ERASE_LINE in screen and "starting tritonserver and the model ..." in screen, screen
+    # Each stage line starts on a fresh line or where the status line was just erased.
+    for line in ("weights loaded (", "tritonserver ready (pid ", "frontend ready: serving 'tiny'"):
+        at = screen.index(line)
+        start = screen.rindex("triton-chat: [", 0, at)
+        assert screen[:start].endswith(("\n", ERASE_LINE)), screen[max(start - 80, 0) : at]
+        assert "\r" not in screen[start:at], screen[start:at]
