@@ -1,11 +1,11 @@
-"""Delivery: turning sequences' new tokens into each request's events.
+"""Delivery: turning the scheduler's outcomes of a pass into each request's events.
 
 Owns ``deliver`` (one event to one request's sink, a broken sink logged and contained) and
-``Delivery``, which after a step decides, per request, what is due: a streamed delta every
-``stream_interval`` tokens, the whole answer of a buffered request (``best_of``: the best ``n``
-by cumulative logprob), beam search's answers, and the final event; a request whose every choice
-ended leaves the scheduler's books (``Scheduler.finish``). Dropping finished rows from the batch
-is the engine's. The engine thread alone calls it.
+``Delivery``, which after a pass reports each row's result to the scheduler
+(``Scheduler.update``: it decides which requests end) and sends what is due: a streamed delta
+every ``stream_interval`` tokens, the whole answer of a buffered request (``best_of``: the best
+``n`` by cumulative logprob), beam search's answers, and the final event of a request that ended.
+Dropping finished rows from the batch is the engine's. The engine thread alone calls it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from python_backend.engine.beam_steps import beam_answers
 from python_backend.engine.execution import Execution, Executions
 from python_backend.engine.request import EngineEvent, EngineRequest
-from python_backend.engine.scheduler import Scheduler
+from python_backend.engine.scheduler import Sampled, Scheduler, StepPlan
 from python_backend.engine.sequence import Sequence
 
 logger = logging.getLogger(__name__)
@@ -36,22 +36,20 @@ class Delivery:
         self._tokenizer = tokenizer
         self._stream_interval = stream_interval
 
-    def send(self, sequences: list[Sequence]) -> None:
-        """Send what these sequences' newest tokens made ready."""
-        for seq in sequences:
-            group = self._scheduler.group(seq.request.request_id)
-            if group is None:
-                continue
+    def send(self, plan: StepPlan, sequences: list[Sequence]) -> None:
+        """Send what these sequences' newest tokens made ready (``plan``: the step's)."""
+        sampled = [Sampled(seq.request.request_id, seq.finish_reason is not None) for seq in sequences]
+        for seq, outcome in zip(sequences, self._scheduler.update(plan, sampled), strict=True):
+            if outcome is None:
+                continue  # its request has left
+            group, done = outcome.group, outcome.final
             run = self._runs.of(group)
             if run.beam is not None:
-                if seq.finish_reason is not None and self._scheduler.group(group.request.request_id) is group:
+                if done:
                     for event in beam_answers(run, self._tokenizer):
                         deliver(group.request, event)
-                    self._finish(run)
+                    self._runs.forget(group)
                 continue
-            if seq.finish_reason is not None:
-                group.finished += 1
-            done = group.finished == len(run.sequences)
             if group.buffered:
                 if done:
                     self._send_best(run)
@@ -63,11 +61,7 @@ class Delivery:
             if delta is not None or done:
                 deliver(group.request, EngineEvent(group.request.request_id, delta=delta, final=done))
             if done:
-                self._finish(run)
-
-    def _finish(self, run: Execution) -> None:
-        self._scheduler.finish(run.group)
-        self._runs.forget(run.group)
+                self._runs.forget(group)
 
     def _send_best(self, group: Execution) -> None:
         ranked = sorted(group.sequences, key=lambda s: s.cumulative_logprob, reverse=True)
@@ -80,4 +74,4 @@ class Delivery:
             group.attach_prompt_logprobs(delta)
             final = index == len(chosen) - 1
             deliver(group.request, EngineEvent(group.request.request_id, delta=delta, final=final))
-        self._finish(group)
+        self._runs.forget(group.group)

@@ -1,7 +1,9 @@
-"""The scheduler: what each engine step does, decided without torch.
+"""The scheduler: what each engine step does, decided without torch, and what its results mean.
 
-Owns the requests inside the engine (``RequestGroup`` by id), the one prompt being prefilled in
-chunks, and each step's decisions, returned as a ``StepPlan`` the engine executes:
+Owns the requests inside the engine (``RequestGroup`` by id), which of them run (their rows are
+in the batch), the one prompt being prefilled in chunks, and each step's decisions, as vLLM's
+scheduler does (``schedule`` -> the engine executes -> ``update``). ``schedule`` returns a
+``StepPlan``:
 
 * which cancelled requests are reaped (``reap``), waiting or admitted;
 * which waiting requests are admitted: FIFO (the head waits for room rather than being
@@ -12,9 +14,11 @@ chunks, and each step's decisions, returned as a ``StepPlan`` the engine execute
 * which prompts join the running batch straight from a prefix-cache hit that covers all but
   their last token (the next decode step feeds it).
 
-Results come back through ``finish`` (a request answered) and ``discard`` (a request failed or
-stopped), which free its reservation. Prefix-cache hits arrive as token counts from a lookup
-callable, so nothing here touches tensors; the bounded queue and cancellations are
+Results come back through ``update(plan, sampled)``: the plan's completed prompts now run, and
+each reported row's sequence either goes on or ended; a request ends when its every choice has
+(beam search: when its search has), and leaves the books with its reservation (``finish``).
+``discard`` takes out a request that failed or stopped. Prefix-cache hits arrive as token counts
+from a lookup callable, so nothing here touches tensors; the bounded queue and cancellations are
 ``admission.py``'s. The engine thread alone calls it, except where ``Admission`` says otherwise.
 """
 
@@ -84,6 +88,33 @@ class StepPlan:
     def empty(self) -> bool:
         return self.resumed is None and not self.admitted
 
+    @property
+    def completed(self) -> list[RequestGroup]:
+        """Requests whose prompt is whole after this step: they run from now on."""
+        groups = [a.group for a in self.joins] + [a.group for a in self.batch]
+        if self.media is not None:
+            groups.append(self.media)
+        groups += [c.group for c in (self.resumed, self.started) if c is not None and c.last]
+        return groups
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One row's result of a pass, as the engine reports it: its request, and whether its
+    sequence ended there (a stop rule, a length, the end of a beam search)."""
+
+    request_id: str
+    ended: bool
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a reported row means: its request, and whether the request ends with it (then it has
+    left the books: its last event goes out now)."""
+
+    group: RequestGroup
+    final: bool
+
 
 class Scheduler:
     def __init__(self, admission: Admission, max_num_seqs: int, max_num_batched_tokens: int) -> None:
@@ -91,6 +122,7 @@ class Scheduler:
         self._max_rows = max_num_seqs
         self._token_budget = max_num_batched_tokens
         self._groups: dict[str, RequestGroup] = {}
+        self._running: dict[str, RequestGroup] = {}  # their rows are in the batch
         self._prefilling: RequestGroup | None = None
 
     # --- what the engine asks -------------------------------------------------------------------
@@ -101,6 +133,11 @@ class Scheduler:
     def groups(self) -> list[RequestGroup]:
         """Every request that arrived and has not ended, waiting or admitted."""
         return list(self._groups.values())
+
+    @property
+    def running_rows(self) -> int:
+        """Rows the running requests hold: each choice's until it ends, a beam search's all through."""
+        return sum(group.candidates - group.finished for group in self._running.values())
 
     @property
     def busy(self) -> bool:
@@ -131,8 +168,9 @@ class Scheduler:
                 reaped.append(group)
         return reaped
 
-    def schedule(self, running_rows: int, lookup: HitLookup) -> StepPlan:
-        """Decide this step's prefill; ``running_rows``: rows the running batch holds now."""
+    def schedule(self, lookup: HitLookup) -> StepPlan:
+        """Decide this step's prefill, beside the rows the running requests hold."""
+        running_rows = self.running_rows
         plan = StepPlan()
         budget = self._token_budget
         pending_rows = 0  # rows promised in this plan, beside the running ones
@@ -171,9 +209,34 @@ class Scheduler:
         return self._used(plan, budget)
 
     # --- results --------------------------------------------------------------------------------
+    def update(self, plan: StepPlan, sampled: list[Sampled]) -> list[Outcome | None]:
+        """Learn what this step's passes did so far (called after each pass that sampled): the
+        plan's completed prompts run, and each row in ``sampled`` goes on or ended. One outcome per
+        row, in order; None for a row whose request has already left."""
+        for joined in plan.completed:
+            request_id = joined.request.request_id
+            if self._groups.get(request_id) is joined:  # a failed prefill has been discarded
+                self._running[request_id] = joined
+        outcomes: list[Outcome | None] = []
+        for row in sampled:
+            group = self._groups.get(row.request_id)
+            if group is None:
+                outcomes.append(None)
+                continue
+            if group.request.params.use_beam_search:
+                final = row.ended  # the search is over for all its beams at once
+            else:
+                group.finished += row.ended
+                final = group.finished == group.candidates
+            if final:
+                self.finish(group)
+            outcomes.append(Outcome(group, final))
+        return outcomes
+
     def finish(self, group: RequestGroup) -> None:
         """A request was answered: it leaves and gives its reservation back."""
         if self._groups.pop(group.request.request_id, None) is not None:
+            self._running.pop(group.request.request_id, None)
             self.admission.release(group)
 
     def discard(self, group: RequestGroup) -> bool:
@@ -181,6 +244,7 @@ class Scheduler:
         had already left."""
         if self._groups.pop(group.request.request_id, None) is None:
             return False
+        self._running.pop(group.request.request_id, None)
         self.admission.withdraw(group)
         if self._prefilling is group:
             self._prefilling = None
@@ -190,6 +254,7 @@ class Scheduler:
         """Every request, taken off the books without any bookkeeping (the engine failed)."""
         groups = [*self._groups.values(), *self.admission.drain()]
         self._groups.clear()
+        self._running.clear()
         return groups
 
     # --- internals ------------------------------------------------------------------------------

@@ -1,11 +1,12 @@
 """What one engine step executes on the model, and the running batch it executes it on.
 
 Owns ``StepRunner``: the running sequences (in KV-batch row order) and their ``KVBatch``, each
-request's execution state (``execution.py``), the prefix cache and the ``Prefiller``, the speculator, sampling, and each kind of pass: the mixed
-step (prompt tokens in the decode pass, the lean CPU step), prefill passes of their own, the
-batched decode step and speculation's verify step. The ``Scheduler`` plans each step (which
-prompts run, which join from the cache); this executes the plan, joins finished prefills into the
-batch, samples, sends tokens (``delivery.py``) and retires finished rows into the prefix cache.
+request's execution state (``execution.py``), the prefix cache and the ``Prefiller``, the
+speculator, sampling, and each kind of pass: the mixed step (prompt tokens in the decode pass, the
+lean CPU step), prefill passes of their own, the batched decode step and speculation's verify
+step. The ``Scheduler`` plans each step (which prompts run, which join from the cache); this
+executes the plan, joins finished prefills into the batch, samples, reports each pass's rows to
+the scheduler and sends tokens (``delivery.py``), and retires finished rows into the prefix cache.
 Runs on the engine thread only; the loop, the public interface and cancellation are
 ``engine.py``'s. Imports what ``engine.py`` does, never ``engine.py`` itself.
 """
@@ -70,6 +71,7 @@ class StepRunner:
         self._runs = Executions()
         self._delivery = Delivery(scheduler, self._runs, loaded.tokenizer, settings.stream_interval)
         self._running: list[Sequence] = []  # in KV-batch row order
+        self._plan = StepPlan()  # the step's, for the scheduler's updates
         self._kv = KVBatch(loaded.kv_dtype, settings.max_num_seqs)
         self.prefix = PrefixCache(limits.prefix_cache_tokens)
         self.prefiller = Prefiller(loaded, self.prefix, self._runs)
@@ -155,7 +157,8 @@ class StepRunner:
             hits[group.request.request_id] = hit
             return hit.tokens
 
-        return self._scheduler.schedule(len(self._running), lookup), hits
+        self._plan = self._scheduler.schedule(lookup)
+        return self._plan, hits
 
     def _mixed_step(self, plan: StepPlan, hits: dict[str, PrefixHit], opened: list[OpenSegment]) -> None:
         """The plan's prompt tokens and the running rows' next tokens in one forward pass
@@ -337,7 +340,7 @@ class StepRunner:
 
     def _after_tokens(self, sequences: list[Sequence], drop: bool = True) -> None:
         """Send what is ready, then (``drop``) drop finished sequences from the batch at once."""
-        self._delivery.send(sequences)
+        self._delivery.send(self._plan, sequences)
         if drop and any(s.finish_reason is not None for s in self._running):
             finished = [i for i, s in enumerate(self._running) if s.finish_reason is not None]
             self._kv.compact()  # a finished row's keys/values are read out in one piece

@@ -8,7 +8,7 @@ from typing import Any
 
 from python_backend.engine.admission import Admission
 from python_backend.engine.request import EngineEvent, EngineRequest, RequestGroup
-from python_backend.engine.scheduler import Scheduler
+from python_backend.engine.scheduler import HitLookup, Sampled, Scheduler, StepPlan
 from python_backend.protocol.params import parse_parameters
 
 
@@ -35,6 +35,13 @@ class Books:
         self.scheduler.take_in()
         self.groups[request.request_id] = group
         return group
+
+    def step(self, lookup: HitLookup | None = None, ended: tuple[str, ...] = ()) -> StepPlan:
+        """One engine step as the scheduler sees it: its plan, then the passes' report, in which
+        the rows of ``ended`` (request ids) finished their sequence."""
+        plan = self.scheduler.schedule(lookup or no_hits)
+        self.scheduler.update(plan, [Sampled(request_id, True) for request_id in ended])
+        return plan
 
 
 def make_books(
