@@ -24,7 +24,7 @@ import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-from python_backend.cpu.native.build import bind_functions, build_library
+from python_backend.cpu.native.build import bind_functions, load_kernel
 
 logger = logging.getLogger(__name__)
 
@@ -89,11 +89,8 @@ class NormKernel:
 
 def build_norm_kernel(cache_dir: Path | None = None) -> NormKernel | None:
     """Compile (or reuse) and load the kernel; None, with the reason logged, when it cannot be built."""
-    library = build_library(SOURCE, cache_dir)
-    if library is None:
-        logger.warning("the RMSNorm kernel is not available: the model keeps transformers' RMSNorm")
-        return None
-    return NormKernel(library)
+    missing = "the RMSNorm kernel is not available: the model keeps transformers' RMSNorm"
+    return load_kernel(NormKernel, SOURCE, cache_dir, missing)
 
 
 class FusedRMSNorm(LlamaRMSNorm):

@@ -10,14 +10,11 @@ so to the model's own ``apply_rotary_pos_emb``); tensors in another layout keep 
 from __future__ import annotations
 
 import ctypes
-import logging
 from pathlib import Path
 
 import torch
 
-from python_backend.cpu.native.build import bind_functions, build_library
-
-logger = logging.getLogger(__name__)
+from python_backend.cpu.native.build import bind_functions, load_kernel
 
 SOURCE = Path(__file__).with_name("native") / "rope.c"
 # IEEE arithmetic, no contraction: PyTorch rounds each product before the sum.
@@ -67,8 +64,5 @@ class RopeKernel:
 
 def build_rope_kernel(cache_dir: Path | None = None) -> RopeKernel | None:
     """Compile (or reuse) and load the kernel; None, with the reason logged, when it cannot be built."""
-    library = build_library(SOURCE, cache_dir, extra_flags=FLAGS)
-    if library is None:
-        logger.warning("the rotary-embedding kernel is not available: the lean decode step keeps PyTorch's")
-        return None
-    return RopeKernel(library)
+    missing = "the rotary-embedding kernel is not available: the lean decode step keeps PyTorch's"
+    return load_kernel(RopeKernel, SOURCE, cache_dir, missing, FLAGS)

@@ -18,14 +18,11 @@ PyTorch attention.
 from __future__ import annotations
 
 import ctypes
-import logging
 from pathlib import Path
 
 import torch
 
-from python_backend.cpu.native.build import bind_functions, build_library
-
-logger = logging.getLogger(__name__)
+from python_backend.cpu.native.build import bind_functions, load_kernel
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
 # (query dtype, cache dtype) -> entry point; the output has the query's dtype.
@@ -42,11 +39,8 @@ class KernelError(RuntimeError):
 
 def build_kernel(cache_dir: Path | None = None) -> DecodeAttentionKernel | None:
     """Compile (or reuse) and load the kernel; None, with the reason logged, when it cannot be built."""
-    library = build_library(SOURCE, cache_dir)
-    if library is None:
-        logger.warning("the decode-attention kernel is not available: using PyTorch's decode attention")
-        return None
-    return DecodeAttentionKernel(library)
+    missing = "the decode-attention kernel is not available: using PyTorch's decode attention"
+    return load_kernel(DecodeAttentionKernel, SOURCE, cache_dir, missing)
 
 
 _I64 = ctypes.c_int64

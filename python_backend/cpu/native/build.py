@@ -22,7 +22,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,6 +31,7 @@ from python_backend.protocol.start_events import KERNEL, StageReporter
 logger = logging.getLogger(__name__)
 
 Key = TypeVar("Key")
+Kernel = TypeVar("Kernel")
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-shared")
 _BUILD_TIMEOUT_S = 120
@@ -100,6 +101,22 @@ def build_library(source: Path, cache_dir: Path | None = None, extra_flags: tupl
     except OSError as exc:
         logger.warning("loading %s failed (%s)", library, exc)
         return None
+
+
+def load_kernel(
+    wrap: Callable[[ctypes.CDLL], Kernel],
+    source: Path,
+    cache_dir: Path | None,
+    missing: str,
+    extra_flags: tuple[str, ...] = (),
+) -> Kernel | None:
+    """``wrap`` of the library built from ``source``; None when it cannot be built, with the reason
+    logged and then ``missing`` (what the model does without it) as a warning."""
+    library = build_library(source, cache_dir, extra_flags)
+    if library is None:
+        logger.warning("%s", missing)
+        return None
+    return wrap(library)
 
 
 def bind_functions(library: ctypes.CDLL, symbols: Mapping[Key, str], argtypes: Sequence[Any]) -> dict[Key, Any]:

@@ -10,14 +10,11 @@ on how many queries, sequences or padding positions share the call (the C file s
 from __future__ import annotations
 
 import ctypes
-import logging
 from pathlib import Path
 
 import torch
 
-from python_backend.cpu.native.build import bind_functions, build_library
-
-logger = logging.getLogger(__name__)
+from python_backend.cpu.native.build import bind_functions, load_kernel
 
 SOURCE = Path(__file__).with_name("invariant_attention.c")
 # Fast-math would let the compiler reassociate sums (differently for different loop lengths), and
@@ -47,11 +44,8 @@ class InvariantKernelError(RuntimeError):
 
 def build_invariant_kernel(cache_dir: Path | None = None) -> InvariantAttentionKernel | None:
     """Compile (or reuse) and load the kernel; None, with the reason logged, when it cannot be built."""
-    library = build_library(SOURCE, cache_dir, EXTRA_FLAGS)
-    if library is None:
-        logger.warning("the batch-invariant attention kernel is not available")
-        return None
-    return InvariantAttentionKernel(library)
+    missing = "the batch-invariant attention kernel is not available"
+    return load_kernel(InvariantAttentionKernel, SOURCE, cache_dir, missing, EXTRA_FLAGS)
 
 
 class InvariantAttentionKernel:
