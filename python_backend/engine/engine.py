@@ -3,7 +3,9 @@
 Owns: the public interface (submit, reserve, cancel, stats, health; any thread), the step loop,
 cancellation and the loop's health for the readiness probe (``liveness.py``). What each step
 does is decided by ``scheduler.py`` (admission, chunking, cache joins, reaping), without torch,
-and executed by ``steps.py``'s ``StepRunner`` (the running batch, prefill, decode, sampling).
+and executed by ``steps.py``'s ``StepRunner`` (the running batch, prefill, decode, sampling),
+which reports each pass back to the scheduler (``Scheduler.update``: which requests run and which
+are finished). Requests come in through ``python_backend.intake``.
 Each iteration of the loop: take new requests, drop cancelled ones, then one step. Requests join
 and leave between steps; a new request's prefill never recomputes running ones.
 
