@@ -86,9 +86,6 @@ class Arrival:
     refuse: Callable[[ErrorInfo], None]  # answer it with an error (it never reached the engine)
     parameters: str = ""  # the transport's request parameters, as JSON (the vLLM contract reads them)
 
-    def get(self, name: str) -> np.ndarray | None:
-        return self.inputs.get(name)
-
     @property
     def prompt_field(self) -> str:
         """The input that carries its prompt, for errors about the prompt as a whole."""
