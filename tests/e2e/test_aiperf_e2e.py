@@ -16,10 +16,8 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +28,7 @@ from tritonclient.grpc import model_config_pb2
 
 from openai_frontend.launcher.model_repo import shipped_model_dir
 from python_backend.prompt.vllm_compat import VLLM_FIELDS
-from tests.e2e.processes import stop, wait_for
+from tests.e2e.processes import port_free, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -79,15 +77,6 @@ def _aiperf() -> Path | None:
     return Path(found) if found and Path(found).is_file() else None
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def test_the_doc_has_the_serve_and_both_aiperf_commands() -> None:
     commands = [_argv(command)[:2] for command in doc_commands()]
     assert commands == [["triton-chat", "serve"], ["aiperf", "profile"], ["aiperf", "profile"]]
@@ -119,16 +108,6 @@ def user_folder(tmp_path: Path, tiny_model_dir: Path) -> Path:
     return tmp_path
 
 
-@pytest.fixture
-def servers() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    try:
-        yield started
-    finally:
-        for process in started:
-            stop(process, timeout=60)
-
-
 def _summary(folder: Path) -> dict[str, Any]:
     data = json.loads((folder / "profile_export_aiperf.json").read_text())
     return data if isinstance(data, dict) else {}
@@ -145,7 +124,7 @@ def test_aiperf_drives_triton_and_the_frontend_as_the_doc_says(
     aiperf = _aiperf()
     if aiperf is None:
         pytest.skip("aiperf is not installed (pip install aiperf in a venv; put it on PATH or set $AIPERF)")
-    taken = [port for port in PORTS if not _port_free(port)]
+    taken = [port for port in PORTS if not port_free(port)]
     if taken:
         pytest.skip(f"the doc's ports {taken} are taken on this machine")
     env = dict(os.environ)

@@ -11,22 +11,16 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.e2e.conftest import LORA_NAME, TritonHandle
-from tests.e2e.test_chat_e2e import QUESTION, client_for
+from tests.e2e.test_chat_e2e import QUESTION, client_for, stream_chunks
 
 
 def test_openai_mode_streams_with_role_chunk_and_usage_chunk(
     triton_server: TritonHandle, frontend_factory: Callable[..., str]
 ) -> None:
     client = client_for(frontend_factory(openai_mode="openai"))
-    chunks = list(
-        client.chat.completions.create(
-            model=triton_server.served_model_name,
-            messages=QUESTION,
-            max_tokens=6,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True},
-        )  # fmt: skip
+    usage = {"include_usage": True}
+    chunks = stream_chunks(
+        client, triton_server.served_model_name, 6, stream_options=usage, extra_body={"ignore_eos": True}
     )
     assert chunks[0].choices[0].delta.role == "assistant" and not chunks[0].choices[0].delta.content
     assert all(c.choices[0].delta.role is None for c in chunks[1:-1])

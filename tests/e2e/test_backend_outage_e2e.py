@@ -26,9 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from openai_frontend.client.health import MISSES_TO_DOWN
 from openai_frontend.launcher.model_repo import MODEL_NAME
 from openai_frontend.launcher.tritonserver import TritonServerProcess
-from python_backend.protocol.settings import EngineSettings
-from tests.e2e.conftest import _run_frontend, _stop_frontends, start_triton
-from tests.fixtures.device import engine_test_device
+from tests.e2e.conftest import _run_frontend, _stop_frontends, e2e_settings, serving
+from tests.e2e.processes import post_until_ok
 
 SERVED = "tiny-outage"
 PROBE_S = 0.5
@@ -41,20 +40,10 @@ RESUME_TIMEOUT_S = 60.0
 
 @pytest.fixture(scope="module")
 def own_triton(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServerProcess]:
-    settings = EngineSettings(
-        model_path=str(tiny_model_dir),
-        served_model_name=SERVED,
-        dtype="float32",
-        device=engine_test_device(),
-        max_iter_times=64,
-        max_num_seqs=4,
-    )
-    work = tmp_path_factory.mktemp("triton-outage")
-    process = start_triton(work / "models", settings, work / "tritonserver.log")
-    try:
-        yield process
-    finally:
-        process.stop()
+    with serving(
+        e2e_settings(tiny_model_dir, SERVED, max_iter_times=64), tmp_path_factory.mktemp("triton-outage")
+    ) as handle:
+        yield handle.process
 
 
 def _backend_metrics(http: httpx.Client) -> dict[str, float]:
@@ -104,14 +93,7 @@ def test_a_stopped_tritonserver_gets_fast_503s_one_warning_each_way_and_service_
                 down = _backend_metrics(http)
             finally:
                 os.kill(pid, signal.SIGCONT)
-            resumed = None
-            deadline = time.monotonic() + RESUME_TIMEOUT_S
-            while time.monotonic() < deadline:
-                reply = http.post("/v1/chat/completions", json=chat)
-                if reply.status_code == 200:
-                    resumed = reply
-                    break
-                time.sleep(0.1)
+            resumed = post_until_ok(http, "/v1/chat/completions", chat, RESUME_TIMEOUT_S, 0.1)
             up = _backend_metrics(http)
             ready_again = http.get("/health/ready")
     finally:

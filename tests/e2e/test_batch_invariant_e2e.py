@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import httpx
 
 from openai_frontend.launcher.network import free_port
+from tests.e2e.test_smoke import _read_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GREEDY: dict[str, Any] = {"model": "tiny", "temperature": 0, "max_tokens": 24, "ignore_eos": True}
@@ -36,17 +36,7 @@ def _serve(model: Path, tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
 
 
 def _wait_serving(launcher: subprocess.Popen[str], port: int, timeout: float = 240) -> None:
-    assert launcher.stderr is not None
-    marker, lines = f"serving 'tiny' at http://127.0.0.1:{port}/v1", []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = launcher.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        if marker in line:
-            return
-    raise AssertionError("the launcher did not start serving:\n" + "".join(lines))
+    _read_until(launcher, f"serving 'tiny' at http://127.0.0.1:{port}/v1", [], timeout)
 
 
 def _ask(http: httpx.Client, content: str) -> tuple[str, int]:

@@ -33,6 +33,13 @@ def client_for(frontend_url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{frontend_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
+def stream_chunks(client: openai.OpenAI, model: str, max_tokens: int, **options: Any) -> list[Any]:
+    """Every chunk of a streamed answer to ``QUESTION`` (``options``: the client's other arguments)."""
+    return list(
+        client.chat.completions.create(model=model, messages=QUESTION, max_tokens=max_tokens, stream=True, **options)
+    )
+
+
 def error_body(error: openai.APIStatusError) -> dict[str, Any]:
     """The error envelope's ``error`` object, as the openai client parsed it."""
     body = error.body

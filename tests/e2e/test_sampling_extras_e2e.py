@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import json
-import queue
 from collections.abc import Callable
 from typing import Any, cast
 
 import openai
 import pytest
 import torch
-import tritonclient.grpc as grpcclient
 from openai.types.chat import ChatCompletionMessageParam
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from tritonclient.utils import InferenceServerException
 
 from python_backend.protocol import contract
 from tests.e2e.conftest import TritonHandle
-from tests.e2e.test_chat_e2e import QUESTION, client_for, error_body
+from tests.e2e.test_chat_e2e import QUESTION, client_for, error_body, stream_chunks
 
 PREFILL: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "What is the capital of France?"},
@@ -117,31 +115,17 @@ def test_continuous_usage_stats_reports_usage_on_every_chunk(
     triton_server: TritonHandle, frontend_factory: Callable[..., str], response_channel: bool
 ) -> None:
     client = client_for(frontend_factory(openai_mode="openai", response_channel=response_channel))
-    chunks = list(
-        client.chat.completions.create(
-            model=triton_server.served_model_name,
-            messages=QUESTION,
-            max_tokens=6,
-            stream=True,
-            # continuous_usage_stats is vLLM's: the client's typed stream_options lacks it.
-            extra_body={"ignore_eos": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
-        )  # fmt: skip
-    )
+    # continuous_usage_stats is vLLM's: the client's typed stream_options lacks it.
+    every = {"ignore_eos": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    chunks = stream_chunks(client, triton_server.served_model_name, 6, extra_body=every)
     usages = [c.usage for c in chunks]
     assert all(u is not None for u in usages)
     counts = [u.completion_tokens for u in usages if u is not None]
     prompts = {u.prompt_tokens for u in usages if u is not None}
     assert counts[0] == 0 and counts == sorted(counts) and counts[-1] == 6
     assert len(prompts) == 1 and prompts.pop() > 0
-    off = list(
-        client.chat.completions.create(
-            model=triton_server.served_model_name,
-            messages=QUESTION,
-            max_tokens=3,
-            stream=True,
-            extra_body={"stream_options": {"include_usage": True, "continuous_usage_stats": False}},
-        )  # fmt: skip
-    )
+    last_only = {"stream_options": {"include_usage": True, "continuous_usage_stats": False}}
+    off = stream_chunks(client, triton_server.served_model_name, 3, extra_body=last_only)
     assert [c.usage is not None for c in off] == [False] * (len(off) - 1) + [True]
 
 
@@ -156,24 +140,12 @@ def test_known_fields_that_are_not_implemented_are_400s(triton_server: TritonHan
 
 def infer_text(triton: TritonHandle, parameters: dict[str, Any]) -> str:
     """A non-streaming ``text_input`` request over tritonclient's stream (the model is decoupled)."""
-    inputs = []
-    for name, array in (
-        (contract.TEXT_INPUT, contract.bytes_tensor("The capital of France is")),
-        (contract.PARAMETERS, contract.json_tensor(parameters)),
-        (contract.EXCLUDE_INPUT_IN_OUTPUT, contract.bool_tensor(True)),
-    ):
-        entry = grpcclient.InferInput(name, [1], "BOOL" if array.dtype == bool else "BYTES")
-        entry.set_data_from_numpy(array)
-        inputs.append(entry)
-    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
-    client = grpcclient.InferenceServerClient(triton.grpc_url)
-    client.start_stream(callback=lambda result, error: got.put((result, error)))
-    try:
-        client.async_stream_infer(triton.model_name, inputs)
-        result, error = got.get(timeout=120)  # one choice, not streamed: one response
-    finally:
-        client.stop_stream()
-        client.close()
+    tensors = {
+        contract.TEXT_INPUT: contract.bytes_tensor("The capital of France is"),
+        contract.PARAMETERS: contract.json_tensor(parameters),
+        contract.EXCLUDE_INPUT_IN_OUTPUT: contract.bool_tensor(True),
+    }
+    result, error = triton.first_response(tensors, 120)  # one choice, not streamed: one response
     if error is not None:
         raise error
     return contract.read_string(result.as_numpy(contract.TEXT_OUTPUT)) or ""

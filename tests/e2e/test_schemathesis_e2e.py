@@ -14,16 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from python_backend.protocol.settings import EngineSettings
 from tests.e2e.conftest import (
-    MODEL_NAME,
     TritonHandle,
     _frontend_values,
     _run_frontend,
     _stop_frontends,
-    start_triton,
+    e2e_settings,
+    serving,
 )
-from tests.fixtures.device import engine_test_device
 
 pytestmark = pytest.mark.e2e
 pytest.importorskip("schemathesis")
@@ -55,21 +53,10 @@ SERVED = "tiny-fuzzed"
 def fuzzed_triton(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonHandle]:
     """The tiny model with a small default and cap of max_tokens: a generated request that leaves
     max_tokens out must not run for minutes."""
-    settings = EngineSettings(
-        model_path=str(tiny_model_dir),
-        served_model_name=SERVED,
-        dtype="float32",
-        device=engine_test_device(),
-        max_iter_times=16,
-        max_num_seqs=4,
-    )
-    work = tmp_path_factory.mktemp("triton-fuzzed")
-    process = start_triton(work / "models", settings, work / "tritonserver.log")
-    endpoints = process.endpoints
-    try:
-        yield TritonHandle(endpoints.grpc_url, MODEL_NAME, SERVED, settings, process)
-    finally:
-        process.stop()
+    with serving(
+        e2e_settings(tiny_model_dir, SERVED, max_iter_times=16), tmp_path_factory.mktemp("triton-fuzzed")
+    ) as handle:
+        yield handle
 
 
 def test_schemathesis_finds_no_server_error_no_dropped_answer_and_no_schema_mismatch(

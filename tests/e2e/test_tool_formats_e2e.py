@@ -11,11 +11,8 @@ from typing import Any
 
 import pytest
 
-from openai_frontend.launcher.model_repo import MODEL_NAME
-from python_backend.protocol.settings import EngineSettings
-from tests.e2e.conftest import TritonHandle, _frontend_values, _run_frontend, _stop_frontends, start_triton
-from tests.e2e.test_tools_reasoning_e2e import WEATHER_TOOL_PARAM, ask, client_for
-from tests.fixtures.device import engine_test_device
+from tests.e2e.conftest import _frontend_values, _run_frontend, _stop_frontends, e2e_settings, serving
+from tests.e2e.test_tools_reasoning_e2e import WEATHER_TOOL_PARAM, ask, client_for, streamed_tool_calls
 from tests.fixtures.trained_models import TOOL_QUESTION
 from tests.fixtures.trained_tool_formats import HELLO_QUESTION, HELLO_REPLY, build_tool_format_model
 
@@ -30,26 +27,16 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     """(format, served model name, frontend URL) for a tritonserver serving that format's model."""
     name: str = request.param
     work = tmp_path_factory.mktemp(f"tool-format-{name}")
-    settings = EngineSettings(
-        model_path=str(build_tool_format_model(work, name)),
-        served_model_name=f"tiny-{name}",
-        dtype="float32",
-        device=engine_test_device(),
-        max_iter_times=256,
-        max_num_seqs=4,
-        reasoning_parser="none",  # the format alone decides (the tool parser stays auto)
+    # reasoning_parser none: the format alone decides (the tool parser stays auto).
+    settings = e2e_settings(
+        build_tool_format_model(work, name), f"tiny-{name}", max_iter_times=256, reasoning_parser="none"
     )
-    process = start_triton(work / "models", settings, work / "tritonserver.log")
-    endpoints = process.endpoints
-    try:
-        triton = TritonHandle(endpoints.grpc_url, MODEL_NAME, settings.served_model_name, settings, process)
+    with serving(settings, work) as triton:
         frontends = [_run_frontend(_frontend_values(triton, {}))]
         try:
             yield name, settings.served_model_name, frontends[0].url
         finally:
             _stop_frontends(frontends)
-    finally:
-        process.stop()
 
 
 def test_the_call_comes_back_as_tool_calls(served: tuple[str, str, str]) -> None:
@@ -74,13 +61,7 @@ def test_the_streamed_call_merges_into_arguments_that_parse(served: tuple[str, s
             model=model, messages=ask(TOOL_QUESTION), tools=[WEATHER_TOOL_PARAM], temperature=0, stream=True
         )
     )
-    merged: dict[int, dict[str, str]] = {}
-    for chunk in (c for c in chunks if c.choices):
-        for piece in chunk.choices[0].delta.tool_calls or []:
-            call = merged.setdefault(piece.index, {"id": "", "name": "", "arguments": ""})
-            call["id"] += piece.id or ""
-            call["name"] += (piece.function.name if piece.function else None) or ""
-            call["arguments"] += (piece.function.arguments if piece.function else None) or ""
+    merged = streamed_tool_calls(chunks)
     assert list(merged) == [0]
     assert CALL_IDS[name].fullmatch(merged[0]["id"]) and merged[0]["name"] == "get_weather"
     assert json.loads(merged[0]["arguments"]) == {"city": "Paris"}

@@ -63,18 +63,24 @@ def test_tool_call_streaming(trained_triton_server: TritonHandle, trained_fronte
             stream=True,
         )
     )
-    merged: dict[int, dict[str, str]] = {}
-    for chunk in chunks:
-        for piece in chunk.choices[0].delta.tool_calls or []:
-            call = merged.setdefault(piece.index, {"id": "", "name": "", "arguments": ""})
-            call["id"] += piece.id or ""
-            call["name"] += (piece.function.name if piece.function else None) or ""
-            call["arguments"] += (piece.function.arguments if piece.function else None) or ""
+    merged = streamed_tool_calls(chunks)
     assert list(merged) == [0]
     assert merged[0]["name"] == "get_weather" and merged[0]["id"].startswith("call_")
     assert json.loads(merged[0]["arguments"]) == {"city": "Paris"}
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == ""
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def streamed_tool_calls(chunks: list[Any]) -> dict[int, dict[str, str]]:
+    """Each streamed call's id, name and arguments, put back together from its pieces by index."""
+    merged: dict[int, dict[str, str]] = {}
+    for chunk in chunks:
+        for piece in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            call = merged.setdefault(piece.index, {"id": "", "name": "", "arguments": ""})
+            call["id"] += piece.id or ""
+            call["name"] += (piece.function.name if piece.function else None) or ""
+            call["arguments"] += (piece.function.arguments if piece.function else None) or ""
+    return merged
 
 
 def reasoning_of(model: Any) -> str:
