@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 from python_backend.engine.engine import Engine
-from python_backend.engine.sequence import EngineRequest
+from python_backend.intake.intake import Connection, Intake, chat_inputs
 from python_backend.model.loader import LoadedModel, load_model
-from python_backend.prompt.inputs import decode_request
 from python_backend.protocol import contract
 from python_backend.protocol.settings import EngineSettings
 from python_backend.text.output_formats import resolve_formats
@@ -42,25 +41,17 @@ def trained(
 
 
 def run(engine: Engine, loaded: LoadedModel, question: str, stream: bool, **params: Any) -> Collected:
-    tensors = {
-        contract.STREAM: contract.bool_tensor(stream),
-        contract.PARAMETERS: contract.json_tensor(params),
-        contract.MESSAGES: contract.json_tensor([{"role": "user", "content": question}]),
-    }
-    formats = resolve_formats("auto", "none", loaded.tokenizer, loaded.model_type)
-    prepared = decode_request(tensors.get, loaded.tokenizer, frozenset(), formats)
+    """One chat request through the model's intake (the tool parser from the chat template, no
+    reasoning parser) and the engine."""
+    settings = EngineSettings(model_path="unused", tool_call_parser="auto", reasoning_parser="none")
+    intake = Intake.for_model(loaded, settings)
     out = Collected()
-    engine.submit(
-        EngineRequest(
-            request_id=f"formats-{uuid.uuid4().hex}",
-            prompt_ids=prepared.prompt_ids,
-            params=prepared.params,
-            sink=out.sink,
-            stream=prepared.stream,
-            output=prepared.output,
-        )
-    )
-    return out.wait()
+    try:
+        inputs = chat_inputs([{"role": "user", "content": question}], params, stream)
+        engine.submit(intake.from_inputs(f"formats-{uuid.uuid4().hex}", inputs, Connection(out.sink)))
+        return out.wait()
+    finally:
+        intake.close()
 
 
 def test_auto_picks_the_format_from_the_chat_template(trained: tuple[str, LoadedModel, Engine]) -> None:
