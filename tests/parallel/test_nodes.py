@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -125,3 +126,22 @@ def test_a_node_given_other_settings_is_refused_by_name(tiny_llama_dir: Path) ->
         with pytest.raises(RendezvousError, match=r"--max-num-seqs '3' here, '\d+' on node 0"):
             RankGroup.start(settings, join_timeout_s=120)
         assert keeper.wait(EXIT_S) == 1  # refused: starting its ranks again cannot help
+
+
+def test_a_rank_lost_mid_pass_ends_what_rank_zero_held_with_engine_failed(tiny_llama_dir: Path) -> None:
+    # A forward pass whose all-reduce loses its peer: the ranks are out of step, so every request
+    # rank 0 held ends 503 engine_failed (not a 500 for the rows of that pass), and the engine stops.
+    with served(tiny_llama_dir, 2) as model:
+        assert model.ranks is not None
+        runs = [
+            model.driver.submit(f"write forever {i}", temperature=0, max_tokens=4000, ignore_eos=True) for i in range(3)
+        ]
+        deadline = time.monotonic() + 120
+        while not any(run.events for run in runs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(run.events for run in runs), "nothing ran"
+        os.kill(model.ranks.pids[0], signal.SIGKILL)
+        errors = [run.wait().error for run in runs]
+        health = model.engine.health()
+    assert [(e.status, e.code) if e is not None else None for e in errors] == [(503, "engine_failed")] * 3
+    assert not health.running and health.failure is not None
