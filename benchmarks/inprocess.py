@@ -89,7 +89,27 @@ def engine_inprocess(
     loaded = load_model(settings)
     engine = Engine(loaded, settings)
     engine.start()
-    intake = Intake.for_model(loaded, settings)
+    try:
+        tokens, wall = timed_chat_requests(
+            engine, Intake.for_model(loaded, settings), "bench", requests, concurrency, max_tokens
+        )
+    finally:
+        engine.stop()
+        torch.set_num_threads(threads)
+    return InProcessResult(
+        f"engine-c{concurrency}", concurrency, requests, tokens, round(wall, 3), round(tokens / wall, 2)
+    )
+
+
+def timed_chat_requests(
+    engine: Engine, intake: Intake, prefix: str, requests: int, concurrency: int, max_tokens: int
+) -> tuple[int, float]:
+    """Completion tokens and wall seconds of ``requests`` greedy chat requests of ``max_tokens``
+    tokens each, at most ``concurrency`` in flight, after one untimed warm-up request.
+
+    Each request enters through the intake, as the Triton model's do (parameters parsed, messages
+    checked, chat template applied and tokenized in the submitting thread).
+    """
     raw_params = {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True}
     raw_messages = [{"role": "user", "content": DEFAULT_PROMPT}]
     slots = threading.Semaphore(concurrency)
@@ -106,26 +126,19 @@ def engine_inprocess(
                 slots.release()
                 finished.release()
 
-        return intake.from_inputs(f"bench-{i}", chat_inputs(raw_messages, dict(raw_params)), Connection(sink))
+        return intake.from_inputs(f"{prefix}-{i}", chat_inputs(raw_messages, dict(raw_params)), Connection(sink))
 
-    try:
+    slots.acquire()
+    engine.submit(make(-1))  # warm-up, not timed
+    finished.acquire()
+    tokens[0] = 0
+    started = time.perf_counter()
+    for i in range(requests):
         slots.acquire()
-        engine.submit(make(-1))  # warm-up, not timed
+        engine.submit(make(i))
+    for _ in range(requests):
         finished.acquire()
-        tokens[0] = 0
-        started = time.perf_counter()
-        for i in range(requests):
-            slots.acquire()
-            engine.submit(make(i))
-        for _ in range(requests):
-            finished.acquire()
-        wall = time.perf_counter() - started
-    finally:
-        engine.stop()
-        torch.set_num_threads(threads)
-    return InProcessResult(
-        f"engine-c{concurrency}", concurrency, requests, tokens[0], round(wall, 3), round(tokens[0] / wall, 2)
-    )
+    return tokens[0], time.perf_counter() - started
 
 
 def main() -> None:

@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from benchmarks.load import DEFAULT_PROMPT
+from benchmarks.inprocess import timed_chat_requests
 from python_backend.engine.engine import Engine
-from python_backend.engine.request import EngineEvent, EngineRequest
-from python_backend.intake.intake import Connection, Intake, chat_inputs
+from python_backend.intake.intake import Intake
 from python_backend.model.loader import load_model
 from python_backend.model.threads import serialize_current_thread
 from python_backend.parallel.ranks import RankGroup
@@ -78,39 +75,16 @@ def run(model_dir: Path, dtype: str, ranks: int, requests: int, max_tokens: int)
     loaded = load_model(mine)
     engine = Engine(loaded, mine, ranks=group.sync if group is not None else None)
     engine.start()
-    params_raw = {"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True}
-    messages = [{"role": "user", "content": DEFAULT_PROMPT}]
-    intake = Intake.for_model(loaded, mine)
-    finished = threading.Semaphore(0)
-    tokens = [0]
-    lock = threading.Lock()
-
-    def make(i: int) -> EngineRequest:
-        def sink(event: EngineEvent) -> None:
-            if event.delta is not None and event.delta.usage is not None:
-                with lock:
-                    tokens[0] += event.delta.usage.completion_tokens
-            if event.final:
-                finished.release()
-
-        return intake.from_inputs(f"tp-{i}", chat_inputs(messages, dict(params_raw)), Connection(sink))
-
     try:
-        engine.submit(make(-1))  # warm-up, not timed
-        finished.acquire()
-        tokens[0] = 0
-        started = time.perf_counter()
-        for i in range(requests):
-            engine.submit(make(i))
-        for _ in range(requests):
-            finished.acquire()
-        wall = time.perf_counter() - started
+        intake = Intake.for_model(loaded, mine)
+        # Sent all at once: as many in flight as there are requests.
+        tokens, wall = timed_chat_requests(engine, intake, "tp", requests, max(requests, 1), max_tokens)
     finally:
         engine.stop()
         if group is not None:
             group.close()
         torch.set_num_threads(threads)
-    return RanksResult(ranks, requests, tokens[0], round(wall, 3), round(tokens[0] / wall, 2))
+    return RanksResult(ranks, requests, tokens, round(wall, 3), round(tokens / wall, 2))
 
 
 def main() -> None:
