@@ -13,7 +13,6 @@ every so often, ``--share`` of that core in all, and prints both and their ratio
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import statistics
@@ -23,6 +22,7 @@ from multiprocessing.synchronize import Event
 
 from benchmarks.compare import _isolated
 from benchmarks.inprocess import engine_inprocess
+from benchmarks.servers import served_model_parser
 
 CONCURRENCY = 16
 
@@ -37,9 +37,7 @@ def _busy(burst_s: float, pause_s: float, stop: Event) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="local model folder")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser = served_model_parser(__doc__)
     parser.add_argument("--share", type=float, default=0.1, help="fraction of one core the other process uses")
     parser.add_argument("--burst-ms", type=float, default=1.5, help="length of each of its bursts")
     parser.add_argument("--rounds", type=int, default=2)

@@ -14,7 +14,6 @@ of each figure against the recovery bounds (streams end within 1 s, readiness 50
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -129,9 +128,7 @@ def run_cycle(base_url: str, launcher_pid: int, signum: signal.Signals, state: s
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="model folder")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser = servers.served_model_parser(__doc__, "model folder")
     parser.add_argument("--cycles", type=int, default=10, help="cycles per signal and state")
     parser.add_argument("--log", type=Path, default=Path("benchmarks/results/crash-recovery-server.log"))
     args = parser.parse_args()

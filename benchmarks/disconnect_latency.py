@@ -12,7 +12,6 @@ p50 / p99 / max against the 200 ms target, and the running gauge once all is ove
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -73,9 +72,7 @@ def _background(base_url: str, stop: threading.Event) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="model folder")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser = servers.served_model_parser(__doc__, "model folder")
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--background", type=int, default=0, help="streams kept running beside the trials")
     parser.add_argument("--log", type=Path, default=Path("benchmarks/results/disconnect-server.log"))

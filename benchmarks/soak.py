@@ -23,7 +23,6 @@ growth.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -251,9 +250,7 @@ def run_soak(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="model folder")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser = servers.served_model_parser(__doc__, "model folder")
     parser.add_argument("--duration", type=float, default=1200.0, help="seconds of load after the warm-up")
     parser.add_argument("--warmup", type=float, default=60.0, help="seconds of load before the first sample")
     parser.add_argument("--concurrency", type=int, default=8)

