@@ -185,7 +185,11 @@ def use_interface_toward(host: str) -> None:
     named one: its default, the interface of this machine's host name, may not reach other nodes."""
     if os.environ.get("GLOO_SOCKET_IFNAME"):
         return
-    name = interface_toward(host)
+    try:
+        name = interface_toward(host)
+    except OSError as exc:  # no route there (yet): the store was reached, so gloo may still find one
+        logger.warning("tensor parallel: no route toward %s (%s); gloo picks its own interface", host, exc)
+        return
     if name is None:
         logger.warning("tensor parallel: no interface found toward %s; gloo picks its own", host)
         return
