@@ -54,12 +54,20 @@ class FakeTriton:
         return self.problem
 
 
+def start(triton: FakeTriton, fatal: list[str], **options: Any) -> tuple[Supervisor, threading.Thread]:
+    """A supervisor of ``triton`` watching on its own thread; each fatal stop appends to ``fatal``."""
+    watcher = Supervisor(
+        cast(TritonServerProcess, triton), Path("/repo"), {}, "m", 5.0, lambda: fatal.append("x"), **options
+    )
+    thread = threading.Thread(target=watcher.run, daemon=True)
+    thread.start()
+    return watcher, thread
+
+
 def run(triton: FakeTriton, crash: Any, gives_up: bool = True) -> tuple[Supervisor, list[str]]:
     """Run a supervisor through ``crash``; wait for it to give up by itself when ``gives_up``."""
     fatal: list[str] = []
-    watcher = Supervisor(cast(TritonServerProcess, triton), Path("/repo"), {}, "m", 5.0, lambda: fatal.append("x"))
-    thread = threading.Thread(target=watcher.run, daemon=True)
-    thread.start()
+    watcher, thread = start(triton, fatal)
     crash(watcher)
     if gives_up:
         thread.join(10)
@@ -97,11 +105,17 @@ def test_tritonserver_exiting_on_its_own_is_restarted(monkeypatch: Any) -> None:
     assert fatal == [] and triton.restarts == 1
 
 
-def test_a_model_that_stops_answering_its_probe_is_restarted(monkeypatch: Any) -> None:
+def probed(monkeypatch: Any, hang_restart_s: float) -> FakeTriton:
+    """A server whose model the supervisor probes every 20 ms, restarting it after ``hang_restart_s``
+    without an answer."""
     monkeypatch.setattr(supervisor, "WATCH_INTERVAL_S", 0.01)
     monkeypatch.setattr(supervisor, "PROBE_INTERVAL_S", 0.02)
-    monkeypatch.setattr(supervisor, "HANG_RESTART_S", 0.3)
-    triton = FakeTriton()
+    monkeypatch.setattr(supervisor, "HANG_RESTART_S", hang_restart_s)
+    return FakeTriton()
+
+
+def test_a_model_that_stops_answering_its_probe_is_restarted(monkeypatch: Any) -> None:
+    triton = probed(monkeypatch, hang_restart_s=0.3)
 
     def hang(_: Supervisor) -> None:
         triton.problem = "no answer within 2 s"  # the stub is stopped: it exists but never answers
@@ -114,10 +128,7 @@ def test_a_model_that_stops_answering_its_probe_is_restarted(monkeypatch: Any) -
 
 
 def test_a_probe_that_fails_briefly_restarts_nothing(monkeypatch: Any) -> None:
-    monkeypatch.setattr(supervisor, "WATCH_INTERVAL_S", 0.01)
-    monkeypatch.setattr(supervisor, "PROBE_INTERVAL_S", 0.02)
-    monkeypatch.setattr(supervisor, "HANG_RESTART_S", 0.5)
-    triton = FakeTriton()
+    triton = probed(monkeypatch, hang_restart_s=0.5)
 
     def blip(_: Supervisor) -> None:
         for _round in range(3):  # each failure shorter than HANG_RESTART_S, then an answer
@@ -152,51 +163,20 @@ def test_max_restarts_zero_stops_at_the_first_failure(monkeypatch: Any) -> None:
     monkeypatch.setattr(supervisor, "WATCH_INTERVAL_S", 0.01)
     triton = FakeTriton()
     fatal: list[str] = []
-    watcher = Supervisor(
-        cast(TritonServerProcess, triton), Path("/repo"), {}, "m", 5.0, lambda: fatal.append("x"), max_restarts=0
-    )
-    thread = threading.Thread(target=watcher.run, daemon=True)
-    thread.start()
+    _, thread = start(triton, fatal, max_restarts=0)
     triton.stub = 0
     thread.join(5)
     assert fatal == ["x"] and triton.restarts == 0
 
 
 def test_once_the_drain_deadline_has_passed_tritonserver_is_stopped_at_once() -> None:
-    class StoppableTriton(FakeTriton):
-        def __init__(self) -> None:
-            super().__init__()
-            self.stop_timeouts: list[float] = []
-
-        def stop(self, timeout: float = 30.0) -> int | None:
-            self.stop_timeouts.append(timeout)
-            self.stub, self.code = 0, -9
-            return -9
-
-    class Drain:
-        draining = True
-
-        def __init__(self) -> None:
-            self.over = threading.Event()
-
-        def expired(self) -> bool:
-            return self.over.is_set()
-
-        def done(self) -> bool:
-            return self.over.is_set()
-
-    triton = StoppableTriton()
-    drain = Drain()
+    triton = _StoppableTriton()
+    drain = _OverDrain(over=False)
     fatal: list[str] = []
-    watcher = Supervisor(
-        cast(TritonServerProcess, triton), Path("/repo"), {}, "m", 5.0, lambda: fatal.append("x"),
-        drain=drain,
-    )  # fmt: skip
-    thread = threading.Thread(target=watcher.run, daemon=True)
-    thread.start()
+    _, thread = start(triton, fatal, drain=drain)
     time.sleep(supervisor.WATCH_INTERVAL_S * 2)
     assert triton.stop_timeouts == [] and triton.probes == 0  # draining within the deadline: no probes
-    drain.over.set()
+    drain.over = True
     thread.join(5)
     assert not thread.is_alive()
     assert triton.stop_timeouts == [supervisor.DEADLINE_STOP_S] and triton.restarts == 0 and fatal == []
@@ -209,11 +189,12 @@ class _StoppableTriton(FakeTriton):
 
     def stop(self, timeout: float = 30.0) -> int | None:
         self.stop_timeouts.append(timeout)
+        self.stub, self.code = 0, -9
         return -9
 
 
 class _OverDrain:
-    """A drain whose deadline passed and whose frontend finished waiting (``over``), or not."""
+    """A drain whose deadline passed and whose frontend finished waiting (``over``), or not yet."""
 
     draining = True
 
@@ -231,11 +212,7 @@ def _stopped_before_its_next_look(monkeypatch: Any, drain: _OverDrain) -> _Stopp
     """Tell a supervisor to stop before its watch interval runs out; what it did to tritonserver."""
     monkeypatch.setattr(supervisor, "WATCH_INTERVAL_S", 600.0)
     triton = _StoppableTriton()
-    watcher = Supervisor(
-        cast(TritonServerProcess, triton), Path("/repo"), {}, "m", 5.0, lambda: None, drain=drain
-    )  # fmt: skip
-    thread = threading.Thread(target=watcher.run, daemon=True)
-    thread.start()
+    watcher, thread = start(triton, [], drain=drain)
     watcher.stop.set()
     thread.join(5)
     assert not thread.is_alive()
