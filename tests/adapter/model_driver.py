@@ -30,6 +30,13 @@ class Served:
     def execute(self, *requests: InferenceRequest) -> None:
         assert self.model.execute(list(requests)) is None  # decoupled: responses go through senders
 
+    def answer(self, request: InferenceRequest, timeout: float = 30.0) -> InferenceResponseSender:
+        """Execute ``request`` and wait for its final response; its sender, with what it sent."""
+        self.execute(request)
+        sender = request.get_response_sender()
+        sender.wait_final(timeout)
+        return sender
+
     def finalize(self) -> None:
         if not self.finalized:
             self.finalized = True
@@ -76,6 +83,11 @@ def delta_of(sent: Sent) -> ChoiceDelta | None:
 def error_of(sent: Sent) -> ErrorInfo | None:
     error = None if sent.response is None else sent.response.error()
     return None if error is None else ErrorInfo.from_wire(error.message())
+
+
+def errors_of(*requests: InferenceRequest) -> list[ErrorInfo | None]:
+    """Each request's error (None: answered), once each has ended with its one final response."""
+    return [error_of(ended_once(request.get_response_sender())) for request in requests]
 
 
 def text_of(sender: InferenceResponseSender) -> str:

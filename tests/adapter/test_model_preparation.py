@@ -13,7 +13,7 @@ import pytest
 
 from python_backend.protocol import contract
 from python_backend.sampling import structured
-from tests.adapter.model_driver import Served, chat_request, control_request, ended_once, error_of, text_of
+from tests.adapter.model_driver import Served, chat_request, control_request, ended_once, error_of, errors_of, text_of
 
 SLOW_MARK = "slow-to-compile"
 SHORT = {"max_tokens": 4}
@@ -54,9 +54,7 @@ def test_a_slow_grammar_does_not_hold_up_other_requests(
     slow_compiles.set()
     slow.get_response_sender().wait_final()
     served.finalize()
-    assert error_of(ended_once(plain.get_response_sender())) is None
-    assert error_of(ended_once(probe.get_response_sender())) is None
-    assert error_of(ended_once(slow.get_response_sender())) is None
+    assert errors_of(plain, probe, slow) == [None, None, None]
     # Its answer follows its grammar: the object its schema asks for (cut short by max_tokens).
     text, opening = text_of(slow.get_response_sender()), json.dumps({SLOW_MARK: ""}, separators=(",", ":"))[:-2]
     assert text and (text.startswith(opening) or opening.startswith(text)), text
@@ -68,14 +66,12 @@ def test_a_grammar_not_ready_in_time_is_a_400_naming_response_format(
     served = serve(grammar_compile_timeout_s="1")
     slow = chat_request("slow", parameters={**SHORT, "response_format": schema_format(SLOW_MARK)})
     started = time.monotonic()
-    served.execute(slow)
-    slow.get_response_sender().wait_final()
+    served.answer(slow)
     waited = time.monotonic() - started
     # The same schema again, once it has compiled, is served from the cache.
     slow_compiles.set()
     again = chat_request("again", parameters={**SHORT, "response_format": schema_format(SLOW_MARK)})
-    served.execute(again)
-    again.get_response_sender().wait_final()
+    served.answer(again)
     served.finalize()
     error = error_of(ended_once(slow.get_response_sender()))
     assert error is not None and (error.status, error.param) == (400, "response_format")
@@ -92,8 +88,7 @@ def test_a_schema_over_the_size_ceiling_is_refused_before_compiling(
     schema = {"type": "object", "properties": {"a": {"enum": enum}}, "required": ["a"]}
     big = {"type": "json_schema", "json_schema": {"name": "big", "schema": schema}}
     request = chat_request("big", parameters={**SHORT, "response_format": big})
-    served.execute(request)
-    request.get_response_sender().wait_final(timeout=10)
+    served.answer(request, timeout=10)
     served.finalize()
     error = error_of(ended_once(request.get_response_sender()))
     assert error is not None and (error.status, error.param) == (400, "response_format")
@@ -111,13 +106,11 @@ def test_requests_in_preparation_count_against_the_waiting_limit(
     slow_compiles.set()
     slow.get_response_sender().wait_final()
     third = chat_request("third", parameters=SHORT)  # the place is free again
-    served.execute(third)
-    third.get_response_sender().wait_final()
+    served.answer(third)
     served.finalize()
     error = error_of(ended_once(second.get_response_sender()))
     assert error is not None and error.status == 429
-    assert error_of(ended_once(slow.get_response_sender())) is None
-    assert error_of(ended_once(third.get_response_sender())) is None
+    assert errors_of(slow, third) == [None, None]
 
 
 def test_finalize_refuses_requests_still_waiting_for_their_grammar(

@@ -25,9 +25,7 @@ LONG_SERVER = {"max_iter_times": "4096"}
 def test_a_whole_response_is_one_final_response_with_all_its_text(serve: Callable[..., Served]) -> None:
     served = serve()
     request = chat_request("whole", parameters={"max_tokens": 6, "ignore_eos": True})
-    served.execute(request)
-    sender = request.get_response_sender()
-    sender.wait_final()
+    sender = served.answer(request)
     served.finalize()
     final = ended_once(sender)
     assert sender.sent == [final]
@@ -43,9 +41,7 @@ def test_start_up_objects_are_frozen_while_serving_and_given_back_at_finalize(
     # Full collections while serving skip the model, tokenizer and imports (model/allocator.py).
     assert gc.get_freeze_count() > 10_000
     request = chat_request("frozen", parameters={"max_tokens": 4, "ignore_eos": True})
-    served.execute(request)
-    sender = request.get_response_sender()
-    sender.wait_final()
+    sender = served.answer(request)
     assert text_of(sender)  # and it serves
     served.finalize()
     assert gc.get_freeze_count() == 0
@@ -54,9 +50,7 @@ def test_start_up_objects_are_frozen_while_serving_and_given_back_at_finalize(
 def test_a_stream_is_several_deltas_then_one_final(serve: Callable[..., Served]) -> None:
     served = serve()
     request = chat_request("streamed", stream=True, parameters={"max_tokens": 6, "ignore_eos": True})
-    served.execute(request)
-    sender = request.get_response_sender()
-    sender.wait_final()
+    sender = served.answer(request)
     served.finalize()
     ended_once(sender)
     deltas = [d for d in map(delta_of, sender.sent) if d is not None]
@@ -97,13 +91,10 @@ def test_a_step_that_raises_ends_its_request_with_an_internal_error(
     monkeypatch.setattr(steps_module, "sample", sample_then_fail)
     served = serve()
     request = chat_request("broken", stream=True, parameters={"max_tokens": 8, "ignore_eos": True})
-    served.execute(request)
-    sender = request.get_response_sender()
-    sender.wait_final()
+    sender = served.answer(request)
     # The engine goes on serving: the probe still answers ready.
     probe = control_request(contract.HEALTH_PROBE, True, "probe")
-    served.execute(probe)
-    probe.get_response_sender().wait_final()
+    served.answer(probe)
     served.finalize()
     error = error_of(ended_once(sender))
     assert error is not None and (error.status, error.type, error.code) == (500, "server_error", "internal_error")
@@ -119,8 +110,7 @@ def test_a_failed_engine_loop_fails_its_requests_and_the_probe(
     monkeypatch.setattr(steps_module.StepRunner, "decode_step", broken_step)
     served = serve()
     request = chat_request("doomed", parameters={"max_tokens": 8})
-    served.execute(request)
-    request.get_response_sender().wait_final()
+    served.answer(request)
     probe = control_request(contract.HEALTH_PROBE, True, "probe")
     later = chat_request("later", parameters={"max_tokens": 8})
     served.execute(probe, later)
@@ -135,8 +125,7 @@ def test_a_failed_engine_loop_fails_its_requests_and_the_probe(
 def test_the_probe_answers_ready_with_the_engine_health(serve: Callable[..., Served]) -> None:
     served = serve()
     probe = control_request(contract.HEALTH_PROBE, True, "probe")
-    served.execute(probe)
-    probe.get_response_sender().wait_final()
+    served.answer(probe)
     served.finalize()
     final = ended_once(probe.get_response_sender())
     assert len(probe.get_response_sender().sent) == 1

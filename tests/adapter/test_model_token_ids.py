@@ -26,9 +26,7 @@ def ids_request(request_id: str, ids: list[int]) -> InferenceRequest:
 def test_the_prompt_tokens_are_the_ids_given(serve: Callable[..., Served]) -> None:
     served = serve()
     request = ids_request("ids", [5, 6, 7, 8, 9, 10, 11])
-    served.execute(request)
-    sender = request.get_response_sender()
-    sender.wait_final()
+    sender = served.answer(request)
     served.finalize()
     delta = delta_of(ended_once(sender))
     assert delta is not None and delta.usage is not None
@@ -38,9 +36,7 @@ def test_the_prompt_tokens_are_the_ids_given(serve: Callable[..., Served]) -> No
 def test_an_id_outside_the_vocabulary_is_one_error_naming_it(serve: Callable[..., Served]) -> None:
     served = serve()
     request = ids_request("outside", [5, 10**9])
-    served.execute(request)
-    sender = request.get_response_sender()
-    sender.wait_final()
+    sender = served.answer(request)
     served.finalize()
     error = error_of(ended_once(sender))
     assert error is not None and (error.status, error.param) == (400, "prompt_token_ids.1")

@@ -19,9 +19,7 @@ MESSAGES = [{"role": "user", "content": "Hello there"}]
 
 def _ask(served: Served, query: str) -> tuple[Any, Any]:
     request = control_request(contract.TOKENIZE, query, "tokenize-1")
-    served.execute(request)
-    sender = request.get_response_sender()
-    sender.wait_final()
+    sender = served.answer(request)
     served.finalize()
     final = ended_once(sender)
     error = error_of(final)

@@ -48,9 +48,7 @@ def outputs_of(sent: Sent) -> dict[str, np.ndarray]:
 
 def run(served: Served, request: InferenceRequest) -> list[dict[str, np.ndarray]]:
     """Every data response of one request, after its single final one."""
-    served.execute(request)
-    sender = request.get_response_sender()
-    sender.wait_final(timeout=120)  # the sample client's 100 tokens, on a busy machine
+    sender = served.answer(request, timeout=120)  # the sample client's 100 tokens, on a busy machine
     finals = sender.finals()
     assert len(finals) == 1 and sender.sent[-1] is finals[0]
     return [outputs_of(s) for s in sender.sent if s.response is not None]
@@ -124,9 +122,7 @@ def test_logprobs_read_null_when_asked_for_but_not_in_the_parameters(serve: Call
 def test_a_bad_string_number_is_one_error_naming_the_field(serve: Callable[..., Served]) -> None:
     served = serve()
     request = vllm_request("Hi", stream=False, sampling={"temperature": "warm"})
-    served.execute(request)
-    sender = request.get_response_sender()
-    sender.wait_final()
+    sender = served.answer(request)
     served.finalize()
     error = error_of(ended_once(sender))
     assert error is not None and error.status == 400 and error.param == "temperature"
@@ -135,9 +131,7 @@ def test_a_bad_string_number_is_one_error_naming_the_field(serve: Callable[..., 
 def test_our_contract_keeps_its_outputs_beside_vllm_requests(serve: Callable[..., Served]) -> None:
     served = serve()
     ours = chat_request("ours", stream=True, parameters={"max_tokens": 4, "ignore_eos": True})
-    served.execute(ours)
-    sender = ours.get_response_sender()
-    sender.wait_final()
+    sender = served.answer(ours)
     deltas = [d for d in map(delta_of, sender.sent) if d is not None]
     last = sender.sent[-1]
     assert last.response is not None
