@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from python_backend.prompt.multimodal.positions import mm_token_types
 from python_backend.protocol import contract
 from python_backend.protocol.errors import ContractError
 from python_backend.protocol.settings import EngineSettings
-from tests.fixtures.engine_driver import Collected, make_engine
+from tests.fixtures.engine_driver import Collected
 from tests.fixtures.tiny_multimodal import (
     build_tiny_audio_model,
     build_tiny_vl25_model,
@@ -59,17 +59,13 @@ def audio_loaded(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Any) 
 
 
 @pytest.fixture
-def vl_engine(vl_loaded: LoadedModel) -> Iterator[Engine]:
-    engine = make_engine(vl_loaded)
-    yield engine
-    engine.stop()
+def vl_engine(vl_loaded: LoadedModel, start_engine: Callable[..., Engine]) -> Engine:
+    return start_engine(vl_loaded)
 
 
 @pytest.fixture
-def audio_engine(audio_loaded: LoadedModel) -> Iterator[Engine]:
-    engine = make_engine(audio_loaded)
-    yield engine
-    engine.stop()
+def audio_engine(audio_loaded: LoadedModel, start_engine: Callable[..., Engine]) -> Engine:
+    return start_engine(audio_loaded)
 
 
 def tensors(content: Any, media: list[tuple[bytes, str]] = (), **params: Any) -> dict[str, np.ndarray]:  # type: ignore[assignment]
@@ -125,7 +121,9 @@ def vl25_loaded(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer: Any) -
 
 @pytest.mark.parametrize("kind", ["image", "video"])
 @pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl"])
-def test_a_media_request_matches_transformers_generate(request: pytest.FixtureRequest, arch: str, kind: str) -> None:
+def test_a_media_request_matches_transformers_generate(
+    request: pytest.FixtureRequest, arch: str, kind: str, start_engine: Callable[..., Engine]
+) -> None:
     """Greedy output equals ``generate``'s: the M-RoPE prefill positions and decode deltas are right."""
     import torch
 
@@ -152,11 +150,8 @@ def test_a_media_request_matches_transformers_generate(request: pytest.FixtureRe
             **extra,
         )
     expected = vl_loaded.tokenizer.decode(generated[0, len(prepared.prompt_ids) :], skip_special_tokens=True)
-    engine = make_engine(vl_loaded)
-    try:
-        assert submit(engine, vl_loaded, inputs).wait().text() == expected
-    finally:
-        engine.stop()
+    engine = start_engine(vl_loaded)
+    assert submit(engine, vl_loaded, inputs).wait().text() == expected
 
 
 def test_text_on_a_vl_model_matches_transformers_generate(vl_engine: Engine, vl_loaded: LoadedModel) -> None:
@@ -294,17 +289,16 @@ def test_an_image_request_with_beam_search(vl_engine: Engine, vl_loaded: LoadedM
 
 
 @pytest.mark.parametrize("kind", ["image", "audio"])
-def test_media_inputs_follow_the_model_dtype(tmp_path: Path, tiny_tokenizer: Any, kind: str) -> None:
+def test_media_inputs_follow_the_model_dtype(
+    tmp_path: Path, tiny_tokenizer: Any, kind: str, start_engine: Callable[..., Engine]
+) -> None:
     """bfloat16 weights: pixel values and mel features are cast to the model's dtype at prefill."""
     build = build_tiny_vl_model if kind == "image" else build_tiny_audio_model
     folder = build(tmp_path / kind, tiny_tokenizer)
     loaded = load_model(EngineSettings(model_path=str(folder), dtype="bfloat16", device="cpu"))
     media = (image_bytes(10), "image/png") if kind == "image" else (wav_bytes(0.5), "audio/x-wav")
-    engine = make_engine(loaded)
-    try:
-        out = submit(engine, loaded, tensors([{"type": kind, "media_index": 0}], [media])).wait()
-    finally:
-        engine.stop()
+    engine = start_engine(loaded)
+    out = submit(engine, loaded, tensors([{"type": kind, "media_index": 0}], [media])).wait()
     assert out.error is None and out.usage().completion_tokens == 12
 
 

@@ -1,6 +1,6 @@
 """Tool calls and reasoning through the real engine, on a tiny model trained to produce them.
 
-Requests go the Triton model's way (``decode_request`` with the model's resolved formats, then
+Requests go the Triton model's way (the model's intake with its resolved formats, then
 ``Engine.submit``), so prefills, output plans and the per-sequence pipeline are all exercised.
 """
 
@@ -9,20 +9,18 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from python_backend.engine.engine import Engine
-from python_backend.engine.sequence import EngineRequest
+from python_backend.intake.intake import Connection, Intake
 from python_backend.model.loader import LoadedModel, load_model
-from python_backend.prompt.inputs import decode_request
 from python_backend.protocol import contract
 from python_backend.protocol.settings import EngineSettings
-from python_backend.text.output_formats import resolve_formats
-from tests.fixtures.engine_driver import Collected, make_engine
+from tests.fixtures.engine_driver import Collected
 from tests.fixtures.trained_models import ANSWER, THINK_QUESTION, THOUGHT, TOOL_QUESTION, WEATHER_TOOL
 
 
@@ -32,10 +30,8 @@ def trained(trained_model_dir: Path) -> LoadedModel:
 
 
 @pytest.fixture
-def engine(trained: LoadedModel) -> Iterator[Engine]:
-    engine = make_engine(trained)
-    yield engine
-    engine.stop()
+def engine(trained: LoadedModel, start_engine: Callable[..., Engine]) -> Engine:
+    return start_engine(trained)
 
 
 def run(
@@ -46,20 +42,15 @@ def run(
         tensors[contract.MESSAGES] = contract.json_tensor([{"role": "user", "content": content}])
     else:
         tensors[contract.TEXT_INPUT] = contract.bytes_tensor(raw_prompt)
-    formats = resolve_formats("auto", "auto", loaded.tokenizer, loaded.model_type)
-    prepared = decode_request(tensors.get, loaded.tokenizer, frozenset(), formats)
+    # The model's intake, as every transport enters the engine: both parsers picked by evidence.
+    settings = EngineSettings(model_path="unused", tool_call_parser="auto", reasoning_parser="auto")
+    intake = Intake.for_model(loaded, settings)
     out = Collected()
-    engine.submit(
-        EngineRequest(
-            request_id=f"tools-{uuid.uuid4().hex}",
-            prompt_ids=prepared.prompt_ids,
-            params=prepared.params,
-            sink=out.sink,
-            stream=prepared.stream,
-            output=prepared.output,
-        )
-    )
-    return out.wait()
+    try:
+        engine.submit(intake.from_inputs(f"tools-{uuid.uuid4().hex}", tensors, Connection(out.sink)))
+        return out.wait()
+    finally:
+        intake.close()
 
 
 def think_tokens(loaded: LoadedModel) -> int:
@@ -156,20 +147,19 @@ def test_thinking_opened_by_the_prompt_starts_as_reasoning(engine: Engine, train
     assert usage is not None and usage.reasoning_tokens == think_tokens(trained) - opened
 
 
-def test_grouped_stream_keeps_the_call_whole_and_the_reasoning_split(trained: LoadedModel) -> None:
-    engine = make_engine(trained, stream_interval=4)  # 4 tokens per streamed response
-    try:
-        tool = run(engine, trained, TOOL_QUESTION, True, tools=[WEATHER_TOOL], temperature=0)
-        call = only_call(tool)
-        assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == (
-            "get_weather",
-            {"city": "Paris"},
-        )
-        assert tool.text() == "" and tool.last().finish_reason == contract.FINISH_TOOL_CALLS
-        think = run(engine, trained, THINK_QUESTION, True, temperature=0)
-        assert ("".join(d.reasoning for d in think.deltas), think.text()) == (THOUGHT, ANSWER)
-        assert all("<" not in d.reasoning + d.text and "think>" not in d.reasoning + d.text for d in think.deltas)
-        usage = think.last().usage
-        assert usage is not None and len(think.deltas) < usage.completion_tokens / 2
-    finally:
-        engine.stop()
+def test_grouped_stream_keeps_the_call_whole_and_the_reasoning_split(
+    trained: LoadedModel, start_engine: Callable[..., Engine]
+) -> None:
+    engine = start_engine(trained, stream_interval=4)  # 4 tokens per streamed response
+    tool = run(engine, trained, TOOL_QUESTION, True, tools=[WEATHER_TOOL], temperature=0)
+    call = only_call(tool)
+    assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == (
+        "get_weather",
+        {"city": "Paris"},
+    )
+    assert tool.text() == "" and tool.last().finish_reason == contract.FINISH_TOOL_CALLS
+    think = run(engine, trained, THINK_QUESTION, True, temperature=0)
+    assert ("".join(d.reasoning for d in think.deltas), think.text()) == (THOUGHT, ANSWER)
+    assert all("<" not in d.reasoning + d.text and "think>" not in d.reasoning + d.text for d in think.deltas)
+    usage = think.last().usage
+    assert usage is not None and len(think.deltas) < usage.completion_tokens / 2
