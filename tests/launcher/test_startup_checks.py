@@ -14,6 +14,7 @@ from openai_frontend.launcher.cli import parse_serve_args
 from openai_frontend.launcher.model_check import ModelFolder, ModelFolderError, check_device, check_model_folder
 from openai_frontend.launcher.triton_install import TritonInstallError
 from openai_frontend.launcher.triton_log import failure_summary
+from tests.fixtures.tiny_models import remove_chat_template
 
 # A real failed start of the wheel's tritonserver on a CPU machine, shortened.
 FAILED_LOG = """\
@@ -67,11 +68,7 @@ def test_a_model_folder_missing_a_part_names_it(complete_model: Path, remove: tu
 
 
 def test_a_model_without_a_chat_template_says_to_use_the_instruct_model(complete_model: Path) -> None:
-    (complete_model / "chat_template.jinja").unlink(missing_ok=True)
-    tokenizer_config = complete_model / "tokenizer_config.json"
-    data = json.loads(tokenizer_config.read_text())
-    data.pop("chat_template", None)
-    tokenizer_config.write_text(json.dumps(data))
+    remove_chat_template(complete_model)
     with pytest.raises(ModelFolderError, match="has no chat template; use the chat \\(Instruct\\)"):
         check_model_folder(ModelFolder(complete_model, "--model"))
 

@@ -12,18 +12,13 @@ from python_backend.model.device import DeviceError, resolve_device, resolve_dty
 from python_backend.model.loader import ModelLoadError, load_model
 from python_backend.protocol.settings import EngineSettings, SettingsError
 from python_backend.text.token_text import TokenTexts
+from tests.fixtures.tiny_models import remove_chat_template
 
 
 def test_a_tokenizer_without_chat_template_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
     folder = tmp_path / "no-template"
     shutil.copytree(tiny_model_dir, folder)
-    (folder / "chat_template.jinja").unlink(missing_ok=True)
-    config = folder / "tokenizer_config.json"
-    import json
-
-    data = json.loads(config.read_text())
-    data.pop("chat_template", None)
-    config.write_text(json.dumps(data))
+    remove_chat_template(folder)
     with pytest.raises(ModelLoadError, match="chat_template"):
         load_model(EngineSettings(model_path=str(folder), dtype="float32"))
     with pytest.raises(ModelLoadError, match="not a local model folder"):
