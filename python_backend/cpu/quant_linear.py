@@ -1,0 +1,301 @@
+"""Linear layers whose weights stay quantized in memory: int8 (W8A8, W8A16) and 4-bit (W4A16).
+
+Owns ``QuantWeight`` (a layer's integer levels, scales and zero points, in one layout whatever the
+checkpoint's), ``QuantLinear`` (the product, with the kernel chosen once per layer),
+``quantize_per_channel`` (the ``--quantization int8`` path: symmetric int8 levels from a float
+weight) and ``install_quantized`` (the layers put in place, q/k/v and gate/up of a layer merged
+into one quantized product, as ``fused_projections.py`` does for prepacked bfloat16 weights).
+
+Kernels, all from torch (``QuantLinear.kernel`` names the one a layer runs):
+
+- ``int_mm`` (W8A8): activations quantized per row (dynamic) or with the checkpoint's static scale,
+  then ``torch._int_mm`` (oneDNN's int8 GEMM with VNNI/AMX on x86; cuBLASLt on CUDA), int32
+  results scaled back per row and per output channel.
+- ``int8pack`` (W8A16, symmetric per-channel): ``aten._weight_int8pack_mm``, CPU only.
+- ``int4pack`` (W4A16, group-wise, symmetric or asymmetric): the weight repacked once by
+  ``aten._convert_weight_to_int4pack_for_cpu`` and multiplied by ``aten._weight_int4pack_mm_for_cpu``.
+- ``dequant`` (anything else: group-wise 8-bit, asymmetric 8-bit, 4-bit off the CPU): the levels
+  stay in memory as int8 and are widened for each call; correct, not fast.
+
+The merged products keep the model's own forward (``ProjectionSlice``), but the lean decode step
+(``fast_decode.py``) reads prepacked bfloat16 weights only, so a quantized model runs the model's
+forward for decode.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from python_backend.cpu.fused_projections import FusedProjections, ProjectionSlice, merge_eligible_layer_types
+
+logger = logging.getLogger(__name__)
+
+INT4_GROUP_SIZES = (32, 64, 128, 256)  # what the CPU int4 kernel takes
+# torch._int_mm on CUDA wants more than 16 rows and dimensions in multiples of 8.
+_CUDA_MIN_ROWS = 17
+
+
+@dataclass(frozen=True)
+class QuantWeight:
+    """One layer's quantized weight: ``W[n, k] = (values[n, k] - zero[n, g]) * scale[n, g]``, ``g = k // group``."""
+
+    values: torch.Tensor  # int8 [N, K]: the integer levels (4-bit ones in -8..7)
+    scale: torch.Tensor  # float32 [N, K // group_size]
+    zero: torch.Tensor | None  # int8 [N, K // group_size]; None: symmetric
+    bits: int  # 8 or 4
+    group_size: int  # K: one scale per output channel
+    activations: str  # "dynamic" (per row), "static" (input_scale) or "none" (weight-only)
+    input_scale: torch.Tensor | None = None  # float32 scalar, static activations only
+
+    @property
+    def out_features(self) -> int:
+        return int(self.values.shape[0])
+
+    @property
+    def in_features(self) -> int:
+        return int(self.values.shape[1])
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        """The float weight the levels stand for (tests, and the ``dequant`` kernel)."""
+        levels = self.values.float().unflatten(1, (-1, self.group_size))
+        if self.zero is not None:
+            levels = levels - self.zero.float().unsqueeze(-1)
+        return (levels * self.scale.unsqueeze(-1)).flatten(1).to(dtype)
+
+
+def quantize_per_channel(weight: torch.Tensor) -> QuantWeight:
+    """Symmetric int8 levels, one scale per output channel, dynamic per-row activations (W8A8)."""
+    w = weight.detach().float()
+    scale = (w.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=torch.finfo(torch.float32).tiny)
+    values = torch.round(w / scale).clamp(-127, 127).to(torch.int8)
+    return QuantWeight(values, scale, None, 8, w.shape[1], "dynamic")
+
+
+def concat_weights(weights: list[QuantWeight]) -> QuantWeight | None:
+    """Several layers of one input as one (stacked output channels); None where their schemes differ."""
+    first = weights[0]
+    same = all(
+        (w.bits, w.group_size, w.activations, w.in_features, w.zero is None)
+        == (first.bits, first.group_size, first.activations, first.in_features, first.zero is None)
+        for w in weights
+    )
+    if not same:
+        return None
+    if first.activations == "static":
+        scales = [w.input_scale for w in weights]
+        reference = scales[0]
+        if reference is None or any(s is None or not torch.equal(s, reference) for s in scales):
+            return None  # one product quantizes its input once: the static scales must agree
+    zeros = [w.zero for w in weights if w.zero is not None]
+    return QuantWeight(
+        values=torch.cat([w.values for w in weights]),
+        scale=torch.cat([w.scale for w in weights]),
+        zero=torch.cat(zeros) if zeros else None,
+        bits=first.bits,
+        group_size=first.group_size,
+        activations=first.activations,
+        input_scale=first.input_scale,
+    )
+
+
+def choose_kernel(weight: QuantWeight, device: torch.device) -> str:
+    """The product that serves ``weight`` on ``device`` (the module docstring lists them)."""
+    per_channel = weight.group_size == weight.in_features
+    if weight.activations != "none":
+        return "int_mm"
+    if device.type == "cpu" and weight.bits == 8 and per_channel and weight.zero is None:
+        return "int8pack"
+    if (
+        device.type == "cpu"
+        and weight.bits == 4
+        and weight.group_size in INT4_GROUP_SIZES
+        and weight.in_features % weight.group_size == 0
+    ):
+        return "int4pack"
+    return "dequant"
+
+
+class QuantLinear(torch.nn.Module):
+    """``y = x W^T + b`` with ``W`` held as quantized levels and scales (see ``QuantWeight``)."""
+
+    # Buffers, typed for the products; each kernel registers its own (``__init__``).
+    bias: torch.Tensor | None
+    weight_t: torch.Tensor
+    weight_scale: torch.Tensor
+    input_scale: torch.Tensor | None
+    weight_int8: torch.Tensor
+    weight_int4: torch.Tensor
+    scale_and_zero: torch.Tensor
+    weight_levels: torch.Tensor
+    weight_zero: torch.Tensor | None
+
+    def __init__(
+        self, weight: QuantWeight, bias: torch.Tensor | None, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        super().__init__()
+        self.in_features = weight.in_features
+        self.out_features = weight.out_features
+        self.dtype = dtype
+        self.bits = weight.bits
+        self.group_size = weight.group_size
+        self.activations = weight.activations
+        self.asymmetric = weight.zero is not None
+        self.kernel = choose_kernel(weight, device)
+        self.register_buffer("bias", None if bias is None else bias.detach().to(device, dtype), persistent=False)
+        if self.kernel == "int_mm":
+            self.register_buffer("weight_t", weight.values.t().contiguous().to(device), persistent=False)
+            self.register_buffer("weight_scale", weight.scale.reshape(1, -1).float().to(device), persistent=False)
+            static = weight.input_scale
+            self.register_buffer(
+                "input_scale", None if static is None else static.float().reshape(1, 1).to(device), persistent=False
+            )
+        elif self.kernel == "int8pack":
+            self.register_buffer("weight_int8", weight.values.contiguous().to(device), persistent=False)
+            self.register_buffer("weight_scale", weight.scale.reshape(-1).to(device, dtype), persistent=False)
+        elif self.kernel == "int4pack":
+            # The kernel's levels are unsigned (0..15, 8 in the middle): value = (u - 8) * scale + offset.
+            unsigned = (weight.values.to(torch.int32) + 8).contiguous()
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unsigned, 1)
+            zero = weight.zero.float() if weight.zero is not None else torch.zeros_like(weight.scale)
+            offsets = -zero * weight.scale
+            scale_and_zero = torch.stack([weight.scale, offsets], dim=-1).transpose(0, 1).contiguous()
+            self.register_buffer("weight_int4", packed.to(device), persistent=False)
+            self.register_buffer("scale_and_zero", scale_and_zero.to(device, dtype), persistent=False)
+        else:
+            self.register_buffer("weight_levels", weight.values.to(device), persistent=False)
+            self.register_buffer("weight_scale", weight.scale.to(device), persistent=False)
+            levels_zero = weight.zero.to(device) if weight.zero is not None else None
+            self.register_buffer("weight_zero", levels_zero, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != self.dtype:
+            raise TypeError(f"QuantLinear expects {self.dtype} input, got {x.dtype}")
+        return self.apply_unchecked(x)
+
+    def apply_unchecked(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        if self.kernel == "int_mm":
+            out = self._int8_product(flat)
+        elif self.kernel == "int8pack":
+            out = torch.ops.aten._weight_int8pack_mm(flat.contiguous(), self.weight_int8, self.weight_scale)
+        elif self.kernel == "int4pack":
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                flat.contiguous(), self.weight_int4, self.group_size, self.scale_and_zero
+            )
+        else:
+            out = torch.nn.functional.linear(flat, self._dequantized())
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*shape[:-1], self.out_features)
+
+    def _int8_product(self, flat: torch.Tensor) -> torch.Tensor:
+        rows = flat.float()
+        if self.input_scale is not None:
+            scale = self.input_scale
+        else:
+            scale = (rows.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=torch.finfo(torch.float32).tiny)
+        levels = torch.round(rows / scale).clamp(-128, 127).to(torch.int8)
+        count = levels.shape[0]
+        if levels.is_cuda and count < _CUDA_MIN_ROWS:
+            levels = torch.nn.functional.pad(levels, (0, 0, 0, _CUDA_MIN_ROWS - count))
+        product = torch._int_mm(levels, self.weight_t)[:count]
+        return (product.float() * scale * self.weight_scale).to(self.dtype)
+
+    def _dequantized(self) -> torch.Tensor:
+        levels = self.weight_levels.float().unflatten(1, (-1, self.group_size))
+        if self.weight_zero is not None:
+            levels = levels - self.weight_zero.float().unsqueeze(-1)
+        return (levels * self.weight_scale.unsqueeze(-1)).flatten(1).to(self.dtype)
+
+    def weight_bytes(self) -> int:
+        """What the layer's weight takes in memory, as held by its kernel."""
+        return sum(b.numel() * b.element_size() for name, b in self.named_buffers() if name != "bias")
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
+            f"group_size={self.group_size}, activations={self.activations}, kernel={self.kernel}"
+        )
+
+
+class QuantFusedProjections(FusedProjections):
+    """Quantized projections of one input as one ``QuantLinear`` (q/k/v, gate/up)."""
+
+    def __init__(self, widths: list[int], merged: QuantLinear) -> None:
+        torch.nn.Module.__init__(self)
+        self.dtype = merged.dtype
+        self.in_features = merged.in_features
+        self.widths = widths
+        self._starts = [sum(widths[:i]) for i in range(len(widths))]
+        self.product = merged
+        self.bias = None
+        self._memo = None
+        self._taken = 0
+        self.row_tile = 0
+
+    def apply_unchecked(self, x: torch.Tensor) -> torch.Tensor:
+        return self.product.apply_unchecked(x)
+
+
+def _install_merged(
+    owner: torch.nn.Module, names: tuple[str, ...], parts: dict[str, Any], dtype: torch.dtype, device: torch.device
+) -> bool:
+    """``owner``'s projections ``names`` as one quantized product; False where they cannot merge."""
+    if not all(name in parts for name in names):
+        return False
+    weights = [parts[name][0] for name in names]
+    merged = concat_weights(weights)
+    if merged is None or len({choose_kernel(w, device) for w in weights}) != 1:
+        return False
+    biases = [parts[name][1] for name in names]
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat(
+            [
+                b.detach().float() if b is not None else torch.zeros(w.out_features)
+                for b, w in zip(biases, weights, strict=True)
+            ]
+        )
+    group = QuantFusedProjections([w.out_features for w in weights], QuantLinear(merged, bias, dtype, device))
+    for index, name in enumerate(names):
+        setattr(owner, name, ProjectionSlice(group, index))
+    return True
+
+
+def install_quantized(
+    decoder: torch.nn.Module,
+    parts: dict[str, tuple[QuantWeight, torch.Tensor | None]],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> int:
+    """Put a ``QuantLinear`` in place of each module of ``decoder`` named in ``parts`` (name: weight,
+    bias); q/k/v and gate/up of Llama and Qwen2 layers become one merged product each. Returns how
+    many projections were merged."""
+    eligible = merge_eligible_layer_types()
+    done: set[str] = set()
+    merged = 0
+    for index, layer in enumerate(getattr(decoder, "layers", None) or []):
+        if type(layer) not in eligible:
+            continue
+        for owner, prefix, names in (
+            (layer.self_attn, f"layers.{index}.self_attn.", ("q_proj", "k_proj", "v_proj")),
+            (layer.mlp, f"layers.{index}.mlp.", ("gate_proj", "up_proj")),
+        ):
+            local = {name: parts[prefix + name] for name in names if prefix + name in parts}
+            if _install_merged(owner, names, local, dtype, device):
+                done.update(prefix + name for name in names)
+                merged += len(names)
+    for name, (weight, bias) in parts.items():
+        if name in done:
+            continue
+        parent_name, _, child = name.rpartition(".")
+        parent = decoder.get_submodule(parent_name) if parent_name else decoder
+        setattr(parent, child, QuantLinear(weight, bias, dtype, device))
+    if merged:
+        logger.info("merged %d quantized projections (q/k/v, gate/up) into single products", merged)
+    return merged

@@ -1,0 +1,112 @@
+"""Quantized linear layers (python_backend/cpu/quant_linear.py): each kernel against the float
+product of the weight its levels stand for, merged products against separate ones, and the bytes
+the weights take."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from python_backend.cpu.quant_linear import (
+    QuantLinear,
+    QuantWeight,
+    choose_kernel,
+    concat_weights,
+    quantize_per_channel,
+)
+
+CPU = torch.device("cpu")
+N, K = 96, 128
+
+
+def _weight(bits: int, group: int, symmetric: bool, activations: str, seed: int = 0) -> QuantWeight:
+    generator = torch.Generator().manual_seed(seed)
+    low, high = (-8, 8) if bits == 4 else (-128, 128)
+    values = torch.randint(low, high, (N, K), generator=generator, dtype=torch.int8)
+    scale = torch.rand(N, K // group, generator=generator) * 0.01 + 0.001
+    zero = None if symmetric else torch.randint(low, high, (N, K // group), generator=generator, dtype=torch.int8)
+    static = torch.tensor(0.05) if activations == "static" else None
+    return QuantWeight(values, scale, zero, bits, group, activations, static)
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize(
+    ("bits", "group", "symmetric", "kernel"),
+    [(8, K, True, "int8pack"), (4, 32, True, "int4pack"), (4, 64, False, "int4pack"), (8, 32, False, "dequant")],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weight_only_products_equal_the_dequantized_weight(
+    bits: int, group: int, symmetric: bool, kernel: str, dtype: torch.dtype
+) -> None:
+    weight = _weight(bits, group, symmetric, "none")
+    bias = torch.randn(N)
+    layer = QuantLinear(weight, bias, dtype, CPU)
+    assert layer.kernel == kernel
+    x = torch.randn(5, 3, K).to(dtype)
+    expected = torch.nn.functional.linear(x.float(), weight.dequantized(torch.float32), bias)
+    got = layer(x)
+    assert got.shape == (5, 3, N) and got.dtype == dtype
+    # float32: the kernels' own float sums; bfloat16: the input, scales and output are rounded to 8 bits.
+    assert _relative(got, expected) < (1e-4 if dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.parametrize("activations", ["dynamic", "static"])
+def test_int8_activation_product_is_the_integer_product(activations: str) -> None:
+    weight = _weight(8, K, True, activations)
+    layer = QuantLinear(weight, None, torch.float32, CPU)
+    assert layer.kernel == "int_mm"
+    x = torch.randn(7, K)
+    scale = torch.tensor(0.05) if activations == "static" else x.abs().amax(1, keepdim=True) / 127
+    levels = torch.round(x / scale).clamp(-128, 127)
+    expected = (levels @ weight.values.float().t()) * scale * weight.scale.t()
+    assert _relative(layer(x), expected) < 1e-6
+    # Against the unquantized input, only the activations' rounding is lost: about 1 % for int8.
+    assert _relative(layer(x), x @ weight.dequantized(torch.float32).t()) < (0.02 if activations == "dynamic" else 0.1)
+
+
+def test_load_time_int8_is_close_to_the_float_layer() -> None:
+    torch.manual_seed(0)
+    float_weight = torch.randn(N, K) * 0.05
+    weight = quantize_per_channel(float_weight)
+    assert weight.values.dtype == torch.int8 and int(weight.values.abs().max()) == 127
+    layer = QuantLinear(weight, None, torch.float32, CPU)
+    x = torch.randn(16, K)
+    # Per-channel weights and per-row activations in int8: each rounding adds ~0.5 %.
+    assert _relative(layer(x), x @ float_weight.t()) < 0.02
+
+
+def test_merged_product_equals_the_separate_ones() -> None:
+    parts = [_weight(4, 32, False, "none", seed) for seed in range(3)]
+    merged = concat_weights(parts)
+    assert merged is not None
+    x = torch.randn(4, K, dtype=torch.bfloat16)
+    whole = QuantLinear(merged, None, torch.bfloat16, CPU)(x)
+    separate = torch.cat([QuantLinear(p, None, torch.bfloat16, CPU)(x) for p in parts], dim=-1)
+    assert torch.equal(whole, separate)
+    assert concat_weights([_weight(4, 32, False, "none"), _weight(8, K, True, "none")]) is None
+
+
+def test_weights_are_held_in_their_bits() -> None:
+    bf16_bytes = N * K * 2
+    int8 = QuantLinear(_weight(8, K, True, "dynamic"), None, torch.bfloat16, CPU)
+    int4 = QuantLinear(_weight(4, 32, True, "none"), None, torch.bfloat16, CPU)
+    assert int8.weight_t.dtype == torch.int8
+    assert int8.weight_bytes() <= bf16_bytes / 2 + N * 4
+    assert int4.weight_bytes() <= bf16_bytes / 4 + N * (K // 32) * 2 * 2
+
+
+def test_wrong_input_dtype_is_refused() -> None:
+    layer = QuantLinear(_weight(8, K, True, "dynamic"), None, torch.bfloat16, CPU)
+    with pytest.raises(TypeError, match="bfloat16"):
+        layer(torch.randn(2, K))
+
+
+def test_cuda_kernels_are_chosen_without_a_gpu() -> None:
+    # Selection is pure: a CPU-only machine imports and decides what a CUDA device would run.
+    cuda = torch.device("cuda")
+    assert choose_kernel(_weight(8, K, True, "dynamic"), cuda) == "int_mm"
+    assert choose_kernel(_weight(8, K, True, "none"), cuda) == "dequant"
+    assert choose_kernel(_weight(4, 32, False, "none"), cuda) == "dequant"
