@@ -33,6 +33,13 @@ from python_backend.model.device import place, synchronize
 from python_backend.model.draft import DraftLoadError, DraftModel, load_draft
 from python_backend.model.load_progress import weight_progress
 from python_backend.model.lora import attach_adapters, parse_lora_modules
+from python_backend.model.quantization import (
+    QuantizationError,
+    QuantPlan,
+    load_arguments,
+    plan_quantization,
+    quantize_model,
+)
 from python_backend.model.shard import ShardError, check_shardable, shard_arguments
 from python_backend.prompt.multimodal.processor import AUDIO_MODEL_TYPES, VISION_MODEL_TYPES, MediaProcessor
 from python_backend.protocol.settings import EngineSettings
@@ -174,6 +181,27 @@ def _size(count: int) -> str:
     return f"{count / 1e9:.2f} GB" if count >= 1e8 else f"{count / 1e6:.1f} MB"
 
 
+def _quantization(
+    settings: EngineSettings, config: dict[str, Any], device: torch.device, text: bool, adapters: int
+) -> QuantPlan:
+    """The folder's quantization plan (quantization.py), or why this model cannot run quantized."""
+    try:
+        plan = plan_quantization(settings.quantization, config)
+    except QuantizationError as exc:
+        raise ModelLoadError(str(exc)) from exc
+    if plan.quantized:
+        if device.type not in ("cpu", "cuda"):
+            # torch-npu has its own quantized products, not wired or tested here (docs/quantization.md).
+            raise ModelLoadError(f"quantization ({plan.summary}) runs on CPU and CUDA, not on '{device}'")
+        if not text:
+            raise ModelLoadError("quantization serves text models only; this folder is a vision/audio model")
+        if settings.tensor_parallel_size > 1 or adapters or settings.batch_invariant:
+            raise ModelLoadError(
+                f"quantization ({plan.summary}) does not run with tensor_parallel_size > 1, lora_modules or batch_invariant"
+            )
+    return plan
+
+
 def load_model(settings: EngineSettings) -> LoadedModel:
     """Load the folder named by ``settings.model_path`` onto the chosen device and dtype."""
     folder = Path(settings.model_path).expanduser()
@@ -210,6 +238,8 @@ def load_model(settings: EngineSettings) -> LoadedModel:
             raise ModelLoadError(str(exc)) from exc
         extra.update(shard_arguments())
     cpu_text = placement.device.type == "cpu" and model_class is AutoModelForCausalLM
+    quant = _quantization(settings, config, placement.device, model_class is AutoModelForCausalLM, len(adapters))
+    extra.update(load_arguments(quant))
     invariant = _invariant_kernel(settings, cpu_text, placement.dtype) if settings.batch_invariant else None
     if invariant is not None:
         # One attention for prefill and decode (batch_invariant.py), over a cache in the model's dtype.
@@ -231,8 +261,14 @@ def load_model(settings: EngineSettings) -> LoadedModel:
             base = model_class.from_pretrained(
                 str(folder), dtype=placement.dtype, local_files_only=True, trust_remote_code=remote, **extra
             )
+        base, info = base if isinstance(base, tuple) else (base, {})  # output_loading_info: (model, info)
         base.to(placement.device)  # type: ignore[arg-type]  # transformers' typed wrapper of nn.Module.to
+        if quant.quantized:
+            quantize_model(base, quant, folder, info, placement.dtype, placement.device)
         synchronize(placement.device)  # so that the time reported is the copy's too
+    except QuantizationError as exc:
+        weights.failed(f"{folder.name}: {exc}")
+        raise ModelLoadError(str(exc)) from exc
     except BaseException as exc:
         weights.failed(f"{folder.name}: {(str(exc).splitlines() or [type(exc).__name__])[0]}")
         raise

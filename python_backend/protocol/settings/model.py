@@ -52,6 +52,22 @@ class ModelSettings:
             "float32 where the CPU has no bfloat16 kernels, as on AVX2-only x86), `bfloat16`, `float16`, `float32`",
         ),
     )
+    # Quantized weights (docs/quantization.md): the folder's compressed-tensors config, or int8 made
+    # at load time from a 16/32-bit folder.
+    quantization: str = setting(
+        "auto",
+        SettingInfo(
+            "auto: as the folder's quantization_config says (none without one); none: 16/32-bit "
+            "weights only; int8: W8A8 made at load time from a 16/32-bit folder",
+            flag="--quantization",
+            mindie_key="quantize",
+            choices=("auto", "none", "int8"),
+            docs="`auto`: a compressed-tensors folder (`quantization_config` in its `config.json`: W8A8 int8, "
+            "W8A16, W4A16) keeps its quantized weights, any other folder loads as `dtype` says; `none`: "
+            "refuse a quantized folder; `int8`: quantize a 16/32-bit folder's decoder to int8 at load time "
+            "(per-channel weights, per-token dynamic activations); see [quantization](quantization.md)",
+        ),
+    )
     device: str = setting(
         "auto",
         SettingInfo(
