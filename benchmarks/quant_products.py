@@ -1,0 +1,152 @@
+"""Quantized linear products against bfloat16 ones, on a model's shapes (docs/quantization.md).
+
+Times one model pass of linear products (per layer the merged q/k/v and gate/up, the output and
+down projections, each layer with weights of its own) at each row count, in every form the engine
+can run them:
+
+- ``bf16``: ``PackedLinear`` (oneDNN, weight prepacked once), what a bfloat16 model runs;
+- ``w8a8``: ``QuantLinear`` ``int_mm``: rows quantized per token, then ``torch._int_mm``;
+- ``w8a16``: ``QuantLinear`` ``int8pack`` (``aten._weight_int8pack_mm``);
+- ``w4a16-g32`` / ``w4a16-g64``: ``QuantLinear`` ``int4pack`` (``aten._weight_int4pack_mm_for_cpu``;
+  the demo model's width, 576, takes no group of 128).
+
+Weights are random (the kernels' speed does not depend on the values). Prints a table: milliseconds
+per model pass for each form and row count, and each form's time over bf16's. Run it on a quiet
+machine: every figure is the median of ``--repeats`` passes after ``--warmup`` ones.
+
+    python -m benchmarks.quant_products --model ~/.cache/triton-chat/models/SmolLM2-135M-Instruct
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# SmolLM2-135M-Instruct (the demo model), when no --model is given.
+_DEMO = {
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "num_hidden_layers": 30,
+}
+FORMS = ("bf16", "w8a8", "w8a16", "w4a16-g32", "w4a16-g64")
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    n: int  # output features
+    k: int  # input features
+
+
+def model_shapes(config: dict[str, Any]) -> tuple[list[Shape], int]:
+    """The per-layer products of a Llama-like config, and its layer count."""
+    hidden = int(config["hidden_size"])
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads", heads))
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    intermediate = int(config["intermediate_size"])
+    shapes = [
+        Shape("qkv", (heads + 2 * kv_heads) * head_dim, hidden),
+        Shape("o", hidden, heads * head_dim),
+        Shape("gate_up", 2 * intermediate, hidden),
+        Shape("down", hidden, intermediate),
+    ]
+    return shapes, int(config["num_hidden_layers"])
+
+
+def _product(form: str, weight: Any) -> Callable[[Any], Any]:
+    """The form's product for one float weight [N, K]."""
+    import torch
+
+    from python_backend.cpu.linear import PackedLinear
+    from python_backend.cpu.quant_linear import QuantLinear, QuantWeight, quantize_per_channel
+
+    cpu = torch.device("cpu")
+    if form == "bf16":
+        linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=torch.bfloat16)
+        linear.weight.data = weight.to(torch.bfloat16)
+        return PackedLinear(linear).apply_unchecked
+    int8 = quantize_per_channel(weight)
+    if form in ("w8a8", "w8a16"):
+        activations = "dynamic" if form == "w8a8" else "none"
+        quant = QuantWeight(int8.values, int8.scale, None, 8, int8.group_size, activations)
+        return QuantLinear(quant, None, torch.bfloat16, cpu).apply_unchecked
+    group = int(form.rsplit("g", 1)[1])
+    blocks = weight.float().unflatten(1, (-1, group))
+    scale = (blocks.abs().amax(-1) / 7).clamp(min=1e-8)
+    values = torch.round(blocks / scale.unsqueeze(-1)).clamp(-8, 7).to(torch.int8).flatten(1)
+    quant = QuantWeight(values, scale, None, 4, group, "none")
+    return QuantLinear(quant, None, torch.bfloat16, cpu).apply_unchecked
+
+
+def time_form(form: str, shapes: list[Shape], layers: int, rows: int, warmup: int, repeats: int) -> float:
+    """Median milliseconds of one model pass of ``form``'s products at ``rows`` rows."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    products = [
+        (shape, _product(form, torch.randn(shape.n, shape.k, generator=generator) * 0.05))
+        for _ in range(layers)
+        for shape in shapes
+    ]
+    inputs = {shape.k: torch.randn(rows, shape.k, generator=generator).to(torch.bfloat16) for shape in shapes}
+    times = []
+    with torch.inference_mode():
+        for index in range(warmup + repeats):
+            started = time.perf_counter()
+            for shape, product in products:
+                product(inputs[shape.k])
+            if index >= warmup:
+                times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e3
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--model", type=Path, help="model folder whose config.json gives the shapes (default: the demo model's)"
+    )
+    parser.add_argument("--rows", default="1,16,64,576", help="comma-separated row counts (default: 1,16,64,576)")
+    parser.add_argument("--forms", default=",".join(FORMS), help=f"comma-separated forms (default: {','.join(FORMS)})")
+    parser.add_argument("--layers", type=int, default=0, help="layers to time (default: the model's)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed passes first (default: 3)")
+    parser.add_argument("--repeats", type=int, default=15, help="timed passes; the median is reported (default: 15)")
+    args = parser.parse_args(argv)
+    unknown = set(args.forms.split(",")) - set(FORMS)
+    if unknown:
+        parser.error(f"--forms: unknown {', '.join(sorted(unknown))} (choose from {', '.join(FORMS)})")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    config = json.loads((args.model / "config.json").read_text()) if args.model else _DEMO
+    shapes, layers = model_shapes(config)
+    layers = args.layers or layers
+    rows = [int(r) for r in args.rows.split(",")]
+    forms = args.forms.split(",")
+    table = {(f, r): time_form(f, shapes, layers, r, args.warmup, args.repeats) for f in forms for r in rows}
+    for (form, count), ms in table.items():
+        print(json.dumps({"form": form, "rows": count, "ms_per_pass": round(ms, 3)}))
+    width = max(len(f) for f in forms)
+    print(f"\nms per model pass ({layers} layers: {', '.join(f'{s.name} {s.n}x{s.k}' for s in shapes)})")
+    print(f"{'form':<{width}} " + " ".join(f"{f'rows {r}':>16}" for r in rows))
+    for form in forms:
+        cells = []
+        for count in rows:
+            ms = table[(form, count)]
+            base = table.get(("bf16", count))
+            cells.append(f"{ms:8.2f}" + (f" ({ms / base:4.2f}x)" if base else " " * 8))
+        print(f"{form:<{width}} " + " ".join(f"{c:>16}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
