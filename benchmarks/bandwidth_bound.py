@@ -31,8 +31,8 @@ import torch
 from safetensors import safe_open
 
 from benchmarks.engine_ab import parse_variant, variant_settings
-from benchmarks.engine_runs import add_workload_arguments, run_engine, workload_from
-from benchmarks.traffic import build_requests
+from benchmarks.engine_runs import add_in_process_workload_arguments, run_engine
+from benchmarks.traffic import build_requests, workload_from
 from python_backend.protocol.settings import SettingsError
 
 _WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=("bfloat16", "float32"))
     parser.add_argument("--variant", action="append", type=parse_variant, required=True, help="NAME:key=value,...")
     parser.add_argument("-n", "--requests", type=int, default=4, help="requests per variant, one at a time")
-    add_workload_arguments(parser, output_range=0)
+    add_in_process_workload_arguments(parser, output_range=0)
     parser.add_argument("--buffer-mb", type=int, default=1024, help="bandwidth buffer (far above the caches)")
     args = parser.parse_args()
     workload = workload_from(args)

@@ -17,8 +17,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.engine_runs import add_workload_arguments, run_engine, workload_from
-from benchmarks.traffic import TrafficRequest, build_requests
+from benchmarks.engine_runs import add_in_process_workload_arguments, run_engine
+from benchmarks.traffic import TrafficRequest, build_requests, workload_from
 from python_backend.protocol.settings import EngineSettings
 
 
@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--concurrency", default="1,16", help="comma-separated C values")
     parser.add_argument("--requests", type=int, default=16)
-    add_workload_arguments(parser)
+    add_in_process_workload_arguments(parser)
     args = parser.parse_args()
     workload = workload_from(args)
     requests = build_requests(workload, args.requests)

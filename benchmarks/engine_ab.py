@@ -22,8 +22,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.engine_runs import EngineRun, add_workload_arguments, run_engine, workload_from
-from benchmarks.traffic import build_requests
+from benchmarks.engine_runs import EngineRun, add_in_process_workload_arguments, run_engine
+from benchmarks.traffic import build_requests, workload_from
 from python_backend.protocol.settings import EngineSettings, SettingsError
 
 
@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("-c", "--concurrency", action="append", type=int, help="requests in flight (repeatable)")
     parser.add_argument("-n", "--requests", type=int, help="requests per run (default 2*C)")
     parser.add_argument("--rounds", type=int, default=2)
-    add_workload_arguments(parser)
+    add_in_process_workload_arguments(parser)
     args = parser.parse_args()
     if len(args.variant) < 2:
         parser.error("give at least two --variant: the first is the reference")

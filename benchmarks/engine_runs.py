@@ -17,7 +17,7 @@ from itertools import pairwise
 
 import torch
 
-from benchmarks.traffic import TrafficRequest, Workload
+from benchmarks.traffic import TrafficRequest, add_workload_arguments
 from python_backend.engine.engine import Engine
 from python_backend.engine.request import EngineEvent, EngineRequest
 from python_backend.intake.intake import Connection, Intake, chat_inputs
@@ -44,18 +44,9 @@ class EngineRun:
     answers: list[str] = field(repr=False)
 
 
-def add_workload_arguments(parser: argparse.ArgumentParser, output_range: int = 64) -> None:
-    """``traffic.py``'s distinct-mix lengths and seed, as every in-process benchmark takes them."""
-    parser.add_argument("--input-len", type=int, default=256, help="prompt words (about tokens)")
-    parser.add_argument("--input-range", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--output-range", type=int, default=output_range)
-    parser.add_argument("--seed", type=int, default=17)
-
-
-def workload_from(args: argparse.Namespace) -> Workload:
-    """The distinct workload ``add_workload_arguments`` parsed."""
-    return Workload("distinct", args.input_len, args.input_range, args.output_len, args.output_range, 0, args.seed)
+def add_in_process_workload_arguments(parser: argparse.ArgumentParser, output_range: int = 64) -> None:
+    """``traffic.py``'s workload flags as every in-process benchmark takes them (its own seed)."""
+    add_workload_arguments(parser, seed=17, output_range=output_range)
 
 
 def _percentile(values: list[float], share: float) -> float:

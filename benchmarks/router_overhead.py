@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from benchmarks.servers import ServedProcess, exit_on_sigterm, ours, vllm_router
-from benchmarks.traffic import TrafficReport, Workload, run_traffic
+from benchmarks.traffic import TrafficReport, add_workload_arguments, run_traffic, workload_from
 
 _TIMEOUT_S, _DEADLINE_S = 300.0, 1800.0
 _FIGURES = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
@@ -88,18 +88,14 @@ def main() -> None:
     parser.add_argument("-c", "--concurrency", type=int, default=16)
     parser.add_argument("-n", "--requests", type=int, default=0, help="per run; default 2*C")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--input-len", type=int, default=256)
-    parser.add_argument("--input-range", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--output-range", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=1)
+    add_workload_arguments(parser)
     args = parser.parse_args()
     if args.replicas < 1 or args.rounds < 1 or args.concurrency < 1:
         parser.error("--replicas, --rounds and -c/--concurrency must be at least 1")
     requests = args.requests or 2 * args.concurrency
     signal.signal(signal.SIGTERM, exit_on_sigterm)
     binary = router_binary(args.router)
-    workload = Workload("distinct", args.input_len, args.input_range, args.output_len, args.output_range, 0, args.seed)
+    workload = workload_from(args)
     out = Path(tempfile.mkdtemp(prefix="router-overhead-"))
 
     def run(target: str | list[str], label: str, variant: int) -> TrafficReport:

@@ -285,6 +285,20 @@ def alone_and_beside(
     return alone, replace(beside, hog=hog)
 
 
+def add_workload_arguments(parser: argparse.ArgumentParser, seed: int = 1, output_range: int = 64) -> None:
+    """A workload's lengths and seed (``Workload``), as every benchmark that sends one takes them."""
+    parser.add_argument("--input-len", type=int, default=256, help="prompt words (about tokens)")
+    parser.add_argument("--input-range", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--output-range", type=int, default=output_range)
+    parser.add_argument("--seed", type=int, default=seed)
+
+
+def workload_from(args: argparse.Namespace, mix: str = "distinct", shared_len: int = 0) -> Workload:
+    """The workload of ``mix`` with the lengths and seed ``add_workload_arguments`` parsed."""
+    return Workload(mix, args.input_len, args.input_range, args.output_len, args.output_range, shared_len, args.seed)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url", required=True)
@@ -293,12 +307,8 @@ def main() -> None:
     parser.add_argument("-c", "--concurrency", type=int, default=16)
     parser.add_argument("-n", "--requests", type=int, default=0, help="default 2*C")
     parser.add_argument("--rate", type=float, default=None, help="Poisson arrivals per second (default closed loop)")
-    parser.add_argument("--input-len", type=int, default=256, help="prompt words (about tokens)")
-    parser.add_argument("--input-range", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--output-range", type=int, default=64)
+    add_workload_arguments(parser)
     parser.add_argument("--shared-len", type=int, default=512, help="system prompt words of the shared mix")
-    parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--slo-ttft-ms", type=float, default=1000.0)
     parser.add_argument("--slo-itl-ms", type=float, default=100.0)
     parser.add_argument("--label", default="server")
@@ -309,9 +319,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.concurrency < 1 or args.requests < 0 or (args.rate is not None and args.rate <= 0) or args.hog < 0:
         parser.error("-c must be >= 1, -n >= 0, --rate > 0 and --hog >= 0")
-    workload = Workload(
-        args.mix, args.input_len, args.input_range, args.output_len, args.output_range, args.shared_len, args.seed
-    )
+    workload = workload_from(args, args.mix, args.shared_len)
 
     def run(load: Workload) -> TrafficReport:
         return asyncio.run(

