@@ -16,6 +16,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from openai_frontend.media.policy import MediaSettings
+from python_backend.protocol.params import MAX_TOP_LOGPROBS
 
 MINDIE_MODE = "vllm"  # MindIE's ``openAiSupport`` value that selects its own (vLLM-like) formats
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024  # Triton's default; one 40 MB base64 image fits
@@ -118,6 +119,12 @@ class FrontendSettings(BaseModel):
     triton_model_name: str = Field(default="triton_chat", description="the Triton model that serves chat requests")
     served_model_name: str = Field(..., min_length=1, description="the `model` name clients send")
     lora_names: list[str] = Field(default_factory=list, description="LoRA adapter names clients may send as `model`")
+    max_logprobs: int = Field(
+        default=MAX_TOP_LOGPROBS,
+        ge=0,
+        description="the model's max_logprobs (--max-logprobs): the most alternatives a request may ask for in "
+        "top_logprobs, logprobs or prompt_logprobs",
+    )
     openai_mode: Annotated[
         str, FlagInfo("--openai-mode", "openai_mode", "openAiSupport", OPENAI_MODES, docs=_OPENAI_MODE_DOCS)
     ] = Field(

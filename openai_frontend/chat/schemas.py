@@ -221,7 +221,8 @@ class GenerationRequest(BaseModel):
     logit_bias: OptLogitBias = Field(None, description="token id (as a string) -> bias in [-100, 100]")
     min_p: MinP = Field(None, description="[0, 1]; drop tokens below min_p x the top token's probability")
     prompt_logprobs: TopLogprobs = Field(
-        None, description="[0, 20]: log-probabilities of the prompt's tokens and this many top tokens (not streamed)"
+        None,
+        description="[0, max_logprobs (20 by default)]: log-probabilities of the prompt's tokens and this many top tokens (not streamed)",
     )
 
     user: Any = Field(None, description="accepted and ignored")
@@ -251,7 +252,7 @@ class ChatCompletionRequest(GenerationRequest):
 
     messages: Messages = Field(..., description="chat messages; rules in python_backend.protocol.messages")
     logprobs: OptBoolean = Field(None, description="return log-probabilities of the output tokens")
-    top_logprobs: TopLogprobs = Field(None, description="[0, 20] alternatives per token")
+    top_logprobs: TopLogprobs = Field(None, description="[0, max_logprobs (20 by default)] alternatives per token")
     tools: OptObjects = Field(None, description='function tools ({"type": "function", "function": {...}})')
     tool_choice: OptToolChoice = Field(None, description='"none", "auto", "required" or a named function')
     parallel_tool_calls: OptBoolean = Field(None, description="false: at most one tool call per answer")

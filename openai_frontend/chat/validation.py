@@ -188,7 +188,7 @@ def check_generation(
 
     stream = bool(request.stream)
     usage = _stream_usage(request, settings, stream)
-    params = parse_parameters(parameters, stream=stream)
+    params = parse_parameters(parameters, stream=stream, max_logprobs=settings.max_logprobs)
     if stream and request.prompt_logprobs:
         # vLLM's rule: prompt log-probabilities come with a whole answer only.
         raise invalid("'prompt_logprobs' is not available when 'stream' is true", "prompt_logprobs")

@@ -36,4 +36,6 @@ class CompletionRequest(GenerationRequest):
     prompt: Prompt = Field(..., description="a string, a list of strings, or token ids (a list, or lists)")
     suffix: Any = Field(None, description="refused: text after the completion is not supported")
     echo: OptBoolean = Field(None, description="true: each choice's text starts with its prompt")
-    logprobs: OptInteger = Field(None, description="[0, 5]: log-probabilities of this many top tokens")
+    logprobs: OptInteger = Field(
+        None, description="[0, max_logprobs (20 by default)]: log-probabilities of this many top tokens"
+    )

@@ -33,7 +33,6 @@ from python_backend.protocol.errors import invalid
 from python_backend.protocol.input_limits import check_input_size
 from python_backend.protocol.params import MAX_N, GenerationParams
 
-MAX_LOGPROBS = 5
 DEFAULT_MAX_TOKENS = 16
 TOKEN_ID_LIMIT = 1 << 31  # the contract's ``prompt_token_ids`` are INT32; no vocabulary is larger
 
@@ -105,14 +104,14 @@ def _prompts(value: Any) -> tuple[tuple[PromptInput, ...], tuple[str, ...]]:
     return tuple(prompts), params
 
 
-def _logprobs(value: Any) -> dict[str, Any]:
-    """The shared parameters that completions' integer ``logprobs`` stands for."""
+def _logprobs(value: Any, ceiling: int) -> dict[str, Any]:
+    """The shared parameters that completions' integer ``logprobs`` stands for, at most ``ceiling``."""
     if value is None:
         return {}
     if not _is_token(value):
         raise invalid(f"'logprobs' must be an integer, got {type(value).__name__}", "logprobs")
-    if value < 0 or value > MAX_LOGPROBS:
-        raise invalid(f"'logprobs' must be in [0, {MAX_LOGPROBS}], got {value}", "logprobs")
+    if value < 0 or value > ceiling:
+        raise invalid(f"'logprobs' must be in [0, {ceiling}], got {value}", "logprobs")
     return {"logprobs": True, "top_logprobs": value} if value else {}
 
 
@@ -125,7 +124,7 @@ def validate_completion_request(body: bytes, settings: FrontendSettings) -> Vali
         raise invalid("'suffix' is not supported: this server does not insert text after a completion", "suffix")
     if request.echo is not None and not isinstance(request.echo, bool):
         raise invalid(f"'echo' must be a boolean, got {type(request.echo).__name__}", "echo")
-    parameters = {**request.to_backend_parameters(), **_logprobs(request.logprobs)}
+    parameters = {**request.to_backend_parameters(), **_logprobs(request.logprobs, settings.max_logprobs)}
     echo = bool(request.echo)
     if echo and parameters.get("logprobs") and request.prompt_logprobs is None:
         parameters["prompt_logprobs"] = parameters["top_logprobs"]  # the echoed tokens are scored too

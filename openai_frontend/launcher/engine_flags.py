@@ -23,6 +23,7 @@ from openai_frontend.launcher.speculative_config import (
     SPECULATIVE_FIELDS,
     speculative_config,
 )
+from openai_frontend.launcher.template_flags import FLAG_TYPES
 from python_backend.protocol.settings import (
     LIMITS_GROUP,
     EngineSettings,
@@ -110,6 +111,8 @@ def _flag_arguments(spec: Field[Any], info: SettingInfo) -> dict[str, Any]:
     elif spec.name == LORA_MODULES:
         # vLLM's form: several after one flag (--lora-modules a=DIR b=DIR), or the flag repeated.
         arguments.update(action="extend", nargs="+", default=[])
+    elif spec.name in FLAG_TYPES:
+        arguments.update(type=FLAG_TYPES[spec.name], default=spec.default)
     elif spec.name != SERVED_NAME:
         arguments["default"] = spec.default
         if info.choices:

@@ -32,6 +32,8 @@ class ModelFolder:
 
     path: Path
     origin: str  # e.g. "--model" or "config.json ModelConfig.modelWeightPath"
+    tokenizer: str = ""  # --tokenizer: the folder the tokenizer comes from instead ("" = this one)
+    chat_template: bool = False  # --chat-template given: the folders need no template of their own
 
 
 def check_model_folder(folder: ModelFolder) -> Path:
@@ -52,14 +54,15 @@ def check_model_folder(folder: ModelFolder) -> Path:
         raise ModelFolderError(
             f"{where} has no weights (*.safetensors or pytorch_model*.bin); download or copy the whole model folder"
         )
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+    tokenizer = Path(folder.tokenizer).expanduser() if folder.tokenizer else path
+    if not any((tokenizer / name).is_file() for name in TOKENIZER_FILES):
         raise ModelFolderError(
             f"{where} has no tokenizer (tokenizer.json or tokenizer.model); copy the tokenizer files into it"
         )
-    if not _has_chat_template(path, where):
+    if not (folder.chat_template or _has_chat_template(tokenizer, where) or _has_chat_template(path, where)):
         raise ModelFolderError(
             f"{where} has no chat template; use the chat (Instruct) version of the model, or add "
-            "chat_template.jinja or a 'chat_template' in tokenizer_config.json"
+            "chat_template.jinja or a 'chat_template' in tokenizer_config.json, or give --chat-template"
         )
     return path.resolve()
 

@@ -138,7 +138,13 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack, 
     cache = cache_root()
     # Everything that can be checked from files goes first: the demo conversion takes 20-45 s and
     # tritonserver's own report of a bad folder comes after the stub has imported torch.
-    given = check_model_folder(ModelFolder(options.model, options.model_origin)) if options.model else None
+    folder = ModelFolder(
+        options.model or Path(),
+        options.model_origin,
+        tokenizer=str(options.engine_flags.get("tokenizer", "")),
+        chat_template=bool(options.engine_flags.get("chat_template")),
+    )
+    given = check_model_folder(folder) if options.model else None
     check_device(options.device, options.device_origin)
     checkpoint = checkpoint_torch_dtype(given) if given is not None else DEMO_DTYPE
     dtype = check_dtype(options.dtype, options.device, checkpoint, options.dtype_origin)
@@ -202,7 +208,7 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack, 
     def frontend_ready() -> None:
         report.line(f"frontend ready: serving '{served_name}' at {address} (Triton gRPC at {endpoints.grpc_url})")
 
-    server = _make_uvicorn(options, triton, served_name, frontend_ready)
+    server = _make_uvicorn(options, triton, served_name, settings.max_logprobs, frontend_ready)
     supervisor = Supervisor(
         triton,
         repo,
@@ -228,7 +234,11 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack, 
 
 
 def _make_uvicorn(
-    options: ServeOptions, triton: TritonServerProcess, served_name: str, on_started: Callable[[], None]
+    options: ServeOptions,
+    triton: TritonServerProcess,
+    served_name: str,
+    max_logprobs: int,
+    on_started: Callable[[], None],
 ) -> Any:
     # Imported late: uvicorn and the app are not needed until the model is ready.
     from openai_frontend.app import create_app
@@ -242,6 +252,7 @@ def _make_uvicorn(
             "triton_model_name": MODEL_NAME,
             "served_model_name": served_name,
             "lora_names": list(options.lora_modules),
+            "max_logprobs": max_logprobs,  # the model's ceiling, so both refuse the same requests
             **http_settings(options),
             "media": media_settings(options, os.environ),
         }

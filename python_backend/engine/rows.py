@@ -1,13 +1,12 @@
 """A request's rows as they join the running batch: its sequences and their sampling state.
 
 Owns turning an admitted request (its ``Execution``) into its ``Sequence``s (n, best_of or beam-width of
-them): each row's sampling settings (the request's, else the model's defaults), its own seeded
-generator, grammar state and detokenizer.
+them): each row's sampling settings (the request's, else the model's defaults), its own generator
+(seeded with the request's ``seed``, else one drawn from ``LoadedModel.seeds``, which ``--seed``
+seeds), grammar state and detokenizer.
 """
 
 from __future__ import annotations
-
-import secrets
 
 import torch
 
@@ -23,7 +22,7 @@ from python_backend.text.detokenizer import IncrementalDetokenizer
 def row_sampling(loaded: LoadedModel, group: RequestGroup, index: int) -> RowSampling:
     params = group.request.params
     defaults = loaded.defaults
-    seed = params.seed if params.seed is not None else secrets.randbits(64)
+    seed = params.seed if params.seed is not None else loaded.seeds.getrandbits(64)
     generator = torch.Generator(device=loaded.device)
     generator.manual_seed((seed + index) % (1 << 64))  # distinct draws for each of n choices
     top_k = params.top_k if params.top_k is not None else defaults.top_k

@@ -25,7 +25,7 @@ from python_backend.model.loader import LoadedModel
 from python_backend.prompt.inputs import PreparedRequest, decode_request
 from python_backend.prompt.multimodal.processor import MediaProcessor
 from python_backend.protocol import contract
-from python_backend.protocol.params import GenerationParams
+from python_backend.protocol.params import MAX_TOP_LOGPROBS, GenerationParams
 from python_backend.protocol.settings import EngineSettings
 from python_backend.sampling.structured import GrammarCompiler
 from python_backend.text.output_formats import ModelFormats, resolve_formats
@@ -50,6 +50,7 @@ class Intake:
     adapters: frozenset[str] = frozenset()
     formats: ModelFormats | None = None  # None: plain text (no tool-call or reasoning parsing)
     media: MediaProcessor | None = None  # None: media parts are refused
+    max_logprobs: int = MAX_TOP_LOGPROBS  # the ceiling of top_logprobs and prompt_logprobs
 
     @classmethod
     def for_model(cls, loaded: LoadedModel, settings: EngineSettings) -> Intake:
@@ -58,13 +59,19 @@ class Intake:
             settings.tool_call_parser, settings.reasoning_parser, loaded.tokenizer, loaded.model_type
         )
         grammars = GrammarCompiler(loaded.tokenizer, loaded.vocab_size, settings.max_response_format_bytes)
-        return cls(loaded.tokenizer, grammars, loaded.adapters, formats, loaded.media)
+        return cls(loaded.tokenizer, grammars, loaded.adapters, formats, loaded.media, settings.max_logprobs)
 
     def prepare(self, get: Callable[[str], np.ndarray | None], request_parameters: str = "") -> PreparedRequest:
         """Validate and tokenize one request's inputs (read by name); ``ContractError`` names a bad one.
         ``request_parameters`` is the transport's request parameters as JSON (the vLLM contract)."""
         return decode_request(
-            get, self.tokenizer, self.adapters, self.formats, self.media, request_parameters=request_parameters
+            get,
+            self.tokenizer,
+            self.adapters,
+            self.formats,
+            self.media,
+            request_parameters=request_parameters,
+            max_logprobs=self.max_logprobs,
         )
 
     def grammar_now(self, params: GenerationParams) -> Any:

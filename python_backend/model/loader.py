@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from python_backend.cpu.attention import use_decode_attention
 from python_backend.cpu.batch_invariant import InvariantAttend, install_batch_invariant, use_invariant_attention
@@ -41,6 +42,7 @@ from python_backend.model.quantization import (
     quantize_model,
 )
 from python_backend.model.shard import ShardError, check_shardable, shard_arguments
+from python_backend.model.tokenizer import TokenizerError, load_tokenizer
 from python_backend.prompt.multimodal.processor import AUDIO_MODEL_TYPES, VISION_MODEL_TYPES, MediaProcessor
 from python_backend.protocol.settings import EngineSettings
 from python_backend.protocol.start_events import WEIGHTS, StageReporter
@@ -82,6 +84,8 @@ class LoadedModel:
     fast_decoder: FastDecoder | None = None  # the lean CPU decode step (fast_decode.py), where exact
     tensor_parallel_size: int = 1  # ranks the weights and KV heads are split over (shard.py)
     draft: DraftModel | None = None  # draft-model speculation's proposer model (draft.py)
+    # Where a request without `seed` gets its seed (the engine thread draws, in admission order).
+    seeds: random.Random = field(default_factory=random.SystemRandom)
 
     @property
     def prompt_kv_dtype(self) -> torch.dtype:
@@ -181,6 +185,12 @@ def _size(count: int) -> str:
     return f"{count / 1e9:.2f} GB" if count >= 1e8 else f"{count / 1e6:.1f} MB"
 
 
+def seed_source(seed: int) -> random.Random:
+    """The generator of the seeds of requests without one: seeded with ``seed`` (vLLM's
+    ``--seed``), so a restart samples the same answers for the same requests; -1: the OS's entropy."""
+    return random.SystemRandom() if seed < 0 else random.Random(seed)
+
+
 def _quantization(
     settings: EngineSettings, config: dict[str, Any], device: torch.device, text: bool, adapters: int
 ) -> QuantPlan:
@@ -214,16 +224,10 @@ def load_model(settings: EngineSettings) -> LoadedModel:
     placement = place(settings.device, settings.dtype, config.get("torch_dtype") or config.get("dtype"))
     started = time.monotonic()
     remote = settings.trust_remote_code
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=remote)
-    processor_template = _read_json(folder / "chat_template.json").get("chat_template")
-    if not getattr(tokenizer, "chat_template", None) and isinstance(processor_template, str):
-        # Vision/audio checkpoints may keep the template with the processor only.
-        tokenizer.chat_template = processor_template
-    if not getattr(tokenizer, "chat_template", None):
-        raise ModelLoadError(
-            "the tokenizer has no chat_template; a chat model needs tokenizer_config.json "
-            "(or chat_template.jinja) to define one"
-        )
+    try:
+        tokenizer = load_tokenizer(settings, folder)
+    except TokenizerError as exc:
+        raise ModelLoadError(str(exc)) from exc
     adapters = parse_lora_modules(settings.lora_modules)
     model_type = str(config.get("model_type") or "")
     model_class = _model_class(model_type)
@@ -327,4 +331,5 @@ def load_model(settings: EngineSettings) -> LoadedModel:
         fast_decoder=fast,
         tensor_parallel_size=world,
         draft=draft,
+        seeds=seed_source(settings.seed),
     )

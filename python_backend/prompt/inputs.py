@@ -23,7 +23,7 @@ from python_backend.protocol.contract import TensorGetter
 from python_backend.protocol.errors import ContractError, invalid, model_not_found
 from python_backend.protocol.input_limits import check_input_size
 from python_backend.protocol.messages import validate_tensor_messages
-from python_backend.protocol.params import GenerationParams, parse_parameters
+from python_backend.protocol.params import MAX_TOP_LOGPROBS, GenerationParams, parse_parameters
 from python_backend.text.output_formats import ModelFormats, plan_output
 from python_backend.text.output_plan import OutputPlan
 
@@ -75,12 +75,14 @@ def decode_request(
     formats: ModelFormats | None = None,
     media_processor: MediaProcessor | None = None,
     request_parameters: str = "",
+    max_logprobs: int = MAX_TOP_LOGPROBS,
 ) -> PreparedRequest:
     """Validate the tensors of one request; raise ``ContractError`` naming the bad input.
 
     ``formats`` are the model's tool-call and reasoning formats (None: plain text only);
     ``media_processor`` is a multimodal model's prompt step (None: media parts are refused);
-    ``request_parameters`` is the Triton request's parameters as JSON (read in the vLLM contract).
+    ``request_parameters`` is the Triton request's parameters as JSON (read in the vLLM contract);
+    ``max_logprobs`` is the ceiling of ``top_logprobs`` and ``prompt_logprobs`` (``--max-logprobs``).
     """
     stream = contract.read_bool(get(contract.STREAM), default=False)
     vllm = vllm_compat.read_vllm_request(get, request_parameters, stream) if vllm_compat.speaks_vllm(get) else None
@@ -90,7 +92,7 @@ def decode_request(
         formats = None  # the vLLM backend returns the generated text as it is
     else:
         raw = _own_parameters(get)
-    params = parse_parameters(raw, stream=stream)
+    params = parse_parameters(raw, stream=stream, max_logprobs=max_logprobs)
     _check_token_ids(params.stop_token_ids, tokenizer)
     if params.lora is not None and params.lora not in adapters:
         raise ContractError(model_not_found(params.lora))

@@ -23,7 +23,7 @@ INT32_MAX = 2**31 - 1
 UINT64_MAX = 2**64 - 1
 MAX_STOP_CHARS = 32768
 MAX_N = 128
-MAX_TOP_LOGPROBS = 20
+MAX_TOP_LOGPROBS = 20  # the default ceiling of top/prompt logprobs (vLLM's --max-logprobs default)
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range: [-100, 100]
 CHAT_TEMPLATE_KWARGS_ALLOWED = frozenset({"enable_thinking"})
 
@@ -294,8 +294,11 @@ def check_vocabulary(params: GenerationParams, vocab_size: int) -> None:
 KNOWN_KEYS = frozenset(GenerationParams.__dataclass_fields__) | {"max_completion_tokens"}
 
 
-def parse_parameters(raw: dict[str, Any] | None, *, stream: bool = False) -> GenerationParams:
-    """Validate untrusted parameters; raise ``ContractError`` naming the first bad field."""
+def parse_parameters(
+    raw: dict[str, Any] | None, *, stream: bool = False, max_logprobs: int = MAX_TOP_LOGPROBS
+) -> GenerationParams:
+    """Validate untrusted parameters; raise ``ContractError`` naming the first bad field.
+    ``max_logprobs`` is the server's ceiling of ``top_logprobs`` and ``prompt_logprobs``."""
     raw = dict(raw or {})
     unknown = sorted(set(raw) - KNOWN_KEYS)
     if unknown:
@@ -304,7 +307,7 @@ def parse_parameters(raw: dict[str, Any] | None, *, stream: bool = False) -> Gen
     max_tokens_key = "max_completion_tokens" if raw.get("max_completion_tokens") is not None else "max_tokens"
 
     temperature = _number(raw, "temperature", 0.0, float("inf"))
-    top_logprobs = _integer(raw, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    top_logprobs = _integer(raw, "top_logprobs", 0, max_logprobs)
     logprobs = _boolean(raw, "logprobs", False)
     if raw.get("top_logprobs") is not None and raw.get("logprobs") is None:
         logprobs = True  # MindIE: a valid top_logprobs turns logprobs on
@@ -342,7 +345,7 @@ def parse_parameters(raw: dict[str, Any] | None, *, stream: bool = False) -> Gen
         min_p=_number(raw, "min_p", 0.0, 1.0) or 0.0,
         add_generation_prompt=_boolean(raw, "add_generation_prompt", True),
         continue_final_message=_boolean(raw, "continue_final_message", False),
-        prompt_logprobs=_integer(raw, "prompt_logprobs", 0, MAX_TOP_LOGPROBS),
+        prompt_logprobs=_integer(raw, "prompt_logprobs", 0, max_logprobs),
     )
     _check_cross_field(raw, params, stream)
     return params

@@ -113,7 +113,7 @@ async def test_default_max_tokens_never_falls_below_min_tokens() -> None:
         ({"presence_penalty": -2.1}, "presence_penalty"),
         ({"min_tokens": -1}, "min_tokens"),
         ({"ignore_eos": 123}, "ignore_eos"),
-        ({"logprobs": 7}, "logprobs"),
+        ({"logprobs": 21}, "logprobs"),
         ({"logprobs": True}, "logprobs"),
         ({"n": 2, "best_of": 1, "temperature": 1}, "best_of"),
         ({"suffix": " and that is all."}, "suffix"),

@@ -3,7 +3,7 @@
 Owns ``EngineSettings`` (typed, validated, with documented defaults) and its conversion from and
 to Triton's string-valued config parameters, so the launcher writes exactly what the model reads.
 Its fields are declared by role in this package's modules (``model``, ``limits``,
-``speculative``, ``cpu``), each with the ``SettingInfo`` (``info``) that the launcher's flags, the
+``speculative``, ``prompt``, ``cpu``), each with the ``SettingInfo`` (``info``) that the launcher's flags, the
 ``config.json`` mapping and the configuration docs are generated from. No torch here.
 """
 
@@ -32,6 +32,7 @@ from python_backend.protocol.settings.info import (
 )
 from python_backend.protocol.settings.limits import LimitSettings
 from python_backend.protocol.settings.model import ModelOutputSettings, ModelSettings
+from python_backend.protocol.settings.prompt import PromptSettings
 from python_backend.protocol.settings.speculative import SpeculativeSettings
 
 __all__ = [
@@ -59,9 +60,11 @@ class SettingsError(ValueError):
 
 
 # Fields are collected base by base from the last base to the first, so this order lists the groups
-# backwards: model, limits, speculative decoding, output, CPU (the flags' and the docs' order).
+# backwards: model, limits, speculative decoding, prompt, output, CPU (the flags' and the docs' order).
 @dataclass(frozen=True)
-class EngineSettings(CpuSettings, ModelOutputSettings, SpeculativeSettings, LimitSettings, ModelSettings):
+class EngineSettings(
+    CpuSettings, ModelOutputSettings, PromptSettings, SpeculativeSettings, LimitSettings, ModelSettings
+):
     """Engine configuration. Every field is a ``config.pbtxt`` parameter of the same name."""
 
     def __post_init__(self) -> None:

@@ -193,6 +193,19 @@ class LimitSettings:
             docs="default and cap of `max_tokens`",
         ),
     )
+    max_logprobs: int = setting(
+        20,
+        SettingInfo(
+            "most top tokens a request may ask for in top_logprobs, logprobs or prompt_logprobs",
+            flag="--max-logprobs",
+            minimum=0,
+            metavar="N",
+            group=LIMITS_GROUP,
+            docs="as vLLM's `--max-logprobs`: the most alternatives a request may ask for in `top_logprobs` "
+            "(chat), `logprobs` (completions) or `prompt_logprobs`; more is a 400 naming the field and "
+            "the ceiling, from the frontend and from the model alike",
+        ),
+    )
     torch_threads: int = setting(
         0,
         SettingInfo(
