@@ -6,6 +6,9 @@ can run them:
 
 - ``bf16``: ``PackedLinear`` (oneDNN, weight prepacked once), what a bfloat16 model runs;
 - ``w8a8``: ``QuantLinear`` ``int_mm``: rows quantized per token, then ``torch._int_mm``;
+- ``w8a8-onednn``: not an engine kernel, a candidate: oneDNN's ``qlinear_pointwise`` (what Inductor's
+  x86 quantizer emits), rows quantized to uint8 with one dynamic scale for the whole input (it
+  takes no per-token scales), weights prepacked by ``qlinear_prepack``;
 - ``w8a16``: ``QuantLinear`` ``int8pack`` (``aten._weight_int8pack_mm``);
 - ``w4a16-g32`` / ``w4a16-g64``: ``QuantLinear`` ``int4pack`` (``aten._weight_int4pack_mm_for_cpu``;
   the demo model's width, 576, takes no group of 128).
@@ -36,7 +39,7 @@ _DEMO = {
     "num_key_value_heads": 3,
     "num_hidden_layers": 30,
 }
-FORMS = ("bf16", "w8a8", "w8a16", "w4a16-g32", "w4a16-g64")
+FORMS = ("bf16", "w8a8", "w8a8-onednn", "w8a16", "w4a16-g32", "w4a16-g64")
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,8 @@ def _product(form: str, weight: Any) -> Callable[[Any], Any]:
         linear.weight.data = weight.to(torch.bfloat16)
         return PackedLinear(linear).apply_unchecked
     int8 = quantize_per_channel(weight)
+    if form == "w8a8-onednn":
+        return _onednn_product(int8.values, int8.scale.reshape(-1))
     if form in ("w8a8", "w8a16"):
         activations = "dynamic" if form == "w8a8" else "none"
         quant = QuantWeight(int8.values, int8.scale, None, 8, int8.group_size, activations)
@@ -85,6 +90,25 @@ def _product(form: str, weight: Any) -> Callable[[Any], Any]:
     values = torch.round(blocks / scale.unsqueeze(-1)).clamp(-8, 7).to(torch.int8).flatten(1)
     quant = QuantWeight(values, scale, None, 4, group, "none")
     return QuantLinear(quant, None, torch.bfloat16, cpu).apply_unchecked
+
+
+def _onednn_product(levels: Any, scale: Any) -> Callable[[Any], Any]:
+    """oneDNN's quantized linear with a dynamic per-tensor uint8 input (its signed-int8 input path is
+    far slower on the machines tried)."""
+    import torch
+
+    packed = torch.ops.onednn.qlinear_prepack(levels, None)
+    zeros = torch.zeros(levels.shape[0], dtype=torch.int64)
+
+    def product(x: Any) -> Any:
+        rows = x.float()
+        x_scale = float(rows.abs().amax()) / 127 or 1.0
+        quantized = (torch.round(rows / x_scale) + 128).clamp(0, 255).to(torch.uint8)
+        return torch.ops.onednn.qlinear_pointwise(
+            quantized, x_scale, 128, packed, scale, zeros, None, 1.0, 0, torch.bfloat16, "none", [], ""
+        )
+
+    return product
 
 
 def time_form(form: str, shapes: list[Shape], layers: int, rows: int, warmup: int, repeats: int) -> float:
