@@ -231,6 +231,12 @@ def quantize_model(
         prefix = next(name for name, module in base.named_modules() if module is decoder) + "."
         refetch = _zero_point_names(info)
         zeros = _read_tensors(folder, {f"{name}.weight_zero_point" for name in refetch})
+        if zeros:
+            logger.info(
+                "read %d packed zero points from the checkpoint (transformers' MISMATCH report for them is "
+                "expected: compressed-tensors sizes them unpacked)",
+                len(zeros),
+            )
         for name, module in base.named_modules():
             if getattr(module, "quantization_scheme", None) is None or not isinstance(module, torch.nn.Linear):
                 continue
