@@ -1,6 +1,7 @@
 """Checks of the model folder and the device before tritonserver starts.
 
-Owns ``check_model_folder`` and ``check_device``: what the model would find missing only after
+Owns ``check_model_folder`` (with ``model_folder``, which adds the ``--tokenizer`` and
+``--chat-template`` that stand in for the folder's own) and ``check_device``: what the model would find missing only after
 tritonserver has started and its stub has imported torch (tens of seconds later, inside a long
 Triton table), found here from the files alone, each as one line that says what to do. They read
 no weights and import no torch; the model's own checks at load time stay the authority.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,16 @@ class ModelFolder:
     origin: str  # e.g. "--model" or "config.json ModelConfig.modelWeightPath"
     tokenizer: str = ""  # --tokenizer: the folder the tokenizer comes from instead ("" = this one)
     chat_template: bool = False  # --chat-template given: the folders need no template of their own
+
+
+def model_folder(path: Path, origin: str, engine_flags: Mapping[str, object]) -> ModelFolder:
+    """The model folder with the ``--tokenizer`` and ``--chat-template`` the engine flags give."""
+    return ModelFolder(
+        path,
+        origin,
+        tokenizer=str(engine_flags.get("tokenizer") or ""),
+        chat_template=bool(engine_flags.get("chat_template")),
+    )
 
 
 def check_model_folder(folder: ModelFolder) -> Path:

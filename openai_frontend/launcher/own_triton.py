@@ -24,7 +24,7 @@ from types import FrameType
 from openai_frontend.launcher.cache import cache_root
 from openai_frontend.launcher.demo_model import DEMO_DTYPE, DEMO_SERVED_NAME, ensure_demo_model
 from openai_frontend.launcher.dtype_check import check_dtype, checkpoint_torch_dtype
-from openai_frontend.launcher.model_check import ModelFolder, check_device, check_model_folder
+from openai_frontend.launcher.model_check import check_device, check_model_folder, model_folder
 from openai_frontend.launcher.model_repo import MODEL_NAME, backend_python_path, write_model_repository
 from openai_frontend.launcher.options import RepositoryOptions
 from openai_frontend.launcher.tied_child import tied_popen
@@ -52,7 +52,11 @@ def write_repository(options: RepositoryOptions) -> Path:
         raise FileExistsError(f"{target} already exists; remove it or give another folder")
     device = str(options.engine_flags.get("device", "auto"))
     check_device(device)
-    given = check_model_folder(ModelFolder(options.model, options.model_origin)) if options.model else None
+    given = (
+        check_model_folder(model_folder(options.model, options.model_origin, options.engine_flags))
+        if options.model
+        else None
+    )
     checkpoint = checkpoint_torch_dtype(given) if given is not None else DEMO_DTYPE
     check_dtype(str(options.engine_flags.get("dtype", "auto")), device, checkpoint)
     if given is not None:

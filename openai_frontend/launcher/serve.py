@@ -30,7 +30,7 @@ from openai_frontend.launcher.cache import cache_root
 from openai_frontend.launcher.demo_model import DEMO_DTYPE, DEMO_SERVED_NAME, DemoModelError, ensure_demo_model
 from openai_frontend.launcher.dtype_check import check_dtype, checkpoint_torch_dtype
 from openai_frontend.launcher.log_rotation import MIB, LogRotation
-from openai_frontend.launcher.model_check import ModelFolder, ModelFolderError, check_device, check_model_folder
+from openai_frontend.launcher.model_check import ModelFolderError, check_device, check_model_folder, model_folder
 from openai_frontend.launcher.model_repo import (
     MODEL_NAME,
     ModelRepositoryError,
@@ -138,13 +138,11 @@ def _serve(options: ServeOptions, state: _Shutdown, undo: contextlib.ExitStack, 
     cache = cache_root()
     # Everything that can be checked from files goes first: the demo conversion takes 20-45 s and
     # tritonserver's own report of a bad folder comes after the stub has imported torch.
-    folder = ModelFolder(
-        options.model or Path(),
-        options.model_origin,
-        tokenizer=str(options.engine_flags.get("tokenizer", "")),
-        chat_template=bool(options.engine_flags.get("chat_template")),
+    given = (
+        check_model_folder(model_folder(options.model, options.model_origin, options.engine_flags))
+        if options.model
+        else None
     )
-    given = check_model_folder(folder) if options.model else None
     check_device(options.device, options.device_origin)
     checkpoint = checkpoint_torch_dtype(given) if given is not None else DEMO_DTYPE
     dtype = check_dtype(options.dtype, options.device, checkpoint, options.dtype_origin)

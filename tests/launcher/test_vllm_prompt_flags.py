@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from openai_frontend.launcher.cli import parse_serve_args
+from openai_frontend.launcher.cli import parse_args, parse_serve_args
 from openai_frontend.launcher.model_check import ModelFolder, ModelFolderError, check_model_folder
-from openai_frontend.launcher.options import engine_settings
+from openai_frontend.launcher.model_repo import MODEL_NAME
+from openai_frontend.launcher.options import RepositoryOptions, engine_settings
+from openai_frontend.launcher.own_triton import write_repository
 
 
 def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -77,3 +79,22 @@ def test_the_model_folder_check_looks_in_the_tokenizer_folder(tmp_path: Path) ->
     with pytest.raises(ModelFolderError, match="--chat-template"):
         check_model_folder(ModelFolder(model, "--model", tokenizer=str(tokenizer)))
     assert check_model_folder(ModelFolder(model, "--model", tokenizer=str(tokenizer), chat_template=True)) == model
+
+
+def test_a_repository_for_your_own_triton_takes_the_tokenizer_folder(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"torch_dtype": "float32"}')
+    (model / "model.safetensors").write_text("")
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_text("{}")
+    (tokenizer / "chat_template.jinja").write_text("{{ messages[0].content }}")
+    argv = ["repository", str(tmp_path / "models"), "--model", str(model), "--dtype", "float32"]
+    options = parse_args([*argv, "--tokenizer", str(tokenizer), "--seed", "3"])
+    assert isinstance(options, RepositoryOptions)
+    assert write_repository(options) == model.resolve()
+    written = (tmp_path / "models" / MODEL_NAME / "config.pbtxt").read_text()
+    assert f'string_value: "{tokenizer.resolve()}"' in written
+    with pytest.raises(ModelFolderError, match="no tokenizer"):
+        write_repository(parse_args([argv[0], str(tmp_path / "other"), *argv[2:]]))  # type: ignore[arg-type]
