@@ -53,11 +53,6 @@ class StreamingConnection:
 
     async def post_lines(self, body: dict[str, object]) -> AsyncIterator[bytes]:
         """POST ``body`` as JSON; yield the response body's lines (without line ends)."""
-        if self._writer is None:
-            await self._connect()
-        reader, writer = self._reader, self._writer
-        if reader is None or writer is None:
-            raise ConnectionError("not connected")
         parts = urlsplit(self.url)
         payload = json.dumps(body).encode()
         head = [
@@ -68,12 +63,7 @@ class StreamingConnection:
             f"Content-Length: {len(payload)}",
             *(f"{k}: {v}" for k, v in self.headers.items()),
         ]
-        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
-        await writer.drain()
-        status_line = await reader.readline()
-        if not status_line:
-            await self.close()
-            raise ConnectionError("the server closed the connection")
+        reader, status_line = await self._send(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
         status = int(status_line.split()[1])
         length, chunked, close = None, False, False
         while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
@@ -99,6 +89,31 @@ class StreamingConnection:
             yield pending.rstrip(b"\r")
         if close or (length is None and not chunked):
             await self.close()
+
+    async def _send(self, request: bytes) -> tuple[asyncio.StreamReader, bytes]:
+        """Send ``request``; the reader and the response's status line. A kept-alive connection that
+        the server closed after its last response (llama-server does after each stream, without a
+        ``Connection: close``) is opened anew and the request sent once more: it was never read."""
+        reused = self._writer is not None
+        if not reused:
+            await self._connect()
+        reader, writer = self._reader, self._writer
+        if reader is None or writer is None:
+            raise ConnectionError("not connected")
+        try:
+            writer.write(request)
+            await writer.drain()
+            status_line = await reader.readline()
+        except ConnectionError:
+            status_line = b""
+            if not reused:
+                raise
+        if status_line:
+            return reader, status_line
+        await self.close()
+        if reused:
+            return await self._send(request)
+        raise ConnectionError("the server closed the connection")
 
     @staticmethod
     async def _body(reader: asyncio.StreamReader, length: int | None, chunked: bool) -> AsyncIterator[bytes]:

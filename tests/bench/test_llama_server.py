@@ -4,6 +4,7 @@ against a real llama-server needs llama.cpp built as its docstring says; it is n
 
 from __future__ import annotations
 
+import asyncio
 import json
 import stat
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from benchmarks.http_stream import StreamingConnection
 from benchmarks.llama_server import (
     CONTEXT_PER_SLOT,
     LlamaTools,
@@ -150,3 +152,34 @@ def test_bad_flags_name_the_flag(tmp_path: Path) -> None:
     assert done.returncode == 2 and "--type" in done.stderr and "BF16, Q8_0, Q4_1" in done.stderr
     done = _main("--model", str(model), "--llama-dir", str(tmp_path), "-c", "0")
     assert done.returncode == 2 and "-c and --threads must be >= 1" in done.stderr
+
+
+def test_the_load_client_reconnects_to_a_server_that_closes_after_each_stream() -> None:
+    """llama-server closes a connection after each streamed answer without ``Connection: close``;
+    the load generator's next request on it must be sent again on a new one, not counted failed."""
+
+    async def serve_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (await reader.readline()) not in (b"\r\n", b""):
+            pass  # the head; the body is small and left unread
+        event = b'data: {"n": 1}\n\n'
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        writer.write(head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(event), event))
+        await writer.drain()
+        writer.close()
+
+    async def three_requests() -> list[list[bytes]]:
+        server = await asyncio.start_server(serve_once, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        connection = StreamingConnection(f"http://127.0.0.1:{port}/v1/chat/completions")
+        try:
+            answers = []
+            for _ in range(3):
+                answers.append([line async for line in connection.post_lines({"stream": True})])
+                await asyncio.sleep(0.05)  # the server's close reaches the client first, as in a run
+            return answers
+        finally:
+            await connection.close()
+            server.close()
+            await server.wait_closed()
+
+    assert asyncio.run(three_requests()) == [[b'data: {"n": 1}', b""]] * 3
