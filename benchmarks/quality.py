@@ -2,8 +2,10 @@
 
 Each ``--variant NAME:key=value,...`` is a set of engine settings over the common ``--model`` /
 ``--dtype`` (``engine_ab.py``'s form: config.pbtxt names, as ``EngineSettings.from_parameters``
-reads them); the first is the reference, normally the 16-bit model as it is (``bf16:``). Each
-mode runs on a fresh engine, its requests built by the intake as a served request's are:
+reads them); the first is the reference, normally the 16-bit model as it is (``bf16:``). A
+quantized checkpoint of the same model is a mode too: ``w8a8:model_path=DIR`` (it must share the
+``--model``'s tokenizer, which tokenizes the text). Each mode runs on a fresh engine, its
+requests built by the intake as a served request's are:
 
 - greedy agreement: ``--prompts`` distinct chat prompts (a task and a topic each), greedy, up to
   ``--max-tokens`` tokens (an answer may end at the end-of-sequence token, as served). Per mode:
@@ -21,7 +23,7 @@ on every answer; with more in flight, batch composition can change a greedy choi
 to within rounding). Prints one JSON line per mode, then a Markdown table.
 
     python -m benchmarks.quality --model ~/.cache/triton-chat/models/SmolLM2-135M-Instruct \\
-        --dtype bfloat16 --variant bf16: --variant int8:quantization=int8
+        --dtype bfloat16 --variant bf16: --variant int8:quantization=int8 --variant w8a8:model_path=W8A8_DIR
     python -m benchmarks.quality --model ~/.cache/triton-chat/models/SmolLM2-135M-Instruct \\
         --dtype float32 --variant f32: --variant bf16kv:kv_cache_dtype=bfloat16
 """
