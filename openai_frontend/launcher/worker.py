@@ -18,7 +18,7 @@ from pathlib import Path
 
 from openai_frontend.launcher.cache import cache_root
 from openai_frontend.launcher.demo_model import DemoModelError, ensure_demo_model
-from openai_frontend.launcher.model_check import ModelFolder, ModelFolderError, check_device, check_model_folder
+from openai_frontend.launcher.model_check import ModelFolderError, check_device, check_model_folder, model_folder
 from openai_frontend.launcher.model_repo import backend_python_path
 from python_backend.protocol.settings import EngineSettings, SettingsError
 
@@ -49,7 +49,7 @@ def run_worker(options: WorkerOptions) -> int:
     """Check what can be checked here, then become the node's rank keeper; 1 on a bad start."""
     try:
         if options.model is not None:
-            model_dir = check_model_folder(ModelFolder(options.model, "--model"))
+            model_dir = check_model_folder(model_folder(options.model, "--model", options.values))
         else:
             model_dir = ensure_demo_model(cache_root(), logger.info)
         settings = worker_settings(options, model_dir)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from openai_frontend.launcher import worker
 from openai_frontend.launcher.cli import parse_args, parse_serve_args
 from openai_frontend.launcher.model_check import ModelFolder, ModelFolderError, check_model_folder
 from openai_frontend.launcher.model_repo import MODEL_NAME
@@ -98,3 +99,27 @@ def test_a_repository_for_your_own_triton_takes_the_tokenizer_folder(tmp_path: P
     assert f'string_value: "{tokenizer.resolve()}"' in written
     with pytest.raises(ModelFolderError, match="no tokenizer"):
         write_repository(parse_args([argv[0], str(tmp_path / "other"), *argv[2:]]))  # type: ignore[arg-type]
+
+
+def test_a_worker_node_takes_the_tokenizer_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_text("")
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_text("{}")
+    nodes = ["-tp", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29500"]
+    started: list[list[str]] = []
+
+    def execve(path: str, argv: list[str], env: dict[str, str]) -> None:
+        started.append(argv)
+        raise SystemExit(0)  # the node would become its rank keeper here
+
+    monkeypatch.setattr(worker.os, "execve", execve)
+    argv = ["worker", "--model", str(model), "--device", "cpu", "--chat-template", "{{ messages }}", *nodes]
+    assert worker.run_worker(parse_args(argv)) == 1  # type: ignore[arg-type]
+    assert started == []
+    with pytest.raises(SystemExit):
+        worker.run_worker(parse_args([*argv, "--tokenizer", str(tokenizer)]))  # type: ignore[arg-type]
+    assert str(tokenizer.resolve()) in started[0][-1]
