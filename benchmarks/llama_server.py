@@ -49,8 +49,16 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.servers import ServedProcess
-from benchmarks.traffic import TrafficReport, TrafficRequest, Workload, request_body, run_traffic
+from benchmarks.servers import ServedProcess, exit_on_sigterm
+from benchmarks.traffic import (
+    TrafficReport,
+    TrafficRequest,
+    Workload,
+    add_workload_arguments,
+    request_body,
+    run_traffic,
+    workload_from,
+)
 from benchmarks.traffic_compare import markdown
 from openai_frontend.launcher.network import free_port
 
@@ -208,11 +216,6 @@ def run_kind(
     return reports
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    # SystemExit unwinds through each server's ``finally``, so no llama-server outlives us.
-    raise SystemExit(128 + signum)
-
-
 def _kind(text: str) -> str:
     kind = text.upper()
     if kind not in TYPES:
@@ -235,27 +238,23 @@ def main() -> None:
     parser.add_argument("-c", "--concurrency", type=int, action="append", help="repeatable; default 1 and 16")
     parser.add_argument("-n", "--requests", type=int, default=0, help="requests per run (default 2*C)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="default: usable cores")
-    parser.add_argument("--input-len", type=int, default=256)
-    parser.add_argument("--input-range", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--output-range", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=1)
+    add_workload_arguments(parser)
     args = parser.parse_args()
     concurrencies = args.concurrency or [1, 16]
     if min(concurrencies) < 1 or args.requests < 0 or args.threads < 1:
         parser.error("-c and --threads must be >= 1 and -n >= 0")
     if not (args.model / "config.json").is_file():
         parser.error(f"--model: {args.model} is not a model folder (no config.json)")
+    if args.convert_path is not None and not args.convert_path.is_dir():
+        parser.error(f"--convert-path: no folder {args.convert_path}")
     tools = LlamaTools(args.llama_dir)
     if missing := tools.missing():
         parser.error(f"--llama-dir: not a built llama.cpp source folder (missing {', '.join(missing)}); see --help")
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     kinds = list(dict.fromkeys(args.type or TYPES))
     cache = args.llama_dir / "gguf"
     files = prepare_gguf(tools, args.model.resolve(), cache, kinds, args.threads, args.convert_path)
-    workload = Workload(
-        "distinct", args.input_len, args.input_range, args.output_len, args.output_range, 512, args.seed
-    )
+    workload = workload_from(args, shared_len=512)  # traffic_compare's, so the prompts are the same
     reports: list[TrafficReport] = []
     for kind in kinds:
         reports += run_kind(

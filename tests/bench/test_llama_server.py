@@ -150,6 +150,8 @@ def test_bad_flags_name_the_flag(tmp_path: Path) -> None:
     assert done.returncode == 2 and "--model:" in done.stderr
     done = _main("--model", str(model), "--llama-dir", str(tmp_path), "--type", "Q5_K")
     assert done.returncode == 2 and "--type" in done.stderr and "BF16, Q8_0, Q4_1" in done.stderr
+    done = _main("--model", str(model), "--llama-dir", str(tmp_path), "--convert-path", str(tmp_path / "none"))
+    assert done.returncode == 2 and "--convert-path: no folder" in done.stderr
     done = _main("--model", str(model), "--llama-dir", str(tmp_path), "-c", "0")
     assert done.returncode == 2 and "-c and --threads must be >= 1" in done.stderr
 
