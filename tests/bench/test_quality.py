@@ -105,3 +105,14 @@ def test_a_bad_variant_or_window_names_the_flag(tiny_model_dir: Path) -> None:
     assert done.returncode != 0 and "unknown model parameter 'no_such_setting'" in done.stderr
     done = _run(tiny_model_dir, "--variant", "ref:", "--stride", "64")
     assert done.returncode != 0 and "--window/--stride" in done.stderr
+
+
+def test_a_quantized_mode_is_measured_against_the_reference(tiny_model_dir: Path) -> None:
+    done = _run(tiny_model_dir, "--variant", "ref:", "--variant", "int8:quantization=int8")
+    assert done.returncode == 0, done.stderr[-3000:]
+    ref, int8 = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert int8["settings"] == {"quantization": "int8"} and int8["prompts"] == 4
+    assert 0 <= int8["identical"] <= 4 and int8["scored_tokens"] == ref["scored_tokens"] == 199
+    assert (int8["first_divergence_mean"] is None) == (int8["identical"] == 4)
+    assert int8["reference_perplexity"] == ref["perplexity"] and int8["perplexity"] > 1.0
+    assert int8["perplexity"] != ref["perplexity"]  # int8 weights change every logit a little
