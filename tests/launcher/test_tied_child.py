@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import psutil
 import pytest
 
 from openai_frontend.launcher.tied_child import TiedSpawner
+from tests.fixtures.orphans import kill_outright, parent_and_child
 
 ROOT = Path(__file__).resolve().parents[2]
 EXIT_WAIT_S = 10.0
@@ -31,24 +31,10 @@ sys.stdin.read()
 
 
 def test_the_child_outlives_the_thread_that_asked_but_not_the_process() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    launcher = subprocess.Popen(
-        [sys.executable, "-c", LAUNCHER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
-    )
-    child: psutil.Process | None = None
-    try:
-        assert launcher.stdout is not None
-        child = psutil.Process(int(launcher.stdout.readline()))
+    with parent_and_child(LAUNCHER) as (launcher, child):
         assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE  # the asking thread is gone
-        launcher.send_signal(signal.SIGKILL)
-        launcher.wait()
+        kill_outright(launcher)
         child.wait(EXIT_WAIT_S)  # raises psutil.TimeoutExpired if it stays
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
-        if child is not None and child.is_running():
-            child.kill()
 
 
 def test_a_failed_start_raises_in_the_caller() -> None:

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import psutil
-
 from python_backend.parallel.lifeline import ORPHANED_EXIT
 from python_backend.triton.orphan import SHM_DIR, own_regions
+from tests.fixtures.orphans import kill_outright, parent_and_child
 
-ROOT = Path(__file__).resolve().parents[2]
 EXIT_WAIT_S = 10.0
 # The parent starts the child and prints its pid; the child's lifeline cleans up a file it names.
 PARENT = """
@@ -36,33 +30,15 @@ threading.Event().wait()
 
 def test_the_child_cleans_up_and_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
     marker = tmp_path / "alive"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT, CHILD, str(marker)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    child: psutil.Process | None = None
-    try:
-        assert parent.stdout is not None
-        child = psutil.Process(int(parent.stdout.readline()))
+    with parent_and_child(PARENT, CHILD, str(marker)) as (parent, child):
         deadline = time.monotonic() + EXIT_WAIT_S
         while not marker.exists():  # the lifeline is armed once the marker is written
             assert time.monotonic() < deadline and child.is_running(), "the child never started"
             time.sleep(0.05)
-        parent.send_signal(signal.SIGKILL)
-        parent.wait()
+        kill_outright(parent)
         # The child is the parent's: reparented, its exit status goes to init; psutil sees it end.
         child.wait(EXIT_WAIT_S)  # raises psutil.TimeoutExpired if it stays
         assert not marker.exists()  # the clean-up ran before the exit
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait()
-        if child is not None and child.is_running():
-            child.kill()
 
 
 def test_the_stub_removes_only_the_regions_its_command_line_names() -> None:
