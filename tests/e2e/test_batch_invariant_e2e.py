@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from openai_frontend.launcher.network import free_port
-from tests.e2e.test_smoke import _read_until
+from tests.e2e.test_smoke import _finish, _read_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GREEDY: dict[str, Any] = {"model": "tiny", "temperature": 0, "max_tokens": 24, "ignore_eos": True}
@@ -79,10 +79,4 @@ def test_the_same_prompt_answers_the_same_alone_in_a_batch_cold_and_cached(
             alone_text, cached = _ask(http, fresh)
             assert cached > 0 and alone_text == batch_cold
     finally:
-        launcher.send_signal(signal.SIGINT)
-        try:
-            launcher.communicate(timeout=90)
-        finally:
-            if launcher.poll() is None:
-                os.killpg(launcher.pid, signal.SIGKILL)
-                launcher.wait()
+        _finish(launcher, signal.SIGINT, [])

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from openai_frontend.launcher.network import free_port
-from tests.e2e.test_smoke import _read_until
+from tests.e2e.test_smoke import _finish, _read_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant] "
@@ -48,13 +48,7 @@ def _serving(tmp_path: Path, *flags: str) -> Iterator[httpx.Client]:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
             yield http
     finally:
-        launcher.send_signal(signal.SIGINT)
-        try:
-            launcher.communicate(timeout=90)
-        finally:
-            if launcher.poll() is None:
-                os.killpg(launcher.pid, signal.SIGKILL)
-                launcher.wait()
+        _finish(launcher, signal.SIGINT, [])
 
 
 def _split_folders(tiny_model_dir: Path, tmp_path: Path) -> tuple[Path, Path]:

@@ -21,6 +21,17 @@ def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     return capsys.readouterr().err
 
 
+def _model_without_tokenizer(tmp_path: Path, config: str = "{}") -> tuple[Path, Path]:
+    """A model folder with no tokenizer, and a folder with only one (``tokenizer.json``)."""
+    model, tokenizer = tmp_path / "model", tmp_path / "tok"
+    model.mkdir()
+    (model / "config.json").write_text(config)
+    (model / "model.safetensors").write_text("")
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_text("{}")
+    return model, tokenizer
+
+
 def test_the_flags_reach_the_engine_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     template = tmp_path / "t.jinja"
     template.write_text("{{ messages[0].content }}")
@@ -68,13 +79,7 @@ def test_a_tokenizer_folder_without_a_tokenizer_is_refused(tmp_path: Path, capsy
 
 
 def test_the_model_folder_check_looks_in_the_tokenizer_folder(tmp_path: Path) -> None:
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    (model / "model.safetensors").write_text("")
-    tokenizer = tmp_path / "tok"
-    tokenizer.mkdir()
-    (tokenizer / "tokenizer.json").write_text("{}")
+    model, tokenizer = _model_without_tokenizer(tmp_path)
     with pytest.raises(ModelFolderError, match="no tokenizer"):
         check_model_folder(ModelFolder(model, "--model"))
     with pytest.raises(ModelFolderError, match="--chat-template"):
@@ -83,13 +88,7 @@ def test_the_model_folder_check_looks_in_the_tokenizer_folder(tmp_path: Path) ->
 
 
 def test_a_repository_for_your_own_triton_takes_the_tokenizer_folder(tmp_path: Path) -> None:
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text('{"torch_dtype": "float32"}')
-    (model / "model.safetensors").write_text("")
-    tokenizer = tmp_path / "tok"
-    tokenizer.mkdir()
-    (tokenizer / "tokenizer.json").write_text("{}")
+    model, tokenizer = _model_without_tokenizer(tmp_path, '{"torch_dtype": "float32"}')
     (tokenizer / "chat_template.jinja").write_text("{{ messages[0].content }}")
     argv = ["repository", str(tmp_path / "models"), "--model", str(model), "--dtype", "float32"]
     options = parse_args([*argv, "--tokenizer", str(tokenizer), "--seed", "3"])
@@ -102,13 +101,7 @@ def test_a_repository_for_your_own_triton_takes_the_tokenizer_folder(tmp_path: P
 
 
 def test_a_worker_node_takes_the_tokenizer_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    (model / "model.safetensors").write_text("")
-    tokenizer = tmp_path / "tok"
-    tokenizer.mkdir()
-    (tokenizer / "tokenizer.json").write_text("{}")
+    model, tokenizer = _model_without_tokenizer(tmp_path)
     nodes = ["-tp", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29500"]
     started: list[list[str]] = []
 
