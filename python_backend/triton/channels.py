@@ -23,10 +23,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from python_backend.engine.sequence import EngineEvent
+from python_backend.prompt.vllm_compat import VllmResponder
 from python_backend.protocol import contract
 from python_backend.protocol.channel_wire import ChannelEntry
 from python_backend.protocol.errors import ContractError, channel_closed, invalid
-from python_backend.prompt.vllm_compat import VllmResponder
 
 CHANNEL_NAME = re.compile(r"[A-Za-z0-9_.:-]{8,128}")
 # How often an open channel is asked whether its caller cancelled it (a round trip each): a
