@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -45,9 +46,28 @@ KEEPALIVE_EVENT = b": keep-alive\n\n"
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
+# Python's str.splitlines, and so httpx's iter_lines that many SSE clients read with, also ends a
+# line at these characters, which SSE does not and JSON leaves raw inside strings without
+# ensure_ascii: a model that writes one would cut such a client's event in two. Escaped, they are
+# the same JSON. (Those below U+0020 are escaped by the encoder already.)
+_SPLITLINES_ENDS = re.compile("[\x85\u2028\u2029]")
+
+
+def _escape_line_end(found: re.Match[str]) -> str:
+    return f"\\u{ord(found.group()):04x}"
+
+
+def json_bytes(value: Any) -> bytes:
+    """``value`` as compact UTF-8 JSON that every line splitter keeps on one line."""
+    text = _JSON.encode(value)
+    if _SPLITLINES_ENDS.search(text):
+        text = _SPLITLINES_ENDS.sub(_escape_line_end, text)
+    return text.encode("utf-8")
+
+
 def sse_event(payload: dict[str, Any]) -> bytes:
     """One SSE event."""
-    return b"data: " + _JSON.encode(payload).encode("utf-8") + b"\n\n"
+    return b"data: " + json_bytes(payload) + b"\n\n"
 
 
 def _chunk_delta(delta: ChoiceDelta) -> dict[str, Any]:
@@ -97,8 +117,8 @@ class ChoiceStreamFormatter(ABC):
         self.error: ErrorInfo | None = None  # what ended the stream, when an error did
         # Every chunk opens with the same four fields: serialized once per stream (without the
         # closing brace), so a token's event only serializes its ``choices``.
-        head = _JSON.encode(self._head())
-        self._choices_prefix = b"data: " + head[:-1].encode("utf-8") + b',"choices":'
+        head = json_bytes(self._head())
+        self._choices_prefix = b"data: " + head[:-1] + b',"choices":'
 
     def _choice(self, index: int) -> ChoiceAccumulator:
         if index not in self._choices:
@@ -107,7 +127,7 @@ class ChoiceStreamFormatter(ABC):
 
     def _choices_event(self, entry: dict[str, Any]) -> bytes:
         """``sse_event({**self._head(), "choices": [entry]})``, without re-serializing the head."""
-        return self._choices_prefix + _JSON.encode([entry]).encode("utf-8") + b"}\n\n"
+        return self._choices_prefix + json_bytes([entry]) + b"}\n\n"
 
     def _running_usage(self, choice: ChoiceAccumulator, completion_tokens: int) -> dict[str, int] | None:
         if not self._o.continuous_usage:

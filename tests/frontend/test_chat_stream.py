@@ -203,3 +203,22 @@ def test_a_running_chunk_is_exact_compact_json() -> None:
         "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}],
     }  # fmt: skip
     assert json.loads(text[6:])["choices"][0]["delta"] == {"content": "x"}
+
+
+def test_text_with_unicode_line_separators_stays_one_line_for_httpx_clients() -> None:
+    """U+2028, U+2029 and U+0085 end a line for str.splitlines, which httpx's ``iter_lines`` (what
+    many SSE clients read with) follows; sent raw inside a JSON string, a model that writes one cut
+    that client's event in two. Escaped, the client reads the same text in one line."""
+    from httpx._decoders import LineDecoder
+
+    from openai_frontend.chat.sse import StreamFormatter, StreamOptions
+
+    text = "a\u2028b\u2029c\x85d é"
+    formatter = StreamFormatter(StreamOptions("c", 1, "m\u2028", 1, False, True, False, False))
+    (event,) = formatter.on_delta(ChoiceDelta(0, text=text))
+    decoder = LineDecoder()
+    lines = [line for line in decoder.decode(event.decode("utf-8")) + decoder.flush() if line]
+    assert len(lines) == 1, lines
+    chunk = json.loads(lines[0].removeprefix("data: "))
+    assert chunk["choices"][0]["delta"]["content"] == text and chunk["model"] == "m\u2028"
+    assert "é".encode() in event  # other non-ASCII text stays raw UTF-8, as before
