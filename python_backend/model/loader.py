@@ -269,7 +269,6 @@ def load_model(settings: EngineSettings) -> LoadedModel:
         base.to(placement.device)  # type: ignore[arg-type]  # transformers' typed wrapper of nn.Module.to
         if quant.quantized:
             quantize_model(base, quant, folder, info, placement.dtype, placement.device)
-        synchronize(placement.device)  # so that the time reported is the copy's too
     except QuantizationError as exc:
         weights.failed(f"{folder.name}: {exc}")
         raise ModelLoadError(str(exc)) from exc
