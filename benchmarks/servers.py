@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -138,7 +139,7 @@ def vllm(python: str, model_dir: str, dtype: str, log: Path, extra_args: tuple[s
     return ServedProcess("vllm-cpu", command, env, port, log)
 
 
-class PeriodicSampler:
+class PeriodicSampler(ABC):
     """Calls ``sample`` on a daemon thread while the ``with`` block runs: at its start, then every
     ``interval_s`` until it ends."""
 
@@ -146,8 +147,9 @@ class PeriodicSampler:
     _stop: threading.Event
     _thread: threading.Thread
 
+    @abstractmethod
     def sample(self) -> None:
-        raise NotImplementedError
+        """Take one sample."""
 
     def __enter__(self: _Sampler) -> _Sampler:
         self._stop = threading.Event()
