@@ -5,7 +5,9 @@ down projections, each layer with weights of its own) at each row count, in ever
 can run them:
 
 - ``bf16``: ``PackedLinear`` (oneDNN, weight prepacked once), what a bfloat16 model runs;
-- ``w8a8``: ``QuantLinear`` ``int_mm``: rows quantized per token, then ``torch._int_mm``;
+- ``w8a8``: ``QuantLinear`` ``int_mm`` as the engine runs it: rows quantized per token and the
+  int32 result rescaled by the C passes (``cpu/int8_rows.py``), the product ``torch._int_mm``;
+- ``w8a8-torch``: the same with the two passes in PyTorch (where no C compiler is found);
 - ``w8a8-onednn``: not an engine kernel, a candidate: oneDNN's ``qlinear_pointwise`` (what Inductor's
   x86 quantizer emits), rows quantized to uint8 with one dynamic scale for the whole input (it
   takes no per-token scales), weights prepacked by ``qlinear_prepack``;
@@ -39,7 +41,7 @@ _DEMO = {
     "num_key_value_heads": 3,
     "num_hidden_layers": 30,
 }
-FORMS = ("bf16", "w8a8", "w8a8-onednn", "w8a16", "w4a16-g32", "w4a16-g64")
+FORMS = ("bf16", "w8a8", "w8a8-torch", "w8a8-onednn", "w8a16", "w4a16-g32", "w4a16-g64")
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ def _product(form: str, weight: Any) -> Callable[[Any], Any]:
     """The form's product for one float weight [N, K]."""
     import torch
 
+    from python_backend.cpu.int8_rows import build_int8_rows_kernel
     from python_backend.cpu.linear import PackedLinear
     from python_backend.cpu.quant_linear import QuantLinear, QuantWeight, quantize_per_channel
 
@@ -80,10 +83,13 @@ def _product(form: str, weight: Any) -> Callable[[Any], Any]:
     int8 = quantize_per_channel(weight)
     if form == "w8a8-onednn":
         return _onednn_product(int8.values, int8.scale.reshape(-1))
-    if form in ("w8a8", "w8a16"):
-        activations = "dynamic" if form == "w8a8" else "none"
+    if form in ("w8a8", "w8a8-torch", "w8a16"):
+        activations = "none" if form == "w8a16" else "dynamic"
         quant = QuantWeight(int8.values, int8.scale, None, 8, int8.group_size, activations)
-        return QuantLinear(quant, None, torch.bfloat16, cpu).apply_unchecked
+        rows_kernel = build_int8_rows_kernel() if form == "w8a8" else None
+        if form == "w8a8" and rows_kernel is None:
+            raise SystemExit("w8a8: the C row kernel did not build (see the log); time w8a8-torch instead")
+        return QuantLinear(quant, None, torch.bfloat16, cpu, rows_kernel).apply_unchecked
     group = int(form.rsplit("g", 1)[1])
     blocks = weight.float().unflatten(1, (-1, group))
     scale = (blocks.abs().amax(-1) / 7).clamp(min=1e-8)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from python_backend.cpu.int8_rows import build_int8_rows_kernel
 from python_backend.cpu.quant_linear import QuantWeight, install_quantized, quantize_per_channel
 
 logger = logging.getLogger(__name__)
@@ -251,6 +252,8 @@ def quantize_model(
             del base.ct_decompress_hook
         if not parts:
             raise QuantizationError(f"{_FIELD}: no linear layer of the model matches its targets")
-    install_quantized(decoder, parts, dtype, device)
+    dynamic = any(weight.activations != "none" for weight, _ in parts.values())
+    rows_kernel = build_int8_rows_kernel() if dynamic and device.type == "cpu" else None
+    install_quantized(decoder, parts, dtype, device, rows_kernel)
     logger.info("quantized weights (%s): %d linear layers", plan.summary, len(parts))
     return len(parts)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from python_backend.cpu.int8_rows import Int8RowsKernel, build_int8_rows_kernel
 from python_backend.cpu.quant_linear import (
     QuantLinear,
     QuantWeight,
@@ -112,7 +113,7 @@ def test_cuda_kernels_are_chosen_without_a_gpu() -> None:
     assert choose_kernel(_weight(4, 32, False, "none"), cuda) == "dequant"
 
 
-@pytest.mark.parametrize("form", ["bf16", "w8a8", "w8a8-onednn", "w8a16", "w4a16-g32", "w4a16-g64"])
+@pytest.mark.parametrize("form", ["bf16", "w8a8", "w8a8-torch", "w8a8-onednn", "w8a16", "w4a16-g32", "w4a16-g64"])
 def test_the_products_benchmark_times_correct_products(form: str) -> None:
     # benchmarks/quant_products.py times these: each must compute the float product, within its bits.
     from benchmarks.quant_products import FORMS, _product
@@ -125,3 +126,45 @@ def test_the_products_benchmark_times_correct_products(form: str) -> None:
     # bfloat16 rounds to ~0.4 %; int8 adds ~1 %; 4-bit levels ~8 % (measured 5-7 % here).
     tolerance = 0.02 if form in ("bf16", "w8a16") else 0.04 if form.startswith("w8a8") else 0.12
     assert _relative(got, x.float() @ weight.t()) < tolerance
+
+
+@pytest.fixture(scope="module")
+def rows_kernel() -> Int8RowsKernel:
+    kernel = build_int8_rows_kernel()
+    if kernel is None:
+        pytest.skip("no C compiler: W8A8 layers keep PyTorch's passes")
+    return kernel
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_c_row_quantization_gives_pytorchs_levels_and_scales(rows_kernel: Int8RowsKernel, dtype: torch.dtype) -> None:
+    x = (torch.randn(33, K) * torch.logspace(-3, 2, 33).unsqueeze(1)).to(dtype)
+    x[5] = 0  # an all-zero row: the smallest scale, every level 0
+    levels, scales = rows_kernel.quantize(x, None)
+    expected_scale = (x.float().abs().amax(1, keepdim=True) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    expected = torch.round(x.float() / expected_scale).clamp(-128, 127)
+    assert torch.allclose(scales, expected_scale, rtol=1e-6, atol=0)
+    # x * (1 / s) against x / s: a level may round the other way where x / s lies on a half.
+    differs = levels.float() != expected
+    assert int(differs.sum()) <= x.numel() // 1000 and float((levels.float() - expected).abs().max()) <= 1
+    assert not levels[5].any()
+    static, one = rows_kernel.quantize(x, torch.tensor(0.01))
+    # The largest rows overflow one fixed scale: their levels are clamped to int8's range.
+    assert one.numel() == 1 and int(static[-1].min()) == -128 and int(static[-1].max()) == 127
+
+
+@pytest.mark.parametrize("activations", ["dynamic", "static"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_c_passes_give_the_pytorch_product(rows_kernel: Int8RowsKernel, activations: str, dtype: torch.dtype) -> None:
+    weight = _weight(8, K, True, activations)
+    bias = torch.randn(N)
+    plain = QuantLinear(weight, bias, dtype, CPU)
+    fast = QuantLinear(weight, bias, dtype, CPU, rows_kernel)
+    x = torch.randn(2, 9, K).to(dtype)
+    got, expected = fast(x), plain(x)
+    assert got.shape == expected.shape == (2, 9, N) and got.dtype == dtype
+    # The bias is added before the one rounding to bfloat16 here, after it in PyTorch's passes.
+    assert _relative(got, expected) < (1e-5 if dtype == torch.float32 else 1e-2)
+    # A row's result does not depend on the rows beside it.
+    assert torch.equal(fast(x[:1, :1]), got[:1, :1])
+    assert fast.weight_bytes() == plain.weight_bytes()
