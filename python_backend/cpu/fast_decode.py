@@ -12,7 +12,7 @@ projections (``cpu/linear.py``), the running batch's cache and the decode attent
 
 It is used only where that equality is known to hold: exactly the ``LlamaDecoderLayer`` or
 ``Qwen2DecoderLayer`` classes, full attention in every layer (no sliding window), SiLU MLPs, every
-projection prepacked and merged, and no LoRA adapters (the engine falls back to the model's own forward).
+projection prepacked (or quantized: ``quant_linear.py``) and merged, and no LoRA adapters (the engine falls back to the model's own forward).
 
 ``mixed_logits`` is the same step with prompt tokens beside the decode rows, as vLLM's chunked
 prefill mixes them: every projection, norm and MLP runs once over all the step's tokens (the
@@ -41,12 +41,15 @@ from python_backend.cpu.fused_rope import RopeKernel
 from python_backend.cpu.linear import PackedLinear
 from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel
 from python_backend.cpu.prompt_attention import PromptAttentionKernel
+from python_backend.cpu.quant_linear import QuantLinear
 
 # (query [B, H, 1, D], keys, values [B, KV, L, D], keep [B, L] or None, scale) -> [B, 1, H, D]
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float], torch.Tensor]
 
 # The step's caches: any transformers cache (the step only calls ``update(key, value, layer)``);
 # the engine's own kind (engine/batch_cache.py) stays its type in the rows and segments it builds.
+# The products a layer's o/down projection may be: the same modules the model's forward calls.
+_PRODUCTS = (PackedLinear, QuantLinear)
 CacheT = TypeVar("CacheT", bound=Cache)
 
 
@@ -144,10 +147,10 @@ def _add_norm(
 class _Layer:
     input_norm: torch.nn.Module
     qkv: FusedProjections
-    o: PackedLinear
+    o: PackedLinear | QuantLinear
     post_norm: torch.nn.Module
     gate_up: FusedProjections
-    down: PackedLinear
+    down: PackedLinear | QuantLinear
     head_dim: int
     scaling: float
 
@@ -231,7 +234,7 @@ class FastDecoder:
             gate_up = _merged((mlp.gate_proj, mlp.up_proj))
             if qkv is None or gate_up is None:
                 return None
-            if not (type(attention.o_proj) is PackedLinear and type(mlp.down_proj) is PackedLinear):
+            if not (type(attention.o_proj) in _PRODUCTS and type(mlp.down_proj) in _PRODUCTS):
                 return None
             if getattr(attention, "sliding_window", None) is not None:
                 return None

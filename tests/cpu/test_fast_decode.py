@@ -1,4 +1,4 @@
-"""The lean CPU decode step gives exactly the logits of the model's own forward pass."""
+"""The lean CPU decode step gives exactly the logits of the model's own forward pass, 16/32-bit or quantized."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from python_backend.model.loader import LoadedModel
 from tests.fixtures.engine_driver import copy_batch, load_on_cpu, running_batch
 from tests.fixtures.onednn import BF16_PACK_SKIP
+from tests.fixtures.quantized_models import build_quantized
 
 
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
@@ -25,6 +27,23 @@ def test_fast_decode_logits_equal_the_model_forward(
     family: str, dtype: str, kv_cache_dtype: str, tiny_model_dir: Path, tiny_llama_dir: Path
 ) -> None:
     loaded = load_on_cpu(tiny_model_dir if family == "qwen2" else tiny_llama_dir, dtype, kv_cache_dtype=kv_cache_dtype)
+    _assert_steps_equal_the_model_forward(loaded)
+
+
+@pytest.mark.parametrize("kind", ["w8a8", "w8a8-static", "w8a16", "w4a16-asym", "int8"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=BF16_PACK_SKIP)])
+def test_fast_decode_runs_quantized_products_as_the_model_does(
+    kind: str, dtype: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # A quantized model's lean step calls the same quantized products as its forward pass.
+    if kind == "int8":
+        loaded = load_on_cpu(tiny_model_dir, dtype, quantization="int8")
+    else:
+        loaded = load_on_cpu(build_quantized(tiny_model_dir, tmp_path, kind), dtype)
+    _assert_steps_equal_the_model_forward(loaded)
+
+
+def _assert_steps_equal_the_model_forward(loaded: LoadedModel) -> None:
     fast = loaded.fast_decoder
     assert fast is not None
     prompts = [list(range(3, 40)), list(range(50, 61)), list(range(7, 30, 2))]
