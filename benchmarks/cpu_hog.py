@@ -2,14 +2,20 @@
 
 Owns ``CpuHog``, a context manager that starts the processes, waits until each one spins, and
 stops them by PID when the block ends. Each process also ends by itself after ``limit_s``, so a
-benchmark that dies leaves no busy process behind for long.
+benchmark that dies leaves no busy process behind for long. Also owns what a load beside them is
+held to: the targets, and ``recovery_s``, how soon after they end a load's output rate (over a
+sliding window of its tokens' arrival times) is back to a given level.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # Spins rather than sleeps: the point is to hold a core the way a busy process does.
 _BUSY = (
@@ -20,6 +26,13 @@ _BUSY = (
     "    pass\n"
 )
 _STOP_TIMEOUT_S = 10.0
+
+# Beside a neighbour: the targets the ratios line checks, and the window the recovery is measured on.
+BESIDE_MIN_RATIO = 0.5  # output tok/s beside ÷ alone
+BESIDE_MAX_TTFT_P99_RATIO = 3.0  # TTFT p99 beside ÷ alone
+RECOVERY_LEVEL = 0.95  # of the first run's output tok/s ...
+RECOVERY_LIMIT_S = 10.0  # ... within this long after the neighbours end
+RECOVERY_WINDOW_S = 2.0
 
 
 @dataclass
@@ -64,3 +77,30 @@ class CpuHog:
             if process.stdout is not None:
                 process.stdout.close()
         self._processes.clear()
+
+
+class Arrival(NamedTuple):
+    """One content chunk: when it came (``time.perf_counter()``) and the output tokens it stands for."""
+
+    at_s: float
+    tokens: float
+
+
+def recovery_s(
+    arrivals: Sequence[Arrival], since_s: float, target_per_s: float, window_s: float = RECOVERY_WINDOW_S
+) -> float | None:
+    """Seconds from ``since_s`` to the start of the first ``window_s`` window after it whose output
+    rate reaches ``target_per_s``; None when no window does (or there is no target)."""
+    if target_per_s <= 0 or window_s <= 0:
+        return None
+    after = sorted(a for a in arrivals if a.at_s > since_s)
+    times = [a.at_s for a in after]
+    tokens = list(itertools.accumulate((a.tokens for a in after), initial=0.0))
+    need = target_per_s * window_s * (1 - 1e-9)  # shares of a request's tokens add up with rounding
+    # The tokens in (start, start + window] grow only as the window's end passes an arrival, so the
+    # first start to reach the target is ``since_s`` or an arrival's time less the window.
+    for start in (since_s, *(t - window_s for t in times if t - window_s > since_s)):
+        inside = tokens[bisect.bisect_right(times, start + window_s)] - tokens[bisect.bisect_right(times, start)]
+        if inside >= need:
+            return round(start - since_s, 3)
+    return None

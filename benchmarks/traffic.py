@@ -11,9 +11,13 @@ generates the same number of tokens. Mixes:
   question (where a prefix cache should win).
 
 Arrivals are closed-loop (at most C in flight, ``-c``) or open-loop Poisson (``--rate`` requests/s).
-With ``--hog N`` the load runs twice, alone and then beside N busy single-threaded processes
-(``cpu_hog.py``; the second run's prompts have other first lines, so no prefix cache serves them
-from the first run), and a last JSON line gives the beside/alone ratios.
+With ``--hog N`` the load runs three times: alone, beside N busy single-threaded processes
+(``cpu_hog.py``), and alone again from the moment they end, each run on prompts of its own (other
+first lines, so no prefix cache serves one run from another). A last JSON line gives beside/alone
+output tok/s, TTFT p99 and ITL p99, again/alone output tok/s, ``recovery_s`` (seconds from the
+neighbours' end until the third run's output rate over a sliding 2-second window first reaches
+0.95x the first run's; null if it never does) and whether each target holds (beside >= 0.5x alone,
+TTFT p99 beside <= 3x alone, 0.95x alone again within 10 s).
 Prints one JSON line per run: output and total tokens/s, TTFT and ITL p50/p99 (ITL over every gap
 between content chunks of every request), goodput (requests/s that met the SLO), the prompt
 tokens the server counted (its ``usage``), and errors. Every request is bounded by a timeout and
@@ -27,14 +31,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import random
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import Protocol
 
-from benchmarks.cpu_hog import CpuHog
+from benchmarks.cpu_hog import (
+    BESIDE_MAX_TTFT_P99_RATIO,
+    BESIDE_MIN_RATIO,
+    RECOVERY_LEVEL,
+    RECOVERY_LIMIT_S,
+    RECOVERY_WINDOW_S,
+    Arrival,
+    CpuHog,
+    recovery_s,
+)
 from benchmarks.http_stream import StreamingConnection
 from benchmarks.load import RequestResult, one_request, percentile
 
@@ -142,36 +157,68 @@ class TrafficReport:
     slo: str
     error_samples: list[str] = field(default_factory=list)
     hog: int = 0  # busy single-threaded processes beside the server during the run
+    after_hog: int = 0  # busy processes that ended right before the run (the run alone again)
+
+
+def arrivals_of(sent_s: float, result: RequestResult) -> list[Arrival]:
+    """The content chunks of a request sent at ``sent_s``; its output tokens (the server's usage)
+    are spread evenly over them, as a chunk may carry several tokens or none of its own."""
+    if not result.ok:
+        return []
+    stamps = list(itertools.accumulate(result.gaps_s, initial=sent_s + result.ttft_s))
+    return [Arrival(stamp, result.tokens / len(stamps)) for stamp in stamps]
 
 
 @dataclass(frozen=True)
 class HogRatios:
-    """One load alone and beside busy processes: each figure beside ÷ alone."""
+    """One load alone, beside busy processes, and alone again from the moment they ended: the
+    figures beside and again ÷ the first run alone, and whether each target holds."""
 
     label: str
     arrivals: str
     hog: int
     output_tokens_per_s_alone: float
     output_tokens_per_s_beside: float
-    throughput_ratio: float
-    itl_p99_ratio: float
+    output_tokens_per_s_again: float
+    throughput_ratio: float  # output tok/s beside ÷ alone
     ttft_p99_ratio: float
+    itl_p99_ratio: float
+    again_over_alone: float  # output tok/s of the run alone again ÷ the first run's
+    recovery_s: float | None  # after the neighbours ended, see ``recovery_s``
+    throughput_target_met: bool
+    ttft_target_met: bool
+    recovery_target_met: bool
+    targets: str = (
+        f"beside/alone output tok/s >= {BESIDE_MIN_RATIO}, TTFT p99 beside/alone <= {BESIDE_MAX_TTFT_P99_RATIO}, "
+        f"{RECOVERY_LEVEL}x alone output tok/s over {RECOVERY_WINDOW_S:g} s within {RECOVERY_LIMIT_S:g} s "
+        "after the neighbours ended"
+    )
 
 
 def _ratio(beside: float, alone: float) -> float:
     return round(beside / alone, 3) if alone > 0 else 0.0
 
 
-def hog_ratios(alone: TrafficReport, beside: TrafficReport) -> HogRatios:
+def hog_ratios(
+    alone: TrafficReport, beside: TrafficReport, again: TrafficReport, recovered_s: float | None
+) -> HogRatios:
+    throughput = _ratio(beside.output_tokens_per_s, alone.output_tokens_per_s)
+    ttft = _ratio(beside.ttft_p99_ms, alone.ttft_p99_ms)
     return HogRatios(
         label=alone.label,
         arrivals=alone.arrivals,
         hog=beside.hog,
         output_tokens_per_s_alone=alone.output_tokens_per_s,
         output_tokens_per_s_beside=beside.output_tokens_per_s,
-        throughput_ratio=_ratio(beside.output_tokens_per_s, alone.output_tokens_per_s),
+        output_tokens_per_s_again=again.output_tokens_per_s,
+        throughput_ratio=throughput,
+        ttft_p99_ratio=ttft,
         itl_p99_ratio=_ratio(beside.itl_p99_ms, alone.itl_p99_ms),
-        ttft_p99_ratio=_ratio(beside.ttft_p99_ms, alone.ttft_p99_ms),
+        again_over_alone=_ratio(again.output_tokens_per_s, alone.output_tokens_per_s),
+        recovery_s=recovered_s,
+        throughput_target_met=throughput >= BESIDE_MIN_RATIO,
+        ttft_target_met=alone.ttft_p99_ms > 0 and ttft <= BESIDE_MAX_TTFT_P99_RATIO,
+        recovery_target_met=recovered_s is not None and recovered_s <= RECOVERY_LIMIT_S,
     )
 
 
@@ -224,13 +271,16 @@ async def run_traffic(
     slo_ttft_s: float = 1.0,
     slo_itl_s: float = 0.1,
     api_key: str | None = None,
+    warmup: bool = True,
+    arrivals: list[Arrival] | None = None,
 ) -> TrafficReport:
     """Send ``requests`` requests closed-loop (``rate`` None) or as Poisson arrivals at ``rate``/s.
 
     With Poisson arrivals ``concurrency`` still caps the connections in flight (a client pool's
     size), so that an overloaded server queues requests in the client rather than without bound.
     Several base URLs (replicas without a balancer) get the connections in turn, so a closed
-    loop keeps C/N requests in flight on each.
+    loop keeps C/N requests in flight on each. An untimed request goes first unless ``warmup`` is
+    False; ``arrivals``, when given, receives every content chunk of the timed requests.
     """
     urls = [base_url] if isinstance(base_url, str) else list(base_url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -246,16 +296,21 @@ async def run_traffic(
     async def send(body: dict[str, object]) -> None:
         connection = await pool.get()
         try:
-            results.append(await one_request(connection, body, timeout_s))
+            sent = time.perf_counter()
+            result = await one_request(connection, body, timeout_s)
+            results.append(result)
+            if arrivals is not None:
+                arrivals.extend(arrivals_of(sent, result))
         finally:
             pool.put_nowait(connection)
 
     try:
-        await one_request(connections[0], bodies[-1], timeout_s)  # not timed: first-request costs
+        if warmup:
+            await one_request(connections[0], bodies[-1], timeout_s)  # not timed: first-request costs
         rng = random.Random(workload.seed + 1)
         started = time.perf_counter()
 
-        async def arrivals() -> None:
+        async def dispatch() -> None:
             # Closed loop: every request waits for a free connection, so at most C are in flight
             # and the next starts as one ends. Open loop: requests arrive on their own clock.
             tasks = []
@@ -265,7 +320,7 @@ async def run_traffic(
                     await asyncio.sleep(rng.expovariate(rate))
             await asyncio.gather(*tasks)
 
-        await asyncio.wait_for(arrivals(), deadline_s)
+        await asyncio.wait_for(dispatch(), deadline_s)
         wall = time.perf_counter() - started
     finally:
         for connection in connections:
@@ -274,15 +329,41 @@ async def run_traffic(
     return summarize(label, workload, shape, results, wall, slo_ttft_s, slo_itl_s)
 
 
-def alone_and_beside(
-    run: Callable[[Workload], TrafficReport], workload: Workload, hog: int, limit_s: float
-) -> tuple[TrafficReport, TrafficReport]:
-    """``run`` alone, then with other prompts of the same lengths beside ``hog`` busy processes
-    (which end with the run, or after ``limit_s`` at the latest)."""
+class LoadRunner(Protocol):
+    """Runs one load and reports it (``run_traffic`` with the rest of its arguments bound)."""
+
+    def __call__(self, load: Workload, *, warmup: bool = True, arrivals: list[Arrival] | None = None) -> TrafficReport:
+        """``warmup`` and ``arrivals`` as ``run_traffic`` takes them."""
+        ...
+
+
+@dataclass(frozen=True)
+class HogRuns:
+    """The three runs of ``alone_beside_again`` and their ratios."""
+
+    alone: TrafficReport
+    beside: TrafficReport
+    again: TrafficReport
+    ratios: HogRatios
+
+
+def alone_beside_again(
+    run: LoadRunner, workload: Workload, hog: int, limit_s: float, clock: Callable[[], float] = time.perf_counter
+) -> HogRuns:
+    """``run`` alone; beside ``hog`` busy processes (which end with the run, or after ``limit_s`` at
+    the latest); then alone again from the moment they have ended, without a warm-up request, its
+    arrivals timed from that moment (``clock``, the clock of ``Arrival.at_s``). Each run has prompts
+    of its own of the same lengths."""
     alone = run(workload)
     with CpuHog(hog, limit_s):
-        beside = run(replace(workload, variant=workload.variant + 1))
-    return alone, replace(beside, hog=hog)
+        beside = replace(run(replace(workload, variant=workload.variant + 1)), hog=hog)
+    ended = clock()
+    arrivals: list[Arrival] = []
+    again = replace(
+        run(replace(workload, variant=workload.variant + 2), warmup=False, arrivals=arrivals), after_hog=hog
+    )
+    recovered = recovery_s(arrivals, ended, RECOVERY_LEVEL * alone.output_tokens_per_s)
+    return HogRuns(alone, beside, again, hog_ratios(alone, beside, again, recovered))
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser, seed: int = 1, output_range: int = 64) -> None:
@@ -315,13 +396,15 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--deadline", type=float, default=1800.0)
     parser.add_argument("--api-key", default=None, help="sent as a Bearer token")
-    parser.add_argument("--hog", type=int, default=0, help="also run beside N busy single-threaded processes")
+    parser.add_argument(
+        "--hog", type=int, default=0, help="also run beside N busy single-threaded processes, then alone again"
+    )
     args = parser.parse_args()
     if args.concurrency < 1 or args.requests < 0 or (args.rate is not None and args.rate <= 0) or args.hog < 0:
         parser.error("-c must be >= 1, -n >= 0, --rate > 0 and --hog >= 0")
     workload = workload_from(args, args.mix, args.shared_len)
 
-    def run(load: Workload) -> TrafficReport:
+    def run(load: Workload, *, warmup: bool = True, arrivals: list[Arrival] | None = None) -> TrafficReport:
         return asyncio.run(
             run_traffic(
                 args.base_url,
@@ -336,6 +419,8 @@ def main() -> None:
                 args.slo_ttft_ms / 1e3,
                 args.slo_itl_ms / 1e3,
                 args.api_key,
+                warmup,
+                arrivals,
             )
         )
 
@@ -343,8 +428,8 @@ def main() -> None:
         sys.stdout.write(json.dumps(asdict(run(workload))) + "\n")
         return
     # A run ends by its deadline; the busy processes a minute after it at the latest.
-    alone, beside = alone_and_beside(run, workload, args.hog, args.deadline + 60.0)
-    for line in (asdict(alone), asdict(beside), asdict(hog_ratios(alone, beside))):
+    runs = alone_beside_again(run, workload, args.hog, args.deadline + 60.0)
+    for line in (asdict(runs.alone), asdict(runs.beside), asdict(runs.again), asdict(runs.ratios)):
         sys.stdout.write(json.dumps(line) + "\n")
 
 

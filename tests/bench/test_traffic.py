@@ -1,23 +1,13 @@
-"""The realistic-traffic benchmark: distinct prompts, lengths in range, repeatable; loads beside busy processes."""
+"""The realistic-traffic benchmark: distinct prompts, lengths in range, repeatable, compared with vLLM."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-import psutil
 import pytest
 
-from benchmarks.cpu_hog import CpuHog
 from benchmarks.load import RequestResult
-from benchmarks.traffic import (
-    TrafficReport,
-    Workload,
-    alone_and_beside,
-    build_requests,
-    hog_ratios,
-    request_body,
-    summarize,
-)
+from benchmarks.traffic import Workload, build_requests, request_body, summarize
 from benchmarks.traffic_compare import markdown
 
 
@@ -95,46 +85,3 @@ def test_a_second_variant_has_other_prompts_of_the_same_lengths() -> None:
     assert {r.prompt for r in first}.isdisjoint(r.prompt for r in second)
     assert [r.max_tokens for r in first] == [r.max_tokens for r in second]
     assert [len(r.prompt.split()) for r in first] == [len(r.prompt.split()) for r in second]
-
-
-def test_hog_ratios_compare_each_figure_beside_the_busy_processes_with_alone() -> None:
-    quick = RequestResult(True, tokens=10, ttft_s=0.2, gaps_s=[0.04] * 9, prompt_tokens=100)
-    slow = RequestResult(True, tokens=10, ttft_s=0.5, gaps_s=[0.1] * 9, prompt_tokens=100)
-    alone = summarize("triton-chat", _workload(), "closed C=16", [quick, quick], 1.0, 1.0, 0.1)
-    beside = replace(summarize("triton-chat", _workload(), "closed C=16", [slow, slow], 2.0, 1.0, 0.1), hog=1)
-    ratios = hog_ratios(alone, beside)
-    assert ratios.hog == 1
-    assert (ratios.output_tokens_per_s_alone, ratios.output_tokens_per_s_beside) == (20.0, 10.0)
-    assert ratios.throughput_ratio == 0.5 and ratios.itl_p99_ratio == 2.5 and ratios.ttft_p99_ratio == 2.5
-    rows = markdown([alone, beside]).splitlines()
-    assert rows[3].startswith("| triton-chat | closed C=16, beside 1 busy | 10.0 | — |")
-    assert rows[-1] == "| triton-chat | closed C=16 | 1 | 20.0 / 10.0 | 0.50 | 2.50 | 2.50 |"
-
-
-def _busy_children() -> list[psutil.Process]:
-    def busy(child: psutil.Process) -> bool:
-        cmdline = child.cmdline()
-        return len(cmdline) >= 3 and cmdline[1] == "-c" and "print('busy'" in cmdline[2]
-
-    return [child for child in psutil.Process().children() if busy(child)]
-
-
-def test_alone_and_beside_runs_the_second_load_while_the_busy_processes_spin() -> None:
-    seen: list[tuple[Workload, list[str]]] = []
-
-    def run(load: Workload) -> TrafficReport:
-        seen.append((load, [child.status() for child in _busy_children()]))
-        return summarize("x", load, "closed C=1", [], 1.0, 1.0, 0.1)
-
-    alone, beside = alone_and_beside(run, _workload(), hog=2, limit_s=60.0)
-    assert (alone.hog, beside.hog) == (0, 2)
-    assert seen[0] == (_workload(), [])  # alone: none
-    assert seen[1] == (replace(_workload(), variant=1), [psutil.STATUS_RUNNING] * 2)  # spinning, not sleeping
-    assert _busy_children() == []  # stopped with the run
-
-
-def test_busy_processes_end_by_themselves_after_their_limit() -> None:
-    with CpuHog(1, limit_s=0.5) as hog:
-        (pid,) = hog.pids
-        psutil.Process(pid).wait(timeout=30)
-        assert hog.pids == []
