@@ -12,6 +12,7 @@ import argparse
 import gc
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
@@ -56,8 +57,14 @@ def _percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
-def run_engine(settings: EngineSettings, requests: list[TrafficRequest], concurrency: int) -> EngineRun:
-    """``requests`` through a fresh engine loaded with ``settings``, at most ``concurrency`` in flight."""
+def run_engine(
+    settings: EngineSettings,
+    requests: list[TrafficRequest],
+    concurrency: int,
+    on_started: Callable[[], None] | None = None,
+) -> EngineRun:
+    """``requests`` through a fresh engine loaded with ``settings``, at most ``concurrency`` in flight;
+    ``on_started`` is called when the timed part begins (after the load and the warm-up request)."""
     threads = serialize_current_thread()  # only the engine thread runs torch in parallel, as served
     if not settings.torch_threads:
         settings = replace(settings, torch_threads=threads)
@@ -105,6 +112,8 @@ def run_engine(settings: EngineSettings, requests: list[TrafficRequest], concurr
         engine.submit(make(-1, TrafficRequest(None, "warm up", 8)))  # not timed
         finished.acquire()
         tokens[0] = 0
+        if on_started is not None:
+            on_started()
         started = time.perf_counter()
         for index, request in enumerate(requests):
             slots.acquire()
