@@ -1,0 +1,122 @@
+"""A W8A8 int8 product of our own on CPUs with AVX512-VNNI: quantize the rows, multiply, rescale.
+
+Owns ``Int8Gemm`` (``native/int8_gemm.c``, built and loaded as the other native kernels are),
+``PackedInt8`` (a layer's weight packed for it) and ``build_int8_gemm``. ``torch._int_mm`` reaches
+about half of VNNI's int8 rate at the row counts of decode steps (no faster than bfloat16's
+products on the same CPU), so W8A8 gained memory but not time. This kernel keeps a block of rows
+by two tiles of 16 output channels in registers, takes the input as unsigned bytes (the levels
+plus 128, the shift compensated per channel) and fuses the rescale and bias into its epilogue.
+Its int32 sums are exact: a row's result does not depend on the rows beside it.
+
+May import torch and ``python_backend.cpu.native`` only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from python_backend.cpu.native.build import bind_functions, load_kernel
+
+SOURCE = Path(__file__).with_name("native") / "int8_gemm.c"
+TILE = 16  # output channels per packed tile (int8_gemm.c)
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+_QUANTIZE = {torch.bfloat16: "triton_chat_quantize_shifted_bf16", torch.float32: "triton_chat_quantize_shifted_f32"}
+_QUANTIZE_ARGS = (_PTR, _I64, _I64, _I64, ctypes.c_float, _PTR, _PTR)  # x, stride, rows, dim, static, levels, scales
+_GEMM = {torch.bfloat16: "triton_chat_int8_gemm_bf16", torch.float32: "triton_chat_int8_gemm_f32"}
+# a, m, k, packed, compensation, n, row scales, row step, col scales, bias, out, out stride
+_GEMM_ARGS = (_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64)
+
+
+@dataclass(frozen=True)
+class PackedInt8:
+    """An int8 weight [N, K] in the kernel's layout, with its per-channel shift compensation."""
+
+    packed: torch.Tensor  # int8 [ceil(N / 16) * 16 * K]
+    compensation: torch.Tensor  # int32 [ceil(N / 16) * 16]
+    out_features: int
+    in_features: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() + self.compensation.numel() * 4
+
+
+class Int8Gemm:
+    """``pack(values)`` once per layer, then ``product(x, packed, ...)`` per call."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        available = library.triton_chat_int8_gemm_available
+        available.restype, available.argtypes = ctypes.c_int, []
+        self.available = bool(available())
+        pack = library.triton_chat_int8_pack
+        pack.restype, pack.argtypes = ctypes.c_int, [_PTR, _I64, _I64, _PTR, _PTR]
+        self._pack = pack
+        self._quantize = bind_functions(library, _QUANTIZE, _QUANTIZE_ARGS)
+        self._gemm = bind_functions(library, _GEMM, _GEMM_ARGS)
+
+    @staticmethod
+    def takes(in_features: int) -> bool:
+        """Whether a weight of this width can be packed (the kernel reads k four at a time)."""
+        return in_features % 4 == 0
+
+    def pack(self, values: torch.Tensor) -> PackedInt8:
+        """``values`` int8 [N, K] (CPU) in the kernel's layout."""
+        n, k = values.shape
+        if values.dtype != torch.int8 or not self.takes(k):
+            raise ValueError(f"int8 weights with a width divisible by 4 are packed, got {values.dtype} [{n}, {k}]")
+        padded = -(-n // TILE) * TILE
+        packed = torch.empty(padded * k, dtype=torch.int8)
+        compensation = torch.empty(padded, dtype=torch.int32)
+        source = values.contiguous()
+        if self._pack(source.data_ptr(), n, k, packed.data_ptr(), compensation.data_ptr()) != 0:
+            raise RuntimeError(f"packing an int8 weight of shape [{n}, {k}] failed")
+        return PackedInt8(packed, compensation, n, k)
+
+    @staticmethod
+    def handles(rows: torch.Tensor) -> bool:
+        """Whether ``rows`` (2-D, the layer's input) can go through ``product``."""
+        return rows.device.type == "cpu" and rows.dtype in _GEMM and rows.dim() == 2 and rows.stride(-1) == 1
+
+    def product(
+        self,
+        rows: torch.Tensor,
+        weight: PackedInt8,
+        weight_scales: torch.Tensor,
+        bias: torch.Tensor | None,
+        static_scale: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """``rows`` [M, K] times the weight: [M, N] of ``rows``' dtype. ``weight_scales`` float32 [N],
+        ``bias`` float32 [N] or None, ``static_scale`` the checkpoint's input scale or None (per row)."""
+        count, dim = rows.shape
+        levels = torch.empty((count, dim), dtype=torch.uint8)
+        if static_scale is not None:
+            scales, fixed, step = static_scale.reshape(1), float(static_scale), 0
+        else:
+            scales, fixed, step = torch.empty(count, dtype=torch.float32), 0.0, 1
+        status = self._quantize[rows.dtype](
+            rows.data_ptr(), rows.stride(0), count, dim, fixed, levels.data_ptr(), scales.data_ptr()
+        )
+        if status != 0:
+            raise RuntimeError(f"int8 quantize kernel failed with status {status} for shape {tuple(rows.shape)}")
+        out = torch.empty((count, weight.out_features), dtype=rows.dtype)
+        status = self._gemm[rows.dtype](
+            levels.data_ptr(), count, dim, weight.packed.data_ptr(), weight.compensation.data_ptr(),
+            weight.out_features, scales.data_ptr(), step, weight_scales.data_ptr(),
+            bias.data_ptr() if bias is not None else None, out.data_ptr(), out.stride(0),
+        )  # fmt: skip
+        if status != 0:
+            raise RuntimeError(f"int8 product kernel failed with status {status} for shape {tuple(rows.shape)}")
+        return out
+
+
+def build_int8_gemm(cache_dir: Path | None = None) -> Int8Gemm | None:
+    """The kernel where it builds and this CPU has AVX512-VNNI; None otherwise (the reason logged)."""
+    missing = "the int8 product kernel is not available: W8A8 layers use torch._int_mm"
+    # Without reassociation the epilogue multiplies in one order in every block size, so a row's
+    # result does not depend on how many rows share its block.
+    kernel = load_kernel(Int8Gemm, SOURCE, cache_dir, missing, extra_flags=("-fno-fast-math",))
+    return kernel if kernel is not None and kernel.available else None
