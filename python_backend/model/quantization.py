@@ -7,7 +7,9 @@ quantized linear layer of the loaded model replaced by ``cpu/quant_linear.QuantL
 levels stay int8 or packed 4-bit). Supported: compressed-tensors ``int-quantized``,
 ``naive-quantized`` and ``pack-quantized`` folders with int8 weights per channel and int8
 activations (dynamic per token, or a static per-tensor scale), and weight-only 8/4-bit weights per
-channel or per group, symmetric or asymmetric. See docs/quantization.md.
+channel or per group, symmetric or asymmetric; and ``gguf``: a folder converted from a GGUF file
+served from the GGUF's own Q4_0/Q4_1 blocks (``gguf_blocks.py``) instead of its widened weights.
+See docs/quantization.md.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 
 from python_backend.cpu.int8_rows import build_int8_rows_kernel
 from python_backend.cpu.quant_linear import QuantWeight, install_quantized, quantize_per_channel
+from python_backend.model.gguf_blocks import BLOCKS_FILE, GGUFBlocksError, read_gguf_weights
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +37,8 @@ class QuantizationError(ValueError):
 
 @dataclass(frozen=True)
 class QuantPlan:
-    """How the folder's weights load: ``none``, ``compressed-tensors`` or ``int8`` (made at load time)."""
+    """How the folder's weights load: ``none``, ``compressed-tensors``, ``int8`` (made at load time) or
+    ``gguf`` (the blocks of the GGUF file the folder was converted from)."""
 
     mode: str
     config: Any = None  # compressed_tensors.QuantizationConfig for a compressed-tensors folder
@@ -129,7 +133,7 @@ def read_config(raw: Any) -> Any:
 
 
 def plan_quantization(setting: str, folder_config: dict[str, Any]) -> QuantPlan:
-    """``--quantization`` (``auto``, ``none``, ``int8``) against the folder's ``config.json``."""
+    """``--quantization`` (``auto``, ``none``, ``int8``, ``gguf``) against the folder's ``config.json``."""
     raw = folder_config.get(_FIELD)
     if setting == "auto":
         if raw is None:
@@ -146,7 +150,9 @@ def plan_quantization(setting: str, folder_config: dict[str, Any]) -> QuantPlan:
         return QuantPlan("none")
     if setting == "int8":
         return QuantPlan("int8", summary="W8A8 int8 (dynamic, made at load time)")
-    raise QuantizationError(f"quantization '{setting}' is not one of auto, none, int8")
+    if setting == "gguf":
+        return QuantPlan("gguf", summary="W4A16 g32, the GGUF file's Q4_0/Q4_1 blocks")
+    raise QuantizationError(f"quantization '{setting}' is not one of auto, none, int8, gguf")
 
 
 def load_arguments(plan: QuantPlan) -> dict[str, Any]:
@@ -215,6 +221,44 @@ def _module_weight(name: str, module: Any, packed_zero: torch.Tensor | None) -> 
     return QuantWeight(values, scale.reshape(values.shape[0], -1), zero, args.num_bits, group, activations, input_scale)
 
 
+def _gguf_parts(base: Any, folder: Path, prefix: str) -> dict[str, tuple[QuantWeight, torch.Tensor | None]]:
+    """The folder's GGUF blocks (``gguf_blocks.py``) by the decoder's layer names, with their biases."""
+    try:
+        weights = read_gguf_weights(folder)
+    except FileNotFoundError as exc:
+        raise QuantizationError(
+            f"quantization 'gguf' needs a folder converted from a GGUF file (the demo model); {folder} has no "
+            f"{BLOCKS_FILE}"
+        ) from exc
+    except GGUFBlocksError as exc:
+        raise QuantizationError(f"quantization 'gguf': {folder / BLOCKS_FILE}: {exc}") from exc
+    parts: dict[str, tuple[QuantWeight, torch.Tensor | None]] = {}
+    for key, weight in weights.items():
+        name = key.removesuffix(".weight")
+        try:
+            module = base.get_submodule(name) if name.startswith(prefix) else None
+        except AttributeError:
+            module = None
+        if not isinstance(module, torch.nn.Linear):
+            raise QuantizationError(
+                f"quantization 'gguf': {BLOCKS_FILE} holds '{key}', which is no linear layer of the model's decoder"
+            )
+        if tuple(module.weight.shape) != (weight.out_features, weight.in_features):
+            raise QuantizationError(
+                f"quantization 'gguf': {BLOCKS_FILE}'s '{key}' is {weight.out_features} x {weight.in_features}, "
+                f"the model's layer {module.out_features} x {module.in_features}"
+            )
+        parts[name.removeprefix(prefix)] = (weight, module.bias)
+    if not parts:
+        raise QuantizationError(f"quantization 'gguf': {folder / BLOCKS_FILE} holds no 4-bit blocks")
+    return parts
+
+
+def _decoder_prefix(base: Any, decoder: Any) -> str:
+    """The decoder's name in ``base``, with the dot: ``model.``."""
+    return next(name for name, module in base.named_modules() if module is decoder) + "."
+
+
 def quantize_model(
     base: Any, plan: QuantPlan, folder: Path, info: dict[str, Any], dtype: torch.dtype, device: torch.device
 ) -> int:
@@ -228,8 +272,10 @@ def quantize_model(
         for name, module in decoder.named_modules():
             if type(module) is torch.nn.Linear:
                 parts[name] = (quantize_per_channel(module.weight), module.bias)
+    elif plan.mode == "gguf":
+        parts = _gguf_parts(base, folder, _decoder_prefix(base, decoder))
     elif plan.mode == "compressed-tensors":
-        prefix = next(name for name, module in base.named_modules() if module is decoder) + "."
+        prefix = _decoder_prefix(base, decoder)
         refetch = _zero_point_names(info)
         zeros = _read_tensors(folder, {f"{name}.weight_zero_point" for name in refetch})
         if zeros:

@@ -52,20 +52,23 @@ class ModelSettings:
             "float32 where the CPU has no bfloat16 kernels, as on AVX2-only x86), `bfloat16`, `float16`, `float32`",
         ),
     )
-    # Quantized weights (docs/quantization.md): the folder's compressed-tensors config, or int8 made
-    # at load time from a 16/32-bit folder.
+    # Quantized weights (docs/quantization.md): the folder's compressed-tensors config, int8 made at
+    # load time from a 16/32-bit folder, or the 4-bit blocks of the GGUF file the folder came from.
     quantization: str = setting(
         "auto",
         SettingInfo(
             "auto: as the folder's quantization_config says (none without one); none: 16/32-bit "
-            "weights only; int8: W8A8 made at load time from a 16/32-bit folder",
+            "weights only; int8: W8A8 made at load time from a 16/32-bit folder; gguf: the 4-bit "
+            "blocks of the GGUF file the folder was converted from (the demo model)",
             flag="--quantization",
             mindie_key="quantize",
-            choices=("auto", "none", "int8"),
+            choices=("auto", "none", "int8", "gguf"),
             docs="`auto`: a compressed-tensors folder (`quantization_config` in its `config.json`: W8A8 int8, "
             "W8A16, W4A16) keeps its quantized weights, any other folder loads as `dtype` says; `none`: "
             "refuse a quantized folder; `int8`: quantize a 16/32-bit folder's decoder to int8 at load time "
-            "(per-channel weights, per-token dynamic activations); see [quantization](quantization.md)",
+            "(per-channel weights, per-token dynamic activations); `gguf`: serve the Q4_0/Q4_1 blocks of the "
+            "GGUF file a folder was converted from (the demo model) with the 4-bit kernel; see "
+            "[quantization](quantization.md)",
         ),
     )
     device: str = setting(
