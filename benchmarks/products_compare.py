@@ -108,25 +108,22 @@ def model_shapes(model_dir: Path) -> list[Shape]:
 
 
 def _ours(quant: str) -> Maker:
-    """Our products: ``PackedLinear``, or for W8A8 ``QuantLinear`` with the C row passes built once."""
+    """Our products: ``PackedLinear``, or for W8A8 ``QuantLinear`` with the C paths the engine builds."""
     import torch
 
     from python_backend.cpu.linear import PackedLinear
+    from python_backend.cpu.quant_linear import Int8Paths
 
-    rows_kernel = None
-    if quant == "w8a8":
-        from python_backend.cpu.int8_rows import build_int8_rows_kernel
-
-        rows_kernel = build_int8_rows_kernel()
-        if rows_kernel is None:
-            raise SystemExit("ours: the C row kernel (python_backend/cpu/int8_rows.py) did not build (see the log)")
+    int8 = Int8Paths.build() if quant == "w8a8" else None
+    if int8 is not None and int8.rows is None and int8.gemm is None:
+        raise SystemExit("ours: no C int8 path built (python_backend/cpu/int8_gemm.py, int8_rows.py; see the log)")
 
     def make(weight: Any, quantized: bool) -> tuple[Product, str]:
         if quantized:
             from python_backend.cpu.quant_linear import QuantLinear, quantize_per_channel
 
-            layer = QuantLinear(quantize_per_channel(weight), None, weight.dtype, torch.device("cpu"), rows_kernel)
-            return layer.apply_unchecked, f"QuantLinear {layer.kernel}, C row passes"
+            layer = QuantLinear(quantize_per_channel(weight), None, weight.dtype, torch.device("cpu"), int8)
+            return layer.apply_unchecked, f"QuantLinear {layer.kernel}"
         linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
         linear.weight.data = weight
         return PackedLinear(linear).apply_unchecked, "PackedLinear"

@@ -5,9 +5,10 @@ down projections, each layer with weights of its own) at each row count, in ever
 can run them:
 
 - ``bf16``: ``PackedLinear`` (oneDNN, weight prepacked once), what a bfloat16 model runs;
-- ``w8a8``: ``QuantLinear`` ``int_mm`` as the engine runs it: rows quantized per token and the
-  int32 result rescaled by the C passes (``cpu/int8_rows.py``), the product ``torch._int_mm``;
-- ``w8a8-torch``: the same with the two passes in PyTorch (where no C compiler is found);
+- ``w8a8``: ``QuantLinear`` as the engine runs it: our AVX512-VNNI int8 product
+  (``cpu/int8_gemm.py``) where the CPU has it, else ``torch._int_mm`` with the row passes in C;
+- ``w8a8-intmm``: ``torch._int_mm`` with the row passes in C (``cpu/int8_rows.py``);
+- ``w8a8-torch``: ``torch._int_mm`` with the two passes in PyTorch (where no C compiler is found);
 - ``w8a8-onednn``: not an engine kernel, a candidate: oneDNN's ``qlinear_pointwise`` (what Inductor's
   x86 quantizer emits), rows quantized to uint8 with one dynamic scale for the whole input (it
   takes no per-token scales), weights prepacked by ``qlinear_prepack``;
@@ -41,7 +42,7 @@ _DEMO = {
     "num_key_value_heads": 3,
     "num_hidden_layers": 30,
 }
-FORMS = ("bf16", "w8a8", "w8a8-torch", "w8a8-onednn", "w8a16", "w4a16-g32", "w4a16-g64")
+FORMS = ("bf16", "w8a8", "w8a8-intmm", "w8a8-torch", "w8a8-onednn", "w8a16", "w4a16-g32", "w4a16-g64")
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def _product(form: str, weight: Any) -> Callable[[Any], Any]:
 
     from python_backend.cpu.int8_rows import build_int8_rows_kernel
     from python_backend.cpu.linear import PackedLinear
-    from python_backend.cpu.quant_linear import QuantLinear, QuantWeight, quantize_per_channel
+    from python_backend.cpu.quant_linear import Int8Paths, QuantLinear, QuantWeight, quantize_per_channel
 
     cpu = torch.device("cpu")
     if form == "bf16":
@@ -83,13 +84,14 @@ def _product(form: str, weight: Any) -> Callable[[Any], Any]:
     int8 = quantize_per_channel(weight)
     if form == "w8a8-onednn":
         return _onednn_product(int8.values, int8.scale.reshape(-1))
-    if form in ("w8a8", "w8a8-torch", "w8a16"):
+    if form in ("w8a8", "w8a8-intmm", "w8a8-torch", "w8a16"):
         activations = "none" if form == "w8a16" else "dynamic"
         quant = QuantWeight(int8.values, int8.scale, None, 8, int8.group_size, activations)
-        rows_kernel = build_int8_rows_kernel() if form == "w8a8" else None
-        if form == "w8a8" and rows_kernel is None:
-            raise SystemExit("w8a8: the C row kernel did not build (see the log); time w8a8-torch instead")
-        return QuantLinear(quant, None, torch.bfloat16, cpu, rows_kernel).apply_unchecked
+        paths = {"w8a8": Int8Paths.build, "w8a8-intmm": lambda: Int8Paths(build_int8_rows_kernel())}
+        int8_paths = paths[form]() if form in paths else None
+        if int8_paths is not None and int8_paths.rows is None and int8_paths.gemm is None:
+            raise SystemExit(f"{form}: no C int8 path built (see the log); time w8a8-torch instead")
+        return QuantLinear(quant, None, torch.bfloat16, cpu, int8_paths).apply_unchecked
     group = int(form.rsplit("g", 1)[1])
     blocks = weight.float().unflatten(1, (-1, group))
     scale = (blocks.abs().amax(-1) / 7).clamp(min=1e-8)

@@ -77,6 +77,11 @@ class Int8Gemm:
         return PackedInt8(packed, compensation, n, k)
 
     @staticmethod
+    def handles_dtype(dtype: torch.dtype) -> bool:
+        """Whether layers of this dtype can run here (bfloat16 and float32)."""
+        return dtype in _GEMM
+
+    @staticmethod
     def handles(rows: torch.Tensor) -> bool:
         """Whether ``rows`` (2-D, the layer's input) can go through ``product``."""
         return rows.device.type == "cpu" and rows.dtype in _GEMM and rows.dim() == 2 and rows.stride(-1) == 1

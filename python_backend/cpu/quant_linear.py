@@ -6,9 +6,12 @@ checkpoint's), ``QuantLinear`` (the product, with the kernel chosen once per lay
 weight) and ``install_quantized`` (the layers put in place, q/k/v and gate/up of a layer merged
 into one quantized product, as ``fused_projections.py`` does for prepacked bfloat16 weights).
 
-Kernels, all from torch (``QuantLinear.kernel`` names the one a layer runs):
+Kernels (``QuantLinear.kernel`` names the one a layer runs):
 
-- ``int_mm`` (W8A8): activations quantized per row (dynamic) or with the checkpoint's static scale,
+- ``int8_vnni`` (W8A8 on CPUs with AVX512-VNNI): our own int8 product (``int8_gemm.py``), the
+  rows quantized to unsigned bytes and the result rescaled in the same C library; the weight is
+  held only in its packed layout.
+- ``int_mm`` (W8A8 elsewhere): activations quantized per row (dynamic) or with the checkpoint's static scale,
   then ``torch._int_mm`` (oneDNN's int8 GEMM with VNNI/AMX on x86; cuBLASLt on CUDA), int32
   results scaled back per row and per output channel. On CPU the two passes around the product
   run in C (``int8_rows.py``) when it builds, and the weight is handed over as the transposed view
@@ -19,9 +22,8 @@ Kernels, all from torch (``QuantLinear.kernel`` names the one a layer runs):
 - ``dequant`` (anything else: group-wise 8-bit, asymmetric 8-bit, 4-bit off the CPU): the levels
   stay in memory as int8 and are widened for each call; correct, not fast.
 
-The merged products keep the model's own forward (``ProjectionSlice``), but the lean decode step
-(``fast_decode.py``) reads prepacked bfloat16 weights only, so a quantized model runs the model's
-forward for decode.
+The merged products keep the model's own forward (``ProjectionSlice``), and the lean decode step
+(``fast_decode.py``) calls the same products.
 """
 
 from __future__ import annotations
@@ -33,13 +35,29 @@ from typing import Any
 import torch
 
 from python_backend.cpu.fused_projections import FusedProjections, ProjectionSlice, merge_eligible_layer_types
-from python_backend.cpu.int8_rows import Int8RowsKernel
+from python_backend.cpu.int8_gemm import Int8Gemm, PackedInt8, build_int8_gemm
+from python_backend.cpu.int8_rows import Int8RowsKernel, build_int8_rows_kernel
 
 logger = logging.getLogger(__name__)
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what the CPU int4 kernel takes
 # torch._int_mm on CUDA wants more than 16 rows and dimensions in multiples of 8.
 _CUDA_MIN_ROWS = 17
+
+
+@dataclass(frozen=True)
+class Int8Paths:
+    """The C paths of W8A8 products on CPU: our int8 product where the CPU has AVX512-VNNI (``gemm``),
+    else ``torch._int_mm`` with the row passes in C (``rows``); both None: PyTorch's passes."""
+
+    rows: Int8RowsKernel | None = None
+    gemm: Int8Gemm | None = None
+
+    @classmethod
+    def build(cls) -> Int8Paths:
+        """What this machine builds (each kernel logs why it is missing)."""
+        gemm = build_int8_gemm()
+        return cls(None if gemm is not None else build_int8_rows_kernel(), gemm)
 
 
 @dataclass(frozen=True)
@@ -118,11 +136,12 @@ def concat_weights(weights: list[QuantWeight]) -> QuantWeight | None:
     )
 
 
-def choose_kernel(weight: QuantWeight, device: torch.device) -> str:
-    """The product that serves ``weight`` on ``device`` (the module docstring lists them)."""
+def choose_kernel(weight: QuantWeight, device: torch.device, vnni: bool = False) -> str:
+    """The product that serves ``weight`` on ``device`` (the module docstring lists them); ``vnni``:
+    whether our int8 product (``int8_gemm.py``) is available for this layer's dtype."""
     per_channel = weight.group_size == weight.in_features
     if weight.activations != "none":
-        return "int_mm"
+        return "int8_vnni" if vnni and device.type == "cpu" and Int8Gemm.takes(weight.in_features) else "int_mm"
     if device.type == "cpu" and weight.bits == 8 and per_channel and weight.zero is None and weight.offset is None:
         return "int8pack"
     if (
@@ -142,6 +161,8 @@ class QuantLinear(torch.nn.Module):
     bias: torch.Tensor | None
     bias_f32: torch.Tensor | None
     weight_t: torch.Tensor
+    weight_packed: torch.Tensor
+    weight_compensation: torch.Tensor
     weight_scale: torch.Tensor
     input_scale: torch.Tensor | None
     weight_int8: torch.Tensor
@@ -157,9 +178,10 @@ class QuantLinear(torch.nn.Module):
         bias: torch.Tensor | None,
         dtype: torch.dtype,
         device: torch.device,
-        rows_kernel: Int8RowsKernel | None = None,
+        int8: Int8Paths | None = None,
     ) -> None:
-        """``rows_kernel``: the C passes of the ``int_mm`` product on CPU; None: PyTorch's."""
+        """``int8``: the C paths W8A8 layers take on CPU where they serve them; None: PyTorch's."""
+        gemm = int8.gemm if int8 is not None else None
         super().__init__()
         self.in_features = weight.in_features
         self.out_features = weight.out_features
@@ -168,25 +190,30 @@ class QuantLinear(torch.nn.Module):
         self.group_size = weight.group_size
         self.activations = weight.activations
         self.asymmetric = weight.zero is not None
-        self.kernel = choose_kernel(weight, device)
+        self.kernel = choose_kernel(weight, device, gemm is not None and Int8Gemm.handles_dtype(dtype))
         self.register_buffer("bias", None if bias is None else bias.detach().to(device, dtype), persistent=False)
+        rows_kernel = int8.rows if int8 is not None else None
         self._rows_kernel = rows_kernel if self.kernel == "int_mm" and device.type == "cpu" else None
-        self.register_buffer(
-            "bias_f32",
-            bias.detach().float().contiguous().to(device)
-            if bias is not None and self._rows_kernel is not None
-            else None,
-            persistent=False,
-        )
-        if self.kernel == "int_mm":
-            # cuBLASLt wants [K, N] in memory; oneDNN is faster with the transposed view of [N, K].
-            values = weight.values.contiguous().to(device)
-            self.register_buffer("weight_t", values.t() if device.type == "cpu" else values.t().contiguous(), False)
-            self.register_buffer("weight_scale", weight.scale.reshape(1, -1).float().to(device), persistent=False)
+        self._gemm = gemm if self.kernel == "int8_vnni" else None
+        in_c = self._rows_kernel is not None or self._gemm is not None  # the bias is added in float32 there
+        f32_bias = bias.detach().float().contiguous().to(device) if bias is not None and in_c else None
+        self.register_buffer("bias_f32", f32_bias, persistent=False)
+        if self.kernel in ("int_mm", "int8_vnni"):
             static = weight.input_scale
             self.register_buffer(
                 "input_scale", None if static is None else static.float().reshape(1, 1).to(device), persistent=False
             )
+        self._packed: PackedInt8 | None = None
+        if self._gemm is not None:
+            self._packed = self._gemm.pack(weight.values.cpu())
+            self.register_buffer("weight_packed", self._packed.packed, persistent=False)
+            self.register_buffer("weight_compensation", self._packed.compensation, persistent=False)
+            self.register_buffer("weight_scale", weight.scale.reshape(-1).float().contiguous(), persistent=False)
+        elif self.kernel == "int_mm":
+            # cuBLASLt wants [K, N] in memory; oneDNN is faster with the transposed view of [N, K].
+            values = weight.values.contiguous().to(device)
+            self.register_buffer("weight_t", values.t() if device.type == "cpu" else values.t().contiguous(), False)
+            self.register_buffer("weight_scale", weight.scale.reshape(1, -1).float().to(device), persistent=False)
         elif self.kernel == "int8pack":
             self.register_buffer("weight_int8", weight.values.contiguous().to(device), persistent=False)
             self.register_buffer("weight_scale", weight.scale.reshape(-1).to(device, dtype), persistent=False)
@@ -217,6 +244,10 @@ class QuantLinear(torch.nn.Module):
     def apply_unchecked(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
+        if self._gemm is not None and self._packed is not None:
+            rows = flat if flat.stride(-1) == 1 else flat.contiguous()
+            out = self._gemm.product(rows, self._packed, self.weight_scale, self.bias_f32, self.input_scale)
+            return out.reshape(*shape[:-1], self.out_features)
         if self._rows_kernel is not None and self._rows_kernel.handles(flat):
             levels, scales = self._rows_kernel.quantize(flat, self.input_scale)
             product = torch._int_mm(levels, self.weight_t)
@@ -294,14 +325,15 @@ def _install_merged(
     parts: dict[str, Any],
     dtype: torch.dtype,
     device: torch.device,
-    rows_kernel: Int8RowsKernel | None,
+    int8: Int8Paths | None,
 ) -> bool:
     """``owner``'s projections ``names`` as one quantized product; False where they cannot merge."""
     if not all(name in parts for name in names):
         return False
     weights = [parts[name][0] for name in names]
     merged = concat_weights(weights)
-    if merged is None or len({choose_kernel(w, device) for w in weights}) != 1:
+    vnni = int8 is not None and int8.gemm is not None and Int8Gemm.handles_dtype(dtype)
+    if merged is None or len({choose_kernel(w, device, vnni) for w in weights}) != 1:
         return False
     biases = [parts[name][1] for name in names]
     bias = None
@@ -312,9 +344,7 @@ def _install_merged(
                 for b, w in zip(biases, weights, strict=True)
             ]
         )
-    group = QuantFusedProjections(
-        [w.out_features for w in weights], QuantLinear(merged, bias, dtype, device, rows_kernel)
-    )
+    group = QuantFusedProjections([w.out_features for w in weights], QuantLinear(merged, bias, dtype, device, int8))
     for index, name in enumerate(names):
         setattr(owner, name, ProjectionSlice(group, index))
     return True
@@ -325,11 +355,11 @@ def install_quantized(
     parts: dict[str, tuple[QuantWeight, torch.Tensor | None]],
     dtype: torch.dtype,
     device: torch.device,
-    rows_kernel: Int8RowsKernel | None = None,
+    int8: Int8Paths | None = None,
 ) -> int:
     """Put a ``QuantLinear`` in place of each module of ``decoder`` named in ``parts`` (name: weight,
     bias); q/k/v and gate/up of Llama and Qwen2 layers become one merged product each. Returns how
-    many projections were merged. ``rows_kernel``: the C passes of W8A8 products on CPU."""
+    many projections were merged. ``int8``: the C paths of W8A8 products on CPU."""
     eligible = merge_eligible_layer_types()
     done: set[str] = set()
     merged = 0
@@ -341,7 +371,7 @@ def install_quantized(
             (layer.mlp, f"layers.{index}.mlp.", ("gate_proj", "up_proj")),
         ):
             local = {name: parts[prefix + name] for name in names if prefix + name in parts}
-            if _install_merged(owner, names, local, dtype, device, rows_kernel):
+            if _install_merged(owner, names, local, dtype, device, int8):
                 done.update(prefix + name for name in names)
                 merged += len(names)
     for name, (weight, bias) in parts.items():
@@ -349,7 +379,7 @@ def install_quantized(
             continue
         parent_name, _, child = name.rpartition(".")
         parent = decoder.get_submodule(parent_name) if parent_name else decoder
-        setattr(parent, child, QuantLinear(weight, bias, dtype, device, rows_kernel))
+        setattr(parent, child, QuantLinear(weight, bias, dtype, device, int8))
     if merged:
         logger.info("merged %d quantized projections (q/k/v, gate/up) into single products", merged)
     return merged

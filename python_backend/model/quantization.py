@@ -21,8 +21,7 @@ from typing import Any
 
 import torch
 
-from python_backend.cpu.int8_rows import build_int8_rows_kernel
-from python_backend.cpu.quant_linear import QuantWeight, install_quantized, quantize_per_channel
+from python_backend.cpu.quant_linear import Int8Paths, QuantWeight, install_quantized, quantize_per_channel
 from python_backend.model.gguf_blocks import BLOCKS_FILE, GGUFBlocksError, read_gguf_weights
 
 logger = logging.getLogger(__name__)
@@ -299,7 +298,7 @@ def quantize_model(
         if not parts:
             raise QuantizationError(f"{_FIELD}: no linear layer of the model matches its targets")
     dynamic = any(weight.activations != "none" for weight, _ in parts.values())
-    rows_kernel = build_int8_rows_kernel() if dynamic and device.type == "cpu" else None
-    install_quantized(decoder, parts, dtype, device, rows_kernel)
+    int8 = Int8Paths.build() if dynamic and device.type == "cpu" else None
+    install_quantized(decoder, parts, dtype, device, int8)
     logger.info("quantized weights (%s): %d linear layers", plan.summary, len(parts))
     return len(parts)

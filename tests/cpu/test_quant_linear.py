@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from python_backend.cpu.int8_gemm import build_int8_gemm
 from python_backend.cpu.int8_rows import Int8RowsKernel, build_int8_rows_kernel
 from python_backend.cpu.quant_linear import (
+    Int8Paths,
     QuantLinear,
     QuantWeight,
     choose_kernel,
@@ -159,7 +161,8 @@ def test_c_passes_give_the_pytorch_product(rows_kernel: Int8RowsKernel, activati
     weight = _weight(8, K, True, activations)
     bias = torch.randn(N)
     plain = QuantLinear(weight, bias, dtype, CPU)
-    fast = QuantLinear(weight, bias, dtype, CPU, rows_kernel)
+    fast = QuantLinear(weight, bias, dtype, CPU, Int8Paths(rows=rows_kernel))
+    assert fast.kernel == "int_mm"
     x = torch.randn(2, 9, K).to(dtype)
     got, expected = fast(x), plain(x)
     assert got.shape == expected.shape == (2, 9, N) and got.dtype == dtype
@@ -168,3 +171,26 @@ def test_c_passes_give_the_pytorch_product(rows_kernel: Int8RowsKernel, activati
     # A row's result does not depend on the rows beside it.
     assert torch.equal(fast(x[:1, :1]), got[:1, :1])
     assert fast.weight_bytes() == plain.weight_bytes()
+
+
+@pytest.mark.parametrize("activations", ["dynamic", "static"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_vnni_product_gives_the_integer_product(activations: str, dtype: torch.dtype) -> None:
+    gemm = build_int8_gemm()
+    if gemm is None:
+        pytest.skip("no C compiler or no AVX512-VNNI on this CPU")
+    weight = _weight(8, K, True, activations)
+    bias = torch.randn(N)
+    plain = QuantLinear(weight, bias, dtype, CPU)
+    layer = QuantLinear(weight, bias, dtype, CPU, Int8Paths(gemm=gemm))
+    assert layer.kernel == "int8_vnni" and plain.kernel == "int_mm"
+    x = torch.randn(3, 5, K).to(dtype)
+    got = layer(x)
+    assert got.shape == (3, 5, N) and got.dtype == dtype
+    assert _relative(got, plain(x)) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert torch.equal(layer(x[:1, :1]), got[:1, :1])  # a row's result is its own
+    # Held only packed: int8 levels (channels padded to 16) and a compensation and a scale per channel.
+    assert layer.weight_bytes() <= N * K + N * 8 + 16 * K + (4 if activations == "static" else 0)
+    assert not hasattr(layer, "weight_t")
+    # A float16 layer or a width not divisible by 4 keeps torch._int_mm.
+    assert QuantLinear(weight, None, torch.float16, CPU, Int8Paths(gemm=gemm)).kernel == "int_mm"
