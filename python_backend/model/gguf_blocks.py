@@ -1,6 +1,6 @@
 """A GGUF file's own 4-bit blocks, as the demo conversion keeps them: read and made ``QuantWeight``.
 
-Owns the ``gguf-blocks.safetensors`` file of a folder converted from a GGUF file
+Owns the ``gguf-blocks/blocks.safetensors`` file of a folder converted from a GGUF file
 (``openai_frontend/launcher/demo_model.py`` writes it beside the bfloat16 weights): for each decoder
 linear weight the GGUF stored as Q4_0 or Q4_1, its blocks as uint8 ``[N, K / 32, bytes per block]``
 under the Hugging Face parameter name, rows already in the Hugging Face order, with the GGML type
@@ -18,14 +18,14 @@ import torch
 
 from python_backend.cpu.quant_linear import QuantWeight
 
-BLOCKS_FILE = "gguf-blocks.safetensors"  # the name demo_model.py writes (GGUF_BLOCKS_NAME there)
+BLOCKS_FILE = "gguf-blocks/blocks.safetensors"  # the name demo_model.py writes (GGUF_BLOCKS_NAME there)
 BLOCK = 32  # weights per block of Q4_0 and Q4_1
 # Bytes per block: an fp16 scale d (Q4_1: and an fp16 minimum m), then 16 bytes of nibbles.
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 
 
 class GGUFBlocksError(ValueError):
-    """A ``gguf-blocks.safetensors`` file that cannot be read; the message names the tensor."""
+    """A ``gguf-blocks/blocks.safetensors`` file that cannot be read; the message names the tensor."""
 
 
 def _nibbles(packed: torch.Tensor) -> torch.Tensor:

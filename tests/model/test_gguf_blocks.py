@@ -212,7 +212,7 @@ def test_gguf_folder_serves_its_blocks_as_4bit_layers_that_agree_with_its_widene
 
 def test_gguf_needs_a_folder_with_blocks(tiny_llama_dir: Path) -> None:
     with pytest.raises(ModelLoadError, match=r"quantization 'gguf' needs a folder converted from a GGUF file "
-                       r"\(the demo model\); .* has no gguf-blocks\.safetensors"):  # fmt: skip
+                       r"\(the demo model\); .* has no gguf-blocks/blocks\.safetensors"):  # fmt: skip
         _load(tiny_llama_dir, quantization="gguf")
 
 

@@ -55,6 +55,8 @@ def test_the_kept_blocks_are_the_bf16_folders_weights(demo_dir: Path) -> None:
             got = weight.dequantized(torch.float32)
             torch.testing.assert_close(got.to(torch.bfloat16).float(), widened.float(), rtol=2**-7, atol=1e-6)
     assert (demo_dir / BLOCKS_FILE).stat().st_size < (demo_dir / "model.safetensors").stat().st_size / 3
+    # Servers that load every top-level *.safetensors file of a folder (vLLM) find only the model's.
+    assert [path.name for path in demo_dir.glob("*.safetensors")] == ["model.safetensors"]
 
 
 def _answer_logits(loaded: LoadedModel, question: str, answer: str) -> tuple[torch.Tensor, torch.Tensor]:
