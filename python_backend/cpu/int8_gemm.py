@@ -24,11 +24,9 @@ from python_backend.cpu.native.build import bind_functions, load_kernel
 SOURCE = Path(__file__).with_name("native") / "int8_gemm.c"
 TILE = 16  # output channels per packed tile (int8_gemm.c)
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
-_QUANTIZE = {torch.bfloat16: "triton_chat_quantize_shifted_bf16", torch.float32: "triton_chat_quantize_shifted_f32"}
-_QUANTIZE_ARGS = (_PTR, _I64, _I64, _I64, ctypes.c_float, _PTR, _PTR)  # x, stride, rows, dim, static, levels, scales
 _GEMM = {torch.bfloat16: "triton_chat_int8_gemm_bf16", torch.float32: "triton_chat_int8_gemm_f32"}
-# a, m, k, packed, compensation, n, row scales, row step, col scales, bias, out, out stride
-_GEMM_ARGS = (_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _I64)
+# x, x stride, m, k, static scale, packed, compensation, n, col scales, bias, out, out stride
+_GEMM_ARGS = (_PTR, _I64, _I64, _I64, ctypes.c_float, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _I64)
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,6 @@ class Int8Gemm:
         pack = library.triton_chat_int8_pack
         pack.restype, pack.argtypes = ctypes.c_int, [_PTR, _I64, _I64, _PTR, _PTR]
         self._pack = pack
-        self._quantize = bind_functions(library, _QUANTIZE, _QUANTIZE_ARGS)
         self._gemm = bind_functions(library, _GEMM, _GEMM_ARGS)
 
     @staticmethod
@@ -92,25 +89,17 @@ class Int8Gemm:
         weight: PackedInt8,
         weight_scales: torch.Tensor,
         bias: torch.Tensor | None,
-        static_scale: torch.Tensor | None,
+        static_scale: float | None,
     ) -> torch.Tensor:
         """``rows`` [M, K] times the weight: [M, N] of ``rows``' dtype. ``weight_scales`` float32 [N],
         ``bias`` float32 [N] or None, ``static_scale`` the checkpoint's input scale or None (per row)."""
         count, dim = rows.shape
-        levels = torch.empty((count, dim), dtype=torch.uint8)
-        if static_scale is not None:
-            scales, fixed, step = static_scale.reshape(1), float(static_scale), 0
-        else:
-            scales, fixed, step = torch.empty(count, dtype=torch.float32), 0.0, 1
-        status = self._quantize[rows.dtype](
-            rows.data_ptr(), rows.stride(0), count, dim, fixed, levels.data_ptr(), scales.data_ptr()
-        )
-        if status != 0:
-            raise RuntimeError(f"int8 quantize kernel failed with status {status} for shape {tuple(rows.shape)}")
+        # One call quantizes the rows (into the library's own scratch) and multiplies them.
+        static = static_scale if static_scale is not None else 0.0
         out = torch.empty((count, weight.out_features), dtype=rows.dtype)
         status = self._gemm[rows.dtype](
-            levels.data_ptr(), count, dim, weight.packed.data_ptr(), weight.compensation.data_ptr(),
-            weight.out_features, scales.data_ptr(), step, weight_scales.data_ptr(),
+            rows.data_ptr(), rows.stride(0), count, dim, static, weight.packed.data_ptr(),
+            weight.compensation.data_ptr(), weight.out_features, weight_scales.data_ptr(),
             bias.data_ptr() if bias is not None else None, out.data_ptr(), out.stride(0),
         )  # fmt: skip
         if status != 0:

@@ -204,6 +204,7 @@ class QuantLinear(torch.nn.Module):
                 "input_scale", None if static is None else static.float().reshape(1, 1).to(device), persistent=False
             )
         self._packed: PackedInt8 | None = None
+        self._static = float(weight.input_scale) if weight.input_scale is not None else None
         if self._gemm is not None:
             self._packed = self._gemm.pack(weight.values.cpu())
             self.register_buffer("weight_packed", self._packed.packed, persistent=False)
@@ -246,7 +247,7 @@ class QuantLinear(torch.nn.Module):
         flat = x.reshape(-1, shape[-1])
         if self._gemm is not None and self._packed is not None:
             rows = flat if flat.stride(-1) == 1 else flat.contiguous()
-            out = self._gemm.product(rows, self._packed, self.weight_scale, self.bias_f32, self.input_scale)
+            out = self._gemm.product(rows, self._packed, self.weight_scale, self.bias_f32, self._static)
             return out.reshape(*shape[:-1], self.out_features)
         if self._rows_kernel is not None and self._rows_kernel.handles(flat):
             levels, scales = self._rows_kernel.quantize(flat, self.input_scale)

@@ -57,7 +57,7 @@ def test_bfloat16_rows_static_scale_and_no_bias(gemm: Int8Gemm) -> None:
     scales = torch.rand(48, generator=generator) * 0.01
     x = torch.randn(9, 64, generator=generator).to(torch.bfloat16)
     static = torch.tensor(0.02)
-    got = gemm.product(x, gemm.pack(values), scales, None, static)
+    got = gemm.product(x, gemm.pack(values), scales, None, float(static))
     assert got.dtype == torch.bfloat16
     expected = _reference(x, values, scales, None, static)
     assert float((got.float() - expected).norm() / expected.norm()) < 1e-2  # bfloat16's rounding

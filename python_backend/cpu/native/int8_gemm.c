@@ -14,6 +14,7 @@
  * returns 0 and the caller keeps torch._int_mm.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bf16.h"
@@ -55,36 +56,28 @@ static inline uint8_t shifted_level(float value, float inverse) {
     return (uint8_t)((int)q + 128);
 }
 
-#define QUANTIZE(NAME, TYPE, WIDEN)                                                                            \
-    int NAME(const TYPE *x, int64_t x_stride, int64_t rows, int64_t dim, float static_scale, uint8_t *levels, \
-             float *scales) {                                                                                  \
-        if (rows < 0 || dim <= 0) return -1;                                                                   \
-        _Pragma("omp parallel for schedule(static) if (rows * dim >= 32768)")                                  \
-        for (int64_t r = 0; r < rows; ++r) {                                                                   \
-            const TYPE *row = x + r * x_stride;                                                                \
-            uint8_t *out = levels + r * dim;                                                                   \
-            float scale = static_scale;                                                                        \
-            if (scale <= 0.0f) {                                                                               \
-                float top = 0.0f;                                                                              \
-                for (int64_t d = 0; d < dim; ++d) {                                                            \
-                    const float v = WIDEN(row[d]);                                                             \
-                    top = top > (v < 0 ? -v : v) ? top : (v < 0 ? -v : v);                                     \
-                }                                                                                              \
-                scale = top / 127.0f;                                                                          \
-                if (!(scale >= 1.17549435e-38f)) scale = 1.17549435e-38f;                                      \
-                scales[r] = scale;                                                                             \
-            }                                                                                                  \
-            const float inverse = 1.0f / scale;                                                                \
-            for (int64_t d = 0; d < dim; ++d) out[d] = shifted_level(WIDEN(row[d]), inverse);                  \
-        }                                                                                                      \
-        return 0;                                                                                              \
+/* One row's levels (and its scale, when dynamic: ``static_scale`` <= 0). */
+#define QUANTIZE_ROW(NAME, TYPE, WIDEN)                                                                   \
+    static void NAME(const TYPE *row, int64_t dim, float static_scale, uint8_t *out, float *scale_out) { \
+        float scale = static_scale;                                                                       \
+        if (scale <= 0.0f) {                                                                              \
+            float top = 0.0f;                                                                             \
+            for (int64_t d = 0; d < dim; ++d) {                                                           \
+                const float v = WIDEN(row[d]);                                                            \
+                top = top > (v < 0 ? -v : v) ? top : (v < 0 ? -v : v);                                    \
+            }                                                                                             \
+            scale = top / 127.0f;                                                                         \
+            if (!(scale >= 1.17549435e-38f)) scale = 1.17549435e-38f; /* zero and NaN rows */             \
+        }                                                                                                 \
+        *scale_out = scale;                                                                               \
+        const float inverse = 1.0f / scale;                                                               \
+        for (int64_t d = 0; d < dim; ++d) out[d] = shifted_level(WIDEN(row[d]), inverse);                 \
     }
 
 static inline float widen_f32(float value) { return value; }
-static inline float narrow_f32(float value) { return value; }
 
-QUANTIZE(triton_chat_quantize_shifted_bf16, uint16_t, bf16_to_float)
-QUANTIZE(triton_chat_quantize_shifted_f32, float, widen_f32)
+QUANTIZE_ROW(quantize_row_bf16, uint16_t, bf16_to_float)
+QUANTIZE_ROW(quantize_row_f32, float, widen_f32)
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
@@ -92,7 +85,7 @@ QUANTIZE(triton_chat_quantize_shifted_f32, float, widen_f32)
 int triton_chat_int8_gemm_available(void) { return 1; }
 
 typedef struct {
-    const uint8_t *a;
+    const uint8_t *a; /* the levels, [m, k] */
     int64_t k;
     const int8_t *packed;
     const int32_t *compensation;
@@ -167,39 +160,64 @@ static void rows_by_tiles(const Product *p, int64_t m, int64_t t0, int tiles, in
     }
 }
 
-static int gemm(const Product *p, int64_t m, int bf16) {
+/* The input quantized, then multiplied: one parallel region, its two loops split over the team. */
+static int product(const void *x, int64_t x_stride, int64_t m, float static_scale, Product *p, int bf16) {
     if (m < 0 || p->n <= 0 || p->k <= 0 || p->k % 4 != 0) return -1;
+    if (m == 0) return 0;
+    uint8_t *levels = malloc((size_t)(m * p->k));
+    float *scales = malloc((size_t)m * sizeof(float));
+    if (levels == NULL || scales == NULL) {
+        free(levels);
+        free(scales);
+        return -3;
+    }
+    p->a = levels;
+    p->row_scales = scales;
+    p->row_step = 1;
     const int64_t tiles = (p->n + TILE - 1) / TILE;
     const int64_t pairs = (tiles + TILES - 1) / TILES;
-#pragma omp parallel for schedule(static) if (m * p->n * p->k >= PARALLEL_MACS)
-    for (int64_t i = 0; i < pairs; ++i) {
-        const int64_t t0 = i * TILES;
-        const int count = tiles - t0 < TILES ? (int)(tiles - t0) : TILES;
-        rows_by_tiles(p, m, t0, count, bf16);
+#pragma omp parallel if (m * p->n * p->k >= PARALLEL_MACS)
+    {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < m; ++r) {
+            if (bf16)
+                quantize_row_bf16((const uint16_t *)x + r * x_stride, p->k, static_scale, levels + r * p->k, scales + r);
+            else
+                quantize_row_f32((const float *)x + r * x_stride, p->k, static_scale, levels + r * p->k, scales + r);
+        }
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < pairs; ++i) {
+            const int64_t t0 = i * TILES;
+            const int count = tiles - t0 < TILES ? (int)(tiles - t0) : TILES;
+            rows_by_tiles(p, m, t0, count, bf16);
+        }
     }
+    free(levels);
+    free(scales);
     return 0;
 }
 
-#define GEMM(NAME, BF16)                                                                                         \
-    int NAME(const uint8_t *a, int64_t m, int64_t k, const int8_t *packed, const int32_t *compensation,         \
-             int64_t n, const float *row_scales, int64_t row_step, const float *col_scales, const float *bias, \
-             void *out, int64_t out_stride) {                                                                  \
-        const Product p = {a, k, packed, compensation, n, row_scales, row_step, col_scales, bias, out,         \
-                           out_stride};                                                                        \
-        return gemm(&p, m, BF16);                                                                              \
+/* out [m, n] = the W8A8 product of x [m, k] (rows ``x_stride`` apart) with the packed weight;
+ * ``static_scale`` > 0: the checkpoint's input scale for every row, else one per row. */
+#define GEMM(NAME, BF16)                                                                                        \
+    int NAME(const void *x, int64_t x_stride, int64_t m, int64_t k, float static_scale, const int8_t *packed, \
+             const int32_t *compensation, int64_t n, const float *col_scales, const float *bias, void *out,   \
+             int64_t out_stride) {                                                                            \
+        Product p = {NULL, k, packed, compensation, n, NULL, 1, col_scales, bias, out, out_stride};           \
+        return product(x, x_stride, m, static_scale, &p, BF16);                                               \
     }
 
 #else
 
 int triton_chat_int8_gemm_available(void) { return 0; }
 
-#define GEMM(NAME, BF16)                                                                                         \
-    int NAME(const uint8_t *a, int64_t m, int64_t k, const int8_t *packed, const int32_t *compensation,         \
-             int64_t n, const float *row_scales, int64_t row_step, const float *col_scales, const float *bias, \
-             void *out, int64_t out_stride) {                                                                  \
-        (void)a, (void)m, (void)k, (void)packed, (void)compensation, (void)n, (void)row_scales, (void)row_step; \
-        (void)col_scales, (void)bias, (void)out, (void)out_stride;                                             \
-        return -2;                                                                                             \
+#define GEMM(NAME, BF16)                                                                                        \
+    int NAME(const void *x, int64_t x_stride, int64_t m, int64_t k, float static_scale, const int8_t *packed, \
+             const int32_t *compensation, int64_t n, const float *col_scales, const float *bias, void *out,   \
+             int64_t out_stride) {                                                                            \
+        (void)x, (void)x_stride, (void)m, (void)k, (void)static_scale, (void)packed, (void)compensation;      \
+        (void)n, (void)col_scales, (void)bias, (void)out, (void)out_stride;                                   \
+        return -2;                                                                                            \
     }
 
 #endif
