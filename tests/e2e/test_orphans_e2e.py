@@ -26,7 +26,9 @@ from tests.e2e.test_smoke import _read_until, _start_launcher
 
 pytestmark = pytest.mark.e2e
 
-GONE_WITHIN_S = 10.0
+# An orphan would stay for good; a process that is ending may take seconds on a starved host (a
+# CI run once saw a stub outlive 10 s while the suite and another server shared the 2 cores).
+GONE_WITHIN_S = 30.0
 STREAMS = 4
 
 
@@ -90,8 +92,8 @@ def test_sigkill_of_serve_under_load_leaves_no_process(tiny_model_dir: Path, tmp
             killed = time.monotonic()
             while any(_alive(pid) for pid in pids) and time.monotonic() - killed < GONE_WITHIN_S:
                 time.sleep(0.1)
-            left = [pid for pid in pids if _alive(pid)]
-            assert left == [], f"still running {time.monotonic() - killed:.1f} s after SIGKILL: {left}"
+            left = {pid: " ".join(cmdline(pid))[:120] for pid in pids if _alive(pid)}
+            assert left == {}, f"still running {time.monotonic() - killed:.1f} s after SIGKILL: {left}"
             assert [region for region in regions if region.exists()] == []
             assert all(outcome.result(timeout=60) != "finished" for outcome in outcomes)
         with socket.socket() as probe:  # the frontend's port is free for the next start
