@@ -5,8 +5,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
+from python_backend.cpu.native.build import build_library
 from python_backend.parallel.lifeline import ORPHANED_EXIT
-from python_backend.triton.orphan import SHM_DIR, own_regions
+from python_backend.triton.orphan import NATIVE_SOURCE, SHM_DIR, own_regions
 from tests.fixtures.orphans import kill_outright, parent_and_child
 
 EXIT_WAIT_S = 10.0
@@ -46,3 +49,37 @@ def test_the_stub_removes_only_the_regions_its_command_line_names() -> None:
     assert own_regions(cmdline) == [SHM_DIR / "triton_python_backend_shm_region_abc"]
     assert own_regions(["stub", "/dev/shm/triton_python_backend_shm_region_x/../../etc"]) == []
     assert ORPHANED_EXIT != 0
+
+
+# The stub's native lifeline, while another thread holds the GIL for good (``PyDLL`` keeps it over
+# libc's sleep): Python's lifeline could not run, the native thread removes the file and exits.
+NATIVE_CHILD = """
+import ctypes, os, sys
+from pathlib import Path
+from python_backend.triton.orphan import start_native_lifeline
+marker = Path(sys.argv[1])
+marker.write_text("alive")
+if not start_native_lifeline(os.getppid(), [marker], "the test's parent"):
+    sys.exit(7)
+ctypes.PyDLL(None).sleep(600)
+"""
+
+
+def test_the_native_lifeline_ends_a_process_whose_gil_is_held(tmp_path: Path) -> None:
+    if start_native_lifeline_unavailable():
+        pytest.skip("no C compiler: the stub keeps Python's lifeline")
+    marker = tmp_path / "alive"
+    with parent_and_child(PARENT, NATIVE_CHILD, str(marker)) as (parent, child):
+        deadline = time.monotonic() + EXIT_WAIT_S
+        while not marker.exists():
+            assert time.monotonic() < deadline and child.is_running(), "the child never started"
+            time.sleep(0.05)
+        time.sleep(0.5)  # the child reaches its GIL-holding sleep (no event to wait on there)
+        assert child.is_running()
+        kill_outright(parent)
+        child.wait(EXIT_WAIT_S)  # raises psutil.TimeoutExpired if it stays
+        assert not marker.exists()
+
+
+def start_native_lifeline_unavailable() -> bool:
+    return build_library(NATIVE_SOURCE, extra_flags=("-pthread",)) is None
