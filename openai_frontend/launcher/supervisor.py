@@ -130,12 +130,14 @@ class Supervisor:
     def _lost(self, watched: set[int]) -> str | None:
         """Why the server must be restarted now, if its process or the model's is gone."""
         code = self.triton.exit_code()
-        if code is not None:
-            return f"tritonserver exited with status {code}. End of its log:\n{self.triton.log_tail()}"
         gone = watched - self.triton.still_running(watched)
-        if gone:
-            return f"the model's process (pid {', '.join(map(str, sorted(gone)))}) died"
-        return None
+        stub = f"the model's process (pid {', '.join(map(str, sorted(gone)))}) died" if gone else None
+        if code is None:
+            return stub
+        # Triton's Python backend may abort the server when a stub dies holding a shared-memory
+        # lock; the dead stub is then the cause to name, whichever the watch saw first.
+        server = f"tritonserver exited with status {code}. End of its log:\n{self.triton.log_tail()}"
+        return server if stub is None else f"{stub} and {server}"
 
     def _recover(self, reason: str) -> bool:
         """Restart tritonserver for ``reason``; False when the restarts are used up or it fails."""

@@ -117,7 +117,8 @@ def test_a_killed_model_process_is_restarted_and_the_stream_in_flight_ends(
     assert refused.status_code == 503 and refused.headers["retry-after"]
     assert refused.json()["error"]["code"] == "backend_unavailable" and refused_after < 3.0
     assert answered is not None and answered.json()["usage"]["completion_tokens"] == 2
-    assert f"the model's process (pid {stub}) died; restarting tritonserver" in output, output
+    assert f"the model's process (pid {stub}) died" in output, output  # maybe with the server's abort
+    assert "; restarting tritonserver" in output, output
     assert not [r for r in regions if (SHM_DIR / r).exists()]  # the dead stub's shared memory is gone
     assert code == 0, output
     assert "tritonserver stopped (status 0)" in output, output
@@ -186,5 +187,8 @@ def test_a_segfault_of_the_model_process_is_answered_within_2_s(tiny_model_dir: 
     output = "".join(lines)
     _assert_cut_short(stream.events)
     assert answered is not None and answered.json()["usage"]["completion_tokens"] == 2
-    assert f"the model's process (pid {stub}) died; restarting tritonserver" in output, output
+    # Triton's Python backend sometimes aborts the server when a stub dies mid-send: the dead stub
+    # is still what the launcher names, with the server's exit after it.
+    assert f"the model's process (pid {stub}) died" in output, output
+    assert "; restarting tritonserver" in output, output
     assert code == 0, output

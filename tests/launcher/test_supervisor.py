@@ -105,6 +105,23 @@ def test_tritonserver_exiting_on_its_own_is_restarted(monkeypatch: Any) -> None:
     assert fatal == [] and triton.restarts == 1
 
 
+def test_a_stub_that_died_is_named_when_tritonserver_aborted_with_it(monkeypatch: Any, caplog: Any) -> None:
+    monkeypatch.setattr(supervisor, "WATCH_INTERVAL_S", 0.01)
+    triton = FakeTriton()
+    caplog.set_level("ERROR", logger="openai_frontend.launcher")
+
+    def crash_both(_: Supervisor) -> None:
+        triton.stub, triton.code = 0, -6  # the stub segfaulted and the server aborted on its lock
+        _wait_for(lambda: triton.restarts == 1)
+
+    _, fatal = run(triton, crash_both, gives_up=False)
+    assert fatal == [] and triton.restarts == 1
+    said = [r.getMessage() for r in caplog.records]
+    assert any(
+        m.startswith("the model's process (pid 100) died and tritonserver exited with status -6") for m in said
+    ), said
+
+
 def probed(monkeypatch: Any, hang_restart_s: float) -> FakeTriton:
     """A server whose model the supervisor probes every 20 ms, restarting it after ``hang_restart_s``
     without an answer."""
