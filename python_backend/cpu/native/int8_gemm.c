@@ -1,10 +1,11 @@
 /* An int8 product for W8A8 layers on x86 CPUs with AVX512-VNNI, its rescale fused in.
  *
  * out[r][n] = narrow((acc[r][n] - 128 * colsum[n]) * s[r] * w[n] + bias[n]), where
- * acc[r][n] = sum_k a[r][k] * W[n][k], ``a`` the row's levels shifted to unsigned (level + 128, as
- * VPDPBUSD multiplies unsigned by signed bytes), ``W`` the int8 weight, colsum its row sums (the
- * shift's compensation), s the row's scale, w the weight's per-channel scale, narrow the rounding
- * to bfloat16 (float32: none). The int32 sums are exact, so the result is the integer product
+ * acc[r][n] = sum_k a[r][k] * W[n][k], ``a`` the row's levels (int8_quantize.h) shifted to
+ * unsigned (level + 128, as VPDPBUSD multiplies unsigned by signed bytes), ``W`` the int8 weight,
+ * colsum its row sums (the shift's compensation), s the row's scale, w the weight's per-channel
+ * scale, narrow the rounding to bfloat16 (float32: none). The int32 sums are exact, so the result
+ * is the integer product
  * whatever the row count or the split over threads.
  *
  * The weight is packed once (``triton_chat_int8_pack``): 16 output channels per tile, for each 4
@@ -18,6 +19,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "int8_quantize.h"
 
 #define ROWS 6
 #define TILES 2
@@ -47,37 +49,6 @@ int triton_chat_int8_pack(const int8_t *w, int64_t n, int64_t k, int8_t *packed,
     }
     return 0;
 }
-
-/* Levels shifted to unsigned: a[r][k] = clamp(round_even(x[r][k] / s[r]), -128, 127) + 128, with
- * s[r] = max|x[r]| / 127 (dynamic, written to scales) or the static scale given (> 0). */
-static inline uint8_t shifted_level(float value, float inverse) {
-    float q = __builtin_nearbyintf(value * inverse);
-    q = q < -128.0f ? -128.0f : (q > 127.0f ? 127.0f : q);
-    return (uint8_t)((int)q + 128);
-}
-
-/* One row's levels (and its scale, when dynamic: ``static_scale`` <= 0). */
-#define QUANTIZE_ROW(NAME, TYPE, WIDEN)                                                                   \
-    static void NAME(const TYPE *row, int64_t dim, float static_scale, uint8_t *out, float *scale_out) { \
-        float scale = static_scale;                                                                       \
-        if (scale <= 0.0f) {                                                                              \
-            float top = 0.0f;                                                                             \
-            for (int64_t d = 0; d < dim; ++d) {                                                           \
-                const float v = WIDEN(row[d]);                                                            \
-                top = top > (v < 0 ? -v : v) ? top : (v < 0 ? -v : v);                                    \
-            }                                                                                             \
-            scale = top / 127.0f;                                                                         \
-            if (!(scale >= 1.17549435e-38f)) scale = 1.17549435e-38f; /* zero and NaN rows */             \
-        }                                                                                                 \
-        *scale_out = scale;                                                                               \
-        const float inverse = 1.0f / scale;                                                               \
-        for (int64_t d = 0; d < dim; ++d) out[d] = shifted_level(WIDEN(row[d]), inverse);                 \
-    }
-
-static inline float widen_f32(float value) { return value; }
-
-QUANTIZE_ROW(quantize_row_bf16, uint16_t, bf16_to_float)
-QUANTIZE_ROW(quantize_row_f32, float, widen_f32)
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
@@ -180,10 +151,9 @@ static int product(const void *x, int64_t x_stride, int64_t m, float static_scal
     {
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < m; ++r) {
-            if (bf16)
-                quantize_row_bf16((const uint16_t *)x + r * x_stride, p->k, static_scale, levels + r * p->k, scales + r);
-            else
-                quantize_row_f32((const float *)x + r * x_stride, p->k, static_scale, levels + r * p->k, scales + r);
+            uint8_t *row = levels + r * p->k; /* shifted to unsigned: level + 128 */
+            scales[r] = bf16 ? int8_quantize_row_bf16((const uint16_t *)x + r * x_stride, p->k, static_scale, 128, row)
+                             : int8_quantize_row_f32((const float *)x + r * x_stride, p->k, static_scale, 128, row);
         }
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < pairs; ++i) {
