@@ -3,8 +3,9 @@
 Owns ``CpuHog``, a context manager that starts the processes, waits until each one spins, and
 stops them by PID when the block ends. Each process also ends by itself after ``limit_s``, so a
 benchmark that dies leaves no busy process behind for long. Also owns what a load beside them is
-held to: the targets, and ``recovery_s``, how soon after they end a load's output rate (over a
-sliding window of its tokens' arrival times) is back to a given level.
+held to: the targets, ``arrivals_of`` (a request's content chunks as timed ``Arrival``s), and
+``recovery_s``, how soon after they end a load's output rate (over a sliding window of its tokens'
+arrival times) is back to a given level. ``hog_runs`` runs a load beside them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+from benchmarks.load import RequestResult
 
 # Spins rather than sleeps: the point is to hold a core the way a busy process does.
 _BUSY = (
@@ -84,6 +87,15 @@ class Arrival(NamedTuple):
 
     at_s: float
     tokens: float
+
+
+def arrivals_of(sent_s: float, result: RequestResult) -> list[Arrival]:
+    """The content chunks of a request sent at ``sent_s``; its output tokens (the server's usage)
+    are spread evenly over them, as a chunk may carry several tokens or none of its own."""
+    if not result.ok:
+        return []
+    stamps = list(itertools.accumulate(result.gaps_s, initial=sent_s + result.ttft_s))
+    return [Arrival(stamp, result.tokens / len(stamps)) for stamp in stamps]
 
 
 def recovery_s(

@@ -8,17 +8,10 @@ import time
 
 import psutil
 
-from benchmarks.cpu_hog import Arrival, CpuHog, recovery_s
+from benchmarks.cpu_hog import Arrival, CpuHog, arrivals_of, recovery_s
+from benchmarks.hog_runs import HogRuns, alone_beside_again
 from benchmarks.load import RequestResult
-from benchmarks.traffic import (
-    HogRuns,
-    TrafficReport,
-    Workload,
-    alone_beside_again,
-    arrivals_of,
-    run_traffic,
-    summarize,
-)
+from benchmarks.traffic import TrafficReport, Workload, run_traffic, summarize
 from benchmarks.traffic_compare import markdown
 
 _END = 1000.0  # when the busy processes ended, on the fake clock of these tests
