@@ -22,9 +22,17 @@ from python_backend.cpu.native.build import bind_functions, load_kernel
 
 SOURCE = Path(__file__).with_name("native") / "int8_rows.c"
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
-_QUANTIZE = {torch.bfloat16: "triton_chat_quantize_rows_bf16", torch.float32: "triton_chat_quantize_rows_f32"}
+_QUANTIZE = {
+    torch.bfloat16: "triton_chat_quantize_rows_bf16",
+    torch.float16: "triton_chat_quantize_rows_f16",
+    torch.float32: "triton_chat_quantize_rows_f32",
+}
 _QUANTIZE_ARGS = (_PTR, _I64, _I64, _I64, ctypes.c_float, _PTR, _PTR)  # x, stride, rows, dim, static, levels, scales
-_RESCALE = {torch.bfloat16: "triton_chat_rescale_rows_bf16", torch.float32: "triton_chat_rescale_rows_f32"}
+_RESCALE = {
+    torch.bfloat16: "triton_chat_rescale_rows_bf16",
+    torch.float16: "triton_chat_rescale_rows_f16",
+    torch.float32: "triton_chat_rescale_rows_f32",
+}
 _RESCALE_ARGS = (_PTR, _I64, _I64, _PTR, _I64, _PTR, _PTR, _PTR)  # acc, rows, cols, row scales, step, col, bias, out
 
 

@@ -11,10 +11,11 @@ Kernels (``QuantLinear.kernel`` names the one a layer runs):
 - ``int8_vnni`` (W8A8 on CPUs with AVX512-VNNI): our own int8 product (``int8_gemm.py``), the
   rows quantized to unsigned bytes and the result rescaled in the same C library; the weight is
   held only in its packed layout.
-- ``int_mm`` (W8A8 elsewhere): activations quantized per row (dynamic) or with the checkpoint's static scale,
-  then ``torch._int_mm`` (oneDNN's int8 GEMM with VNNI/AMX on x86; cuBLASLt on CUDA), int32
-  results scaled back per row and per output channel. On CPU the two passes around the product
-  run in C (``int8_rows.py``) when it builds, and the weight is handed over as the transposed view
+- ``int_mm`` (W8A8 elsewhere, and float16 layers or widths not divisible by 4 beside VNNI):
+  activations quantized per row (dynamic) or with the checkpoint's static scale, then
+  ``torch._int_mm`` (oneDNN's int8 GEMM with VNNI/AMX on x86; cuBLASLt on CUDA), int32 results
+  scaled back per row and per output channel. On CPU the two passes around the product run in C
+  (``int8_rows.py``) when it builds, and the weight is handed over as the transposed view
   of its ``[N, K]`` rows: oneDNN reads that layout 2.5× faster for one row than a ``[K, N]`` copy.
 - ``int8pack`` (W8A16, symmetric per-channel): ``aten._weight_int8pack_mm``, CPU only.
 - ``int4pack`` (W4A16, group-wise, symmetric, asymmetric or with float offsets): the weight repacked once by
@@ -48,7 +49,8 @@ _CUDA_MIN_ROWS = 17
 @dataclass(frozen=True)
 class Int8Paths:
     """The C paths of W8A8 products on CPU: our int8 product where the CPU has AVX512-VNNI (``gemm``),
-    else ``torch._int_mm`` with the row passes in C (``rows``); both None: PyTorch's passes."""
+    and ``torch._int_mm`` with the row passes in C (``rows``) for the layers it does not take (no
+    VNNI, float16, a width not divisible by 4); both None: PyTorch's passes."""
 
     rows: Int8RowsKernel | None = None
     gemm: Int8Gemm | None = None
@@ -56,8 +58,7 @@ class Int8Paths:
     @classmethod
     def build(cls) -> Int8Paths:
         """What this machine builds (each kernel logs why it is missing)."""
-        gemm = build_int8_gemm()
-        return cls(None if gemm is not None else build_int8_rows_kernel(), gemm)
+        return cls(build_int8_rows_kernel(), build_int8_gemm())
 
 
 @dataclass(frozen=True)

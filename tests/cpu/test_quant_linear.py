@@ -192,5 +192,52 @@ def test_vnni_product_gives_the_integer_product(activations: str, dtype: torch.d
     # Held only packed: int8 levels (channels padded to 16) and a compensation and a scale per channel.
     assert layer.weight_bytes() <= N * K + N * 8 + 16 * K + (4 if activations == "static" else 0)
     assert not hasattr(layer, "weight_t")
-    # A float16 layer or a width not divisible by 4 keeps torch._int_mm.
+    # A float16 layer or a width not divisible by 4 keeps torch._int_mm (with the C row passes: below).
     assert QuantLinear(weight, None, torch.float16, CPU, Int8Paths(gemm=gemm)).kernel == "int_mm"
+
+
+def test_c_row_passes_round_float16_as_pytorch_does(rows_kernel: Int8RowsKernel) -> None:
+    # Every float16 widens exactly: with a static scale of 1, the levels are the rounded values.
+    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    finite = every[every.isfinite()].reshape(-1, 1)
+    levels, _ = rows_kernel.quantize(finite, torch.tensor(1.0))
+    assert torch.equal(levels.float(), torch.round(finite.float()).clamp(-128, 127))
+    # Narrowing: a product of ones times float32 scales is the scales, rounded to float16 to nearest even.
+    generator = torch.Generator().manual_seed(0)
+    bits = torch.randint(0, 2**31 - 1, (1 << 16,), generator=generator, dtype=torch.int64).to(torch.int32)
+    specials = torch.tensor([65504.0, 65519.99, 65520.0, 1e6, 2**-24, 2**-25, 2**-25 * 1.0001, 2**-14, 6.1e-5, 0.0])
+    scales = torch.cat([bits.view(torch.float32), specials, -specials, torch.tensor([float("nan"), float("inf")])])
+    ones = torch.ones((scales.numel(), 1), dtype=torch.int32)
+    got = rows_kernel.rescale(ones, scales.reshape(-1, 1), torch.ones(1), None, torch.float16)
+    expected = scales.reshape(-1, 1).to(torch.float16)
+    assert torch.equal(got.isnan(), expected.isnan())
+    assert torch.equal(got[~got.isnan()].view(torch.int16), expected[~expected.isnan()].view(torch.int16))
+
+
+@pytest.mark.parametrize(("dtype", "width"), [(torch.float16, K), (torch.bfloat16, 30), (torch.float32, 30)])
+def test_layers_beside_the_vnni_kernel_get_the_c_row_passes(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, width: int
+) -> None:
+    paths = Int8Paths.build()
+    if paths.gemm is None or paths.rows is None:
+        pytest.skip("no C compiler or no AVX512-VNNI on this CPU: no layer sits beside the VNNI kernel")
+    rows = paths.rows
+    calls: list[int] = []
+    quantize = rows.quantize
+
+    def counted(x: torch.Tensor, static: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append(x.shape[0])
+        return quantize(x, static)
+
+    monkeypatch.setattr(rows, "quantize", counted)
+    generator = torch.Generator().manual_seed(width)
+    values = torch.randint(-128, 128, (N, width), generator=generator, dtype=torch.int8)
+    weight = QuantWeight(values, torch.rand(N, 1, generator=generator) * 0.01 + 0.001, None, 8, width, "dynamic")
+    bias = torch.randn(N, generator=generator)
+    layer = QuantLinear(weight, bias, dtype, CPU, paths)
+    assert layer.kernel == "int_mm"
+    x = torch.randn(3, width, generator=generator).to(dtype)
+    got = layer(x)
+    assert calls == [3] and got.dtype == dtype
+    expected = QuantLinear(weight, bias, dtype, CPU)(x)  # PyTorch's own passes around torch._int_mm
+    assert _relative(got, expected) < (1e-5 if dtype == torch.float32 else 1e-2)
