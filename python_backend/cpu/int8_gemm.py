@@ -1,7 +1,8 @@
 """A W8A8 int8 product of our own on CPUs with AVX512-VNNI: quantize the rows, multiply, rescale.
 
 Owns ``Int8Gemm`` (``native/int8_gemm.c``, built and loaded as the other native kernels are),
-``PackedInt8`` (a layer's weight packed for it) and ``build_int8_gemm``. ``torch._int_mm`` reaches
+``PackedInt8`` (a layer's weight packed for it), ``BoundInt8Product`` (the two paired: one
+layer's product) and ``build_int8_gemm``. ``torch._int_mm`` reaches
 about half of VNNI's int8 rate at the row counts of decode steps (no faster than bfloat16's
 products on the same CPU), so W8A8 gained memory but not time. This kernel keeps a block of rows
 by two tiles of 16 output channels in registers, takes the input as unsigned bytes (the levels
@@ -73,6 +74,10 @@ class Int8Gemm:
             raise RuntimeError(f"packing an int8 weight of shape [{n}, {k}] failed")
         return PackedInt8(packed, compensation, n, k)
 
+    def bind(self, values: torch.Tensor) -> BoundInt8Product:
+        """The product with ``values`` int8 [N, K] (CPU), packed once."""
+        return BoundInt8Product(self, self.pack(values))
+
     @staticmethod
     def handles_dtype(dtype: torch.dtype) -> bool:
         """Whether layers of this dtype can run here (bfloat16 and float32)."""
@@ -105,6 +110,20 @@ class Int8Gemm:
         if status != 0:
             raise RuntimeError(f"int8 product kernel failed with status {status} for shape {tuple(rows.shape)}")
         return out
+
+
+@dataclass(frozen=True)
+class BoundInt8Product:
+    """One layer's int8 product: the kernel and its weight, packed for it."""
+
+    kernel: Int8Gemm
+    weight: PackedInt8
+
+    def __call__(
+        self, rows: torch.Tensor, weight_scales: torch.Tensor, bias: torch.Tensor | None, static_scale: float | None
+    ) -> torch.Tensor:
+        """``rows`` [M, K] times the weight (``Int8Gemm.product``)."""
+        return self.kernel.product(rows, self.weight, weight_scales, bias, static_scale)
 
 
 def build_int8_gemm(cache_dir: Path | None = None) -> Int8Gemm | None:

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from python_backend.cpu.fused_projections import FusedProjections, ProjectionSlice, merge_eligible_layer_types
-from python_backend.cpu.int8_gemm import Int8Gemm, PackedInt8, build_int8_gemm
+from python_backend.cpu.int8_gemm import BoundInt8Product, Int8Gemm, build_int8_gemm
 from python_backend.cpu.int8_rows import Int8RowsKernel, build_int8_rows_kernel
 
 logger = logging.getLogger(__name__)
@@ -195,8 +195,10 @@ class QuantLinear(torch.nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().to(device, dtype), persistent=False)
         rows_kernel = int8.rows if int8 is not None else None
         self._rows_kernel = rows_kernel if self.kernel == "int_mm" and device.type == "cpu" else None
-        self._gemm = gemm if self.kernel == "int8_vnni" else None
-        in_c = self._rows_kernel is not None or self._gemm is not None  # the bias is added in float32 there
+        self._vnni: BoundInt8Product | None = None
+        if self.kernel == "int8_vnni" and gemm is not None:
+            self._vnni = gemm.bind(weight.values.cpu())
+        in_c = self._rows_kernel is not None or self._vnni is not None  # the bias is added in float32 there
         f32_bias = bias.detach().float().contiguous().to(device) if bias is not None and in_c else None
         self.register_buffer("bias_f32", f32_bias, persistent=False)
         if self.kernel in ("int_mm", "int8_vnni"):
@@ -204,12 +206,10 @@ class QuantLinear(torch.nn.Module):
             self.register_buffer(
                 "input_scale", None if static is None else static.float().reshape(1, 1).to(device), persistent=False
             )
-        self._packed: PackedInt8 | None = None
         self._static = float(weight.input_scale) if weight.input_scale is not None else None
-        if self._gemm is not None:
-            self._packed = self._gemm.pack(weight.values.cpu())
-            self.register_buffer("weight_packed", self._packed.packed, persistent=False)
-            self.register_buffer("weight_compensation", self._packed.compensation, persistent=False)
+        if self._vnni is not None:
+            self.register_buffer("weight_packed", self._vnni.weight.packed, persistent=False)
+            self.register_buffer("weight_compensation", self._vnni.weight.compensation, persistent=False)
             self.register_buffer("weight_scale", weight.scale.reshape(-1).float().contiguous(), persistent=False)
         elif self.kernel == "int_mm":
             # cuBLASLt wants [K, N] in memory; oneDNN is faster with the transposed view of [N, K].
@@ -246,9 +246,9 @@ class QuantLinear(torch.nn.Module):
     def apply_unchecked(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        if self._gemm is not None and self._packed is not None:
+        if self._vnni is not None:
             rows = flat if flat.stride(-1) == 1 else flat.contiguous()
-            out = self._gemm.product(rows, self._packed, self.weight_scale, self.bias_f32, self._static)
+            out = self._vnni(rows, self.weight_scale, self.bias_f32, self._static)
             return out.reshape(*shape[:-1], self.out_features)
         if self._rows_kernel is not None and self._rows_kernel.handles(flat):
             levels, scales = self._rows_kernel.quantize(flat, self.input_scale)
