@@ -8,16 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from python_backend.cpu.int8_gemm import SOURCE, Int8Gemm, build_int8_gemm
+from python_backend.cpu.int8_gemm import SOURCE, Int8Gemm
 from python_backend.cpu.native.build import build_library
-
-
-@pytest.fixture(scope="module")
-def gemm() -> Int8Gemm:
-    kernel = build_int8_gemm()
-    if kernel is None:
-        pytest.skip("no C compiler or no AVX512-VNNI on this CPU: W8A8 layers use torch._int_mm")
-    return kernel
 
 
 def _reference(
@@ -37,36 +29,36 @@ def _reference(
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13, 64, 129])
 @pytest.mark.parametrize(("n", "k"), [(16, 4), (40, 64), (96, 128), (33, 36)])
-def test_product_is_the_rescaled_integer_product(gemm: Int8Gemm, rows: int, n: int, k: int) -> None:
+def test_product_is_the_rescaled_integer_product(int8_gemm: Int8Gemm, rows: int, n: int, k: int) -> None:
     generator = torch.Generator().manual_seed(rows * 1000 + n + k)
     values = torch.randint(-128, 128, (n, k), generator=generator, dtype=torch.int8)
     scales = torch.rand(n, generator=generator) * 0.01 + 0.001
     bias = torch.randn(n, generator=generator)
     x = torch.randn(rows, k, generator=generator) * 3
-    got = gemm.product(x, gemm.pack(values), scales, bias, None)
+    got = int8_gemm.product(x, int8_gemm.pack(values), scales, bias, None)
     assert got.shape == (rows, n) and got.dtype == torch.float32
     # The sums are exact; x * (1 / s) may put a level one off where x / s lies on a half.
     assert torch.allclose(got, _reference(x, values, scales, bias, None), rtol=1e-3, atol=1e-3)
     # Rows are independent: one row alone gives what it gave among the others.
-    assert torch.equal(gemm.product(x[-1:], gemm.pack(values), scales, bias, None), got[-1:])
+    assert torch.equal(int8_gemm.product(x[-1:], int8_gemm.pack(values), scales, bias, None), got[-1:])
 
 
-def test_bfloat16_rows_static_scale_and_no_bias(gemm: Int8Gemm) -> None:
+def test_bfloat16_rows_static_scale_and_no_bias(int8_gemm: Int8Gemm) -> None:
     generator = torch.Generator().manual_seed(3)
     values = torch.randint(-127, 128, (48, 64), generator=generator, dtype=torch.int8)
     scales = torch.rand(48, generator=generator) * 0.01
     x = torch.randn(9, 64, generator=generator).to(torch.bfloat16)
     static = torch.tensor(0.02)
-    got = gemm.product(x, gemm.pack(values), scales, None, float(static))
+    got = int8_gemm.product(x, int8_gemm.pack(values), scales, None, float(static))
     assert got.dtype == torch.bfloat16
     expected = _reference(x, values, scales, None, static)
     assert float((got.float() - expected).norm() / expected.norm()) < 1e-2  # bfloat16's rounding
 
 
-def test_widths_not_divisible_by_four_are_refused(gemm: Int8Gemm) -> None:
+def test_widths_not_divisible_by_four_are_refused(int8_gemm: Int8Gemm) -> None:
     assert not Int8Gemm.takes(30) and Int8Gemm.takes(32)
     with pytest.raises(ValueError, match="divisible by 4"):
-        gemm.pack(torch.zeros(8, 30, dtype=torch.int8))
+        int8_gemm.pack(torch.zeros(8, 30, dtype=torch.int8))
 
 
 def test_the_library_says_whether_this_cpu_has_vnni() -> None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from python_backend.cpu.int8_gemm import build_int8_gemm
-from python_backend.cpu.int8_rows import Int8RowsKernel, build_int8_rows_kernel
+from python_backend.cpu.int8_gemm import Int8Gemm
+from python_backend.cpu.int8_rows import Int8RowsKernel
 from python_backend.cpu.quant_linear import (
     Int8Paths,
     QuantLinear,
@@ -130,19 +130,11 @@ def test_the_products_benchmark_times_correct_products(form: str) -> None:
     assert _relative(got, x.float() @ weight.t()) < tolerance
 
 
-@pytest.fixture(scope="module")
-def rows_kernel() -> Int8RowsKernel:
-    kernel = build_int8_rows_kernel()
-    if kernel is None:
-        pytest.skip("no C compiler: W8A8 layers keep PyTorch's passes")
-    return kernel
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_c_row_quantization_gives_pytorchs_levels_and_scales(rows_kernel: Int8RowsKernel, dtype: torch.dtype) -> None:
+def test_c_row_quantization_gives_pytorchs_levels_and_scales(int8_rows: Int8RowsKernel, dtype: torch.dtype) -> None:
     x = (torch.randn(33, K) * torch.logspace(-3, 2, 33).unsqueeze(1)).to(dtype)
     x[5] = 0  # an all-zero row: the smallest scale, every level 0
-    levels, scales = rows_kernel.quantize(x, None)
+    levels, scales = int8_rows.quantize(x, None)
     expected_scale = (x.float().abs().amax(1, keepdim=True) / 127).clamp(min=torch.finfo(torch.float32).tiny)
     expected = torch.round(x.float() / expected_scale).clamp(-128, 127)
     assert torch.allclose(scales, expected_scale, rtol=1e-6, atol=0)
@@ -150,18 +142,18 @@ def test_c_row_quantization_gives_pytorchs_levels_and_scales(rows_kernel: Int8Ro
     differs = levels.float() != expected
     assert int(differs.sum()) <= x.numel() // 1000 and float((levels.float() - expected).abs().max()) <= 1
     assert not levels[5].any()
-    static, one = rows_kernel.quantize(x, torch.tensor(0.01))
+    static, one = int8_rows.quantize(x, torch.tensor(0.01))
     # The largest rows overflow one fixed scale: their levels are clamped to int8's range.
     assert one.numel() == 1 and int(static[-1].min()) == -128 and int(static[-1].max()) == 127
 
 
 @pytest.mark.parametrize("activations", ["dynamic", "static"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_c_passes_give_the_pytorch_product(rows_kernel: Int8RowsKernel, activations: str, dtype: torch.dtype) -> None:
+def test_c_passes_give_the_pytorch_product(int8_rows: Int8RowsKernel, activations: str, dtype: torch.dtype) -> None:
     weight = _weight(8, K, True, activations)
     bias = torch.randn(N)
     plain = QuantLinear(weight, bias, dtype, CPU)
-    fast = QuantLinear(weight, bias, dtype, CPU, Int8Paths(rows=rows_kernel))
+    fast = QuantLinear(weight, bias, dtype, CPU, Int8Paths(rows=int8_rows))
     assert fast.kernel == "int_mm"
     x = torch.randn(2, 9, K).to(dtype)
     got, expected = fast(x), plain(x)
@@ -175,14 +167,11 @@ def test_c_passes_give_the_pytorch_product(rows_kernel: Int8RowsKernel, activati
 
 @pytest.mark.parametrize("activations", ["dynamic", "static"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_vnni_product_gives_the_integer_product(activations: str, dtype: torch.dtype) -> None:
-    gemm = build_int8_gemm()
-    if gemm is None:
-        pytest.skip("no C compiler or no AVX512-VNNI on this CPU")
+def test_vnni_product_gives_the_integer_product(int8_gemm: Int8Gemm, activations: str, dtype: torch.dtype) -> None:
     weight = _weight(8, K, True, activations)
     bias = torch.randn(N)
     plain = QuantLinear(weight, bias, dtype, CPU)
-    layer = QuantLinear(weight, bias, dtype, CPU, Int8Paths(gemm=gemm))
+    layer = QuantLinear(weight, bias, dtype, CPU, Int8Paths(gemm=int8_gemm))
     assert layer.kernel == "int8_vnni" and plain.kernel == "int_mm"
     x = torch.randn(3, 5, K).to(dtype)
     got = layer(x)
@@ -193,14 +182,14 @@ def test_vnni_product_gives_the_integer_product(activations: str, dtype: torch.d
     assert layer.weight_bytes() <= N * K + N * 8 + 16 * K + (4 if activations == "static" else 0)
     assert not hasattr(layer, "weight_t")
     # A float16 layer or a width not divisible by 4 keeps torch._int_mm (with the C row passes: below).
-    assert QuantLinear(weight, None, torch.float16, CPU, Int8Paths(gemm=gemm)).kernel == "int_mm"
+    assert QuantLinear(weight, None, torch.float16, CPU, Int8Paths(gemm=int8_gemm)).kernel == "int_mm"
 
 
-def test_c_row_passes_round_float16_as_pytorch_does(rows_kernel: Int8RowsKernel) -> None:
+def test_c_row_passes_round_float16_as_pytorch_does(int8_rows: Int8RowsKernel) -> None:
     # Every float16 widens exactly: with a static scale of 1, the levels are the rounded values.
     every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.float16)
     finite = every[every.isfinite()].reshape(-1, 1)
-    levels, _ = rows_kernel.quantize(finite, torch.tensor(1.0))
+    levels, _ = int8_rows.quantize(finite, torch.tensor(1.0))
     assert torch.equal(levels.float(), torch.round(finite.float()).clamp(-128, 127))
     # Narrowing: a product of ones times float32 scales is the scales, rounded to float16 to nearest even.
     generator = torch.Generator().manual_seed(0)
@@ -208,33 +197,30 @@ def test_c_row_passes_round_float16_as_pytorch_does(rows_kernel: Int8RowsKernel)
     specials = torch.tensor([65504.0, 65519.99, 65520.0, 1e6, 2**-24, 2**-25, 2**-25 * 1.0001, 2**-14, 6.1e-5, 0.0])
     scales = torch.cat([bits.view(torch.float32), specials, -specials, torch.tensor([float("nan"), float("inf")])])
     ones = torch.ones((scales.numel(), 1), dtype=torch.int32)
-    got = rows_kernel.rescale(ones, scales.reshape(-1, 1), torch.ones(1), None, torch.float16)
+    got = int8_rows.rescale(ones, scales.reshape(-1, 1), torch.ones(1), None, torch.float16)
     expected = scales.reshape(-1, 1).to(torch.float16)
     assert torch.equal(got.isnan(), expected.isnan())
     assert torch.equal(got[~got.isnan()].view(torch.int16), expected[~expected.isnan()].view(torch.int16))
 
 
+@pytest.mark.usefixtures("int8_gemm")  # a CPU with the VNNI kernel, as the layers below sit beside it
 @pytest.mark.parametrize(("dtype", "width"), [(torch.float16, K), (torch.bfloat16, 30), (torch.float32, 30)])
 def test_layers_beside_the_vnni_kernel_get_the_c_row_passes(
-    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, width: int
+    monkeypatch: pytest.MonkeyPatch, int8_paths: Int8Paths, int8_rows: Int8RowsKernel, dtype: torch.dtype, width: int
 ) -> None:
-    paths = Int8Paths.build()
-    if paths.gemm is None or paths.rows is None:
-        pytest.skip("no C compiler or no AVX512-VNNI on this CPU: no layer sits beside the VNNI kernel")
-    rows = paths.rows
     calls: list[int] = []
-    quantize = rows.quantize
+    quantize = int8_rows.quantize
 
     def counted(x: torch.Tensor, static: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         calls.append(x.shape[0])
         return quantize(x, static)
 
-    monkeypatch.setattr(rows, "quantize", counted)
+    monkeypatch.setattr(int8_rows, "quantize", counted)
     generator = torch.Generator().manual_seed(width)
     values = torch.randint(-128, 128, (N, width), generator=generator, dtype=torch.int8)
     weight = QuantWeight(values, torch.rand(N, 1, generator=generator) * 0.01 + 0.001, None, 8, width, "dynamic")
     bias = torch.randn(N, generator=generator)
-    layer = QuantLinear(weight, bias, dtype, CPU, paths)
+    layer = QuantLinear(weight, bias, dtype, CPU, int8_paths)  # both paths, as a model load builds them
     assert layer.kernel == "int_mm"
     x = torch.randn(3, width, generator=generator).to(dtype)
     got = layer(x)
