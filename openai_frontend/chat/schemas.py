@@ -19,7 +19,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, WithJsonSchema
 
 from python_backend.protocol.messages import MEDIA_PART_TYPES
-from python_backend.protocol.params import INT32_MAX, MAX_N, MAX_TOP_LOGPROBS, UINT64_MAX
+from python_backend.protocol.param_fields import INT32_MAX, MAX_N, MAX_TOP_LOGPROBS, UINT64_MAX
 
 
 def _nullable(*types: dict[str, Any]) -> WithJsonSchema:
