@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 import psutil
@@ -11,8 +10,9 @@ import psutil
 from benchmarks.cpu_hog import Arrival, CpuHog, arrivals_of, recovery_s
 from benchmarks.hog_runs import HogRuns, alone_beside_again
 from benchmarks.load import RequestResult
-from benchmarks.traffic import TrafficReport, Workload, run_traffic, summarize
+from benchmarks.traffic import TrafficReport, Workload, run_traffic
 from benchmarks.traffic_compare import markdown
+from tests.bench.fake_chat import fake_chat_server, fake_run
 
 _END = 1000.0  # when the busy processes ended, on the fake clock of these tests
 
@@ -23,8 +23,17 @@ def _workload() -> Workload:
 
 def _report(load: Workload, tokens_per_s: float, ttft_s: float = 0.2) -> TrafficReport:
     """A run whose output rate is ``tokens_per_s`` (one request in one second)."""
-    ok = RequestResult(True, tokens=round(tokens_per_s), ttft_s=ttft_s, gaps_s=[0.04] * 9, prompt_tokens=100)
-    return summarize("triton-chat", load, "closed C=16", [ok], 1.0, 1.0, 0.1)
+    return fake_run(
+        "triton-chat",
+        load,
+        "closed C=16",
+        requests=1,
+        tokens=round(tokens_per_s),
+        ttft_s=ttft_s,
+        gap_s=0.04,
+        prompt_tokens=100,
+        wall_s=1.0,
+    )
 
 
 def _steady(start_s: float, end_s: float, per_s: float) -> list[Arrival]:
@@ -115,32 +124,10 @@ def test_targets_missed_beside_a_neighbour_and_never_back() -> None:
     )
 
 
-async def _streaming_server(posts: list[int]) -> asyncio.Server:
-    """Answers every POST with three content chunks and a usage of 6 output tokens."""
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except (asyncio.IncompleteReadError, ConnectionResetError):  # the client closed: the run is over
-                break
-            length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
-            await reader.readexactly(length)
-            posts.append(1)
-            chunks: list[dict[str, object]] = [{"choices": [{"delta": {"content": "x"}}]}] * 3
-            chunks.append({"choices": [], "usage": {"completion_tokens": 6, "prompt_tokens": 9}})
-            body = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-            await writer.drain()
-        writer.close()
-
-    return await asyncio.start_server(handle, "127.0.0.1", 0)
-
-
 def test_a_run_without_warm_up_sends_only_the_timed_requests_and_logs_their_chunks() -> None:
     async def scenario() -> tuple[int, list[Arrival], float, float]:
         posts: list[int] = []
-        server = await _streaming_server(posts)
+        server = await fake_chat_server(posts, 6)
         url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
         arrivals: list[Arrival] = []
         before = time.perf_counter()
