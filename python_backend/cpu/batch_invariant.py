@@ -149,8 +149,9 @@ def install_batch_invariant(
         if not _inside(name, roots):
             continue
         if isinstance(module, PackedLinear | FusedProjections):
-            module.row_tile = rows
-            tiled += 1
+            if not module.rows_independent:  # our bfloat16 kernel's rows are invariant already
+                module.row_tile = rows
+                tiled += 1
         elif type(module) is torch.nn.Linear:
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model

@@ -22,6 +22,7 @@ import logging
 
 import torch
 
+from python_backend.cpu.bf16_gemm import Bf16Gemm, PackedBf16
 from python_backend.cpu.row_tiles import packed_product
 
 logger = logging.getLogger(__name__)
@@ -38,17 +39,16 @@ def merge_eligible_layer_types() -> tuple[type, ...]:
 class FusedProjections(torch.nn.Module):
     """Several ``nn.Linear`` of one input as one product with a prepacked weight."""
 
-    packed_weight: torch.Tensor  # buffers, typed for the product's signature
+    packed_weight: torch.Tensor | None  # buffers, typed for the product's signature
     bias: torch.Tensor | None
 
-    def __init__(self, linears: list[torch.nn.Linear]) -> None:
+    def __init__(self, linears: list[torch.nn.Linear], bf16: Bf16Gemm | None = None) -> None:
         super().__init__()
         weight = torch.cat([linear.weight.detach() for linear in linears])
         self.dtype = weight.dtype
         self.in_features = linears[0].in_features
         self.widths = [linear.out_features for linear in linears]
         self._starts = [sum(self.widths[:i]) for i in range(len(linears))]
-        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight), persistent=False)
         bias = None
         if any(linear.bias is not None for linear in linears):
             bias = torch.cat(
@@ -57,6 +57,10 @@ class FusedProjections(torch.nn.Module):
                     for linear in linears
                 ]
             )
+        # One layout only (our bfloat16 kernel's where it takes the weight): the weight is held once.
+        self.own: PackedBf16 | None = bf16.pack(weight, bias) if bf16 is not None and bf16.takes(weight) else None
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight) if self.own is None else None
+        self.register_buffer("packed_weight", packed, persistent=False)
         self.register_buffer("bias", bias, persistent=False)
         self._memo: tuple[torch.Tensor, torch.Tensor] | None = None  # (input, merged output)
         self._taken = 0
@@ -64,7 +68,15 @@ class FusedProjections(torch.nn.Module):
 
     def apply_unchecked(self, x: torch.Tensor) -> torch.Tensor:
         """The merged product [..., sum(widths)]."""
+        if self.own is not None:
+            return self.own.product(x)
+        assert self.packed_weight is not None  # set whenever ``own`` is not (an invariant, not input)
         return packed_product(x, self.packed_weight, self.bias, self.row_tile)
+
+    @property
+    def rows_independent(self) -> bool:
+        """Whether a row's result never depends on the rows beside it (no row tiles needed)."""
+        return self.own is not None
 
     def split(self, merged: torch.Tensor) -> list[torch.Tensor]:
         return list(merged.split(self.widths, dim=-1))
@@ -101,29 +113,32 @@ class ProjectionSlice(torch.nn.Module):
         return f"part {self.index} of {len(self.group.widths)}, out_features={self.out_features}"
 
 
-def _merge(owner: torch.nn.Module, names: tuple[str, ...], dtypes: tuple[torch.dtype, ...]) -> int:
+def _merge(
+    owner: torch.nn.Module, names: tuple[str, ...], dtypes: tuple[torch.dtype, ...], bf16: Bf16Gemm | None
+) -> int:
     linears = [getattr(owner, name, None) for name in names]
     plain = [m for m in linears if type(m) is torch.nn.Linear]
     if len(plain) != len(names) or len({(m.weight.dtype, m.in_features) for m in plain}) != 1:
         return 0  # a LoRA-wrapped or already replaced projection, or mixed shapes: leave them
     if plain[0].weight.dtype not in dtypes:
         return 0
-    group = FusedProjections(plain)
+    group = FusedProjections(plain, bf16)
     for index, name in enumerate(names):
         setattr(owner, name, ProjectionSlice(group, index))
     return len(names)
 
 
-def fuse_projections(decoder: torch.nn.Module, dtypes: tuple[torch.dtype, ...]) -> int:
-    """Merge q/k/v and gate/up of every eligible layer of ``decoder``; returns how many projections."""
+def fuse_projections(decoder: torch.nn.Module, dtypes: tuple[torch.dtype, ...], bf16: Bf16Gemm | None = None) -> int:
+    """Merge q/k/v and gate/up of every eligible layer of ``decoder``; returns how many projections.
+    ``bf16``: our bfloat16 kernel, for the merged weights it takes."""
     eligible = merge_eligible_layer_types()
     layers = getattr(decoder, "layers", None) or []
     merged = 0
     for layer in layers:
         if type(layer) not in eligible:
             continue
-        merged += _merge(layer.self_attn, ("q_proj", "k_proj", "v_proj"), dtypes)
-        merged += _merge(layer.mlp, ("gate_proj", "up_proj"), dtypes)
+        merged += _merge(layer.self_attn, ("q_proj", "k_proj", "v_proj"), dtypes, bf16)
+        merged += _merge(layer.mlp, ("gate_proj", "up_proj"), dtypes, bf16)
     if merged:
         logger.info("merged %d projections (q/k/v, gate/up) into single products", merged)
     return merged

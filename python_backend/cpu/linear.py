@@ -23,6 +23,7 @@ import logging
 
 import torch
 
+from python_backend.cpu.bf16_gemm import Bf16Gemm, PackedBf16
 from python_backend.cpu.fused_projections import fuse_projections
 from python_backend.cpu.row_tiles import packed_product
 
@@ -63,21 +64,30 @@ def prepack_supported(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 class PackedLinear(torch.nn.Module):
-    """``y = x W^T + b`` with ``W`` held in oneDNN's blocked layout."""
+    """``y = x W^T + b`` with ``W`` held in oneDNN's blocked layout, or in the layout of our own
+    bfloat16 kernel (``bf16_gemm.py``) where one is given and takes the weight."""
 
-    packed_weight: torch.Tensor  # buffers, typed for the product's signature
+    packed_weight: torch.Tensor | None  # buffers, typed for the product's signature
     bias: torch.Tensor | None
 
-    def __init__(self, linear: torch.nn.Linear) -> None:
+    def __init__(self, linear: torch.nn.Linear, bf16: Bf16Gemm | None = None) -> None:
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         weight = linear.weight.detach()
         self.dtype = weight.dtype
-        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight), persistent=False)
         bias = linear.bias.detach() if linear.bias is not None else None
+        # One layout only: the weight is held once.
+        self.own: PackedBf16 | None = bf16.pack(weight, bias) if bf16 is not None and bf16.takes(weight) else None
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight) if self.own is None else None
+        self.register_buffer("packed_weight", packed, persistent=False)
         self.register_buffer("bias", bias, persistent=False)
         self.row_tile = 0  # > 0: products of exactly this many rows (row_tiles.py)
+
+    @property
+    def rows_independent(self) -> bool:
+        """Whether a row's result never depends on the rows beside it (no row tiles needed)."""
+        return self.own is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.dtype:
@@ -87,6 +97,9 @@ class PackedLinear(torch.nn.Module):
 
     def apply_unchecked(self, x: torch.Tensor) -> torch.Tensor:
         """The product without module dispatch or the dtype check (for callers that know the dtype)."""
+        if self.own is not None:
+            return self.own.product(x)
+        assert self.packed_weight is not None  # set whenever ``own`` is not (an invariant, not input)
         return packed_product(x, self.packed_weight, self.bias, self.row_tile)
 
     def extra_repr(self) -> str:
@@ -98,15 +111,17 @@ def _inside(name: str, roots: list[str]) -> bool:
     return any(name == root or name.startswith(root + ".") for root in roots)
 
 
-def pack_linears(model: torch.nn.Module, decoder: torch.nn.Module, head: torch.nn.Module | None) -> int:
+def pack_linears(
+    model: torch.nn.Module, decoder: torch.nn.Module, head: torch.nn.Module | None, bf16: Bf16Gemm | None = None
+) -> int:
     """Replace the ``nn.Linear`` layers of ``decoder`` (and ``head``) inside ``model``; returns how many
-    (merged projections included).
+    (merged projections included). ``bf16``: our bfloat16 kernel, for the layers it takes.
 
     ``model`` is the module tree to edit (it may be a PEFT wrapper); ``decoder`` and ``head`` are
     found in it by identity, so the wrapper's own naming does not matter.
     """
     # q/k/v and gate/up of the same input become one product each (fused_projections.py).
-    merged = fuse_projections(decoder, PACKABLE_DTYPES)
+    merged = fuse_projections(decoder, PACKABLE_DTYPES, bf16)
     targets = {id(decoder), id(head)} if head is not None else {id(decoder)}
     roots = [name for name, module in model.named_modules() if id(module) in targets]
     # PEFT's tuner layers keep the original Linear as ``base_layer`` and read its weight.
@@ -119,7 +134,8 @@ def pack_linears(model: torch.nn.Module, decoder: torch.nn.Module, head: torch.n
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, PackedLinear(module))
+        setattr(parent, child, PackedLinear(module, bf16))
         replaced += 1
-    logger.info("prepacked %d linear layers for oneDNN (and %d merged ones)", replaced, merged)
+    kind = "our bfloat16 kernel where it takes them, else oneDNN" if bf16 is not None else "oneDNN"
+    logger.info("prepacked %d linear layers (and %d merged ones) for %s", replaced, merged, kind)
     return replaced + merged

@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 
 from python_backend.cpu.attention import use_decode_attention
 from python_backend.cpu.batch_invariant import InvariantAttend, install_batch_invariant, use_invariant_attention
+from python_backend.cpu.bf16_gemm import build_bf16_gemm
 from python_backend.cpu.fast_decode import FastDecoder
 from python_backend.cpu.fused_norm import build_norm_kernel, fuse_norms
 from python_backend.cpu.fused_rope import build_rope_kernel
@@ -281,7 +282,8 @@ def load_model(settings: EngineSettings) -> LoadedModel:
     fast = None
     # The CPU speed paths rewrite the linear layers, which hold a rank's shard under tensor parallel.
     if settings.cpu_prepack_weights and world == 1 and prepack_supported(placement.device, placement.dtype):
-        pack_linears(model, base.get_decoder(), base.get_output_embeddings())
+        bf16 = build_bf16_gemm() if placement.dtype == torch.bfloat16 else None
+        pack_linears(model, base.get_decoder(), base.get_output_embeddings(), bf16)
         if cpu_text and not adapters:
             attend = InvariantAttend(invariant) if invariant is not None else None
             norms = build_norm_kernel() if kernel is not None and invariant is None else None

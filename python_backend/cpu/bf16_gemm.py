@@ -1,0 +1,125 @@
+"""A bfloat16 product of our own for linear layers on CPUs with AVX512-BF16 and no AMX.
+
+Owns ``Bf16Gemm`` (``native/bf16_gemm.c``, built and loaded as the other native kernels are),
+``PackedBf16`` (a layer's weight packed for it) and ``build_bf16_gemm``. oneDNN's prepacked
+product costs about 17 us per call before any work and streams a one-row product's weight at
+about half the memory's rate: a one-user decode step of the demo model spent 14 ms in products
+whose weights take about 6 ms to read. This kernel keeps a block of rows by four tiles of 16
+output channels in registers and sums every row in one fixed order, so a row's result does not
+depend on the rows beside it (the batch-invariant mode's property, at no cost). On AMX CPUs
+oneDNN's tile products are kept: they are far faster on prompts.
+
+May import torch and ``python_backend.cpu.native`` only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from python_backend.cpu.native.build import load_kernel
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("native") / "bf16_gemm.c"
+TILE = 16  # output channels per packed tile (bf16_gemm.c)
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+
+
+@dataclass(frozen=True)
+class PackedBf16:
+    """A bfloat16 weight [N, K] in the kernel's layout, with its bias widened to float32, and the
+    kernel that multiplies by it."""
+
+    packed: torch.Tensor  # bfloat16 [ceil(N / 16) * 16 * K]
+    bias: torch.Tensor | None  # float32 [N]
+    out_features: int
+    in_features: int
+    gemm: Bf16Gemm
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [..., K] bfloat16 times the weight, plus the bias: [..., N] bfloat16."""
+        return self.gemm.product(x, self)
+
+
+class Bf16Gemm:
+    """``pack(weight, bias)`` once per layer, then ``product(x, packed)`` per call."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        available = library.triton_chat_bf16_gemm_available
+        available.restype, available.argtypes = ctypes.c_int, []
+        self.available = bool(available())
+        self._pack = library.triton_chat_bf16_pack
+        self._pack.restype, self._pack.argtypes = ctypes.c_int, [_PTR, _I64, _I64, _PTR]
+        self._gemm = library.triton_chat_bf16_gemm
+        self._gemm.restype = ctypes.c_int
+        self._gemm.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64]
+
+    @staticmethod
+    def takes(weight: torch.Tensor) -> bool:
+        """Whether this weight can be packed: bfloat16 [N, K] on CPU, K even (read in pairs)."""
+        return (
+            weight.device.type == "cpu"
+            and weight.dtype == torch.bfloat16
+            and weight.dim() == 2
+            and weight.shape[1] % 2 == 0
+        )
+
+    def pack(self, weight: torch.Tensor, bias: torch.Tensor | None) -> PackedBf16:
+        """``weight`` bfloat16 [N, K] (K even) in the kernel's layout; ``bias`` [N] or None."""
+        if not self.takes(weight):
+            raise ValueError(f"bfloat16 CPU weights of even width are packed, got {weight.dtype} {list(weight.shape)}")
+        n, k = weight.shape
+        packed = torch.empty(-(-n // TILE) * TILE * k, dtype=torch.bfloat16)
+        source = weight.detach().contiguous()
+        if self._pack(source.data_ptr(), n, k, packed.data_ptr()) != 0:
+            raise RuntimeError(f"packing a bfloat16 weight of shape [{n}, {k}] failed")
+        wide_bias = bias.detach().to(torch.float32).contiguous() if bias is not None else None
+        return PackedBf16(packed, wide_bias, n, k, self)
+
+    @staticmethod
+    def handles(x: torch.Tensor, weight: PackedBf16) -> bool:
+        """Whether ``x`` [..., K] can go through ``product``."""
+        return x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.shape[-1] == weight.in_features
+
+    def product(self, x: torch.Tensor, weight: PackedBf16) -> torch.Tensor:
+        """``x`` [..., K] times the weight (plus its bias): [..., N] bfloat16."""
+        rows = x.reshape(-1, weight.in_features)
+        if rows.stride(-1) != 1:
+            rows = rows.contiguous()
+        out = torch.empty((rows.shape[0], weight.out_features), dtype=torch.bfloat16)
+        status = self._gemm(
+            rows.data_ptr(), rows.stride(0), rows.shape[0], weight.in_features, weight.packed.data_ptr(),
+            weight.out_features, weight.bias.data_ptr() if weight.bias is not None else None,
+            out.data_ptr(), out.stride(0),
+        )  # fmt: skip
+        if status != 0:
+            raise RuntimeError(f"bfloat16 product kernel failed with status {status} for shape {tuple(x.shape)}")
+        return out.view(*x.shape[:-1], weight.out_features)
+
+
+def has_amx() -> bool:
+    """Whether this CPU has AMX tiles (oneDNN's bfloat16 products on them beat any AVX-512 kernel)."""
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return "amx_bf16" in flags.split()
+
+
+def build_bf16_gemm(cache_dir: Path | None = None) -> Bf16Gemm | None:
+    """The kernel where it builds, this CPU has AVX512-BF16 and no AMX; None otherwise (reason logged)."""
+    if has_amx():
+        logger.info("this CPU has AMX: bfloat16 layers keep oneDNN's products")
+        return None
+    missing = "the bfloat16 product kernel is not available: bfloat16 layers keep oneDNN's products"
+    # Without reassociation each row is summed in one order in every block size.
+    kernel = load_kernel(Bf16Gemm, SOURCE, cache_dir, missing, extra_flags=("-fno-fast-math",))
+    if kernel is not None and not kernel.available:
+        logger.info("this CPU has no AVX512-BF16: bfloat16 layers keep oneDNN's products")
+        return None
+    return kernel
