@@ -8,7 +8,8 @@ which runs first. ``--quant`` picks the precision both sides run:
 
 - ``none`` (default), every product in ``--dtype``:
 
-  - ``ours``: ``python_backend.cpu.linear.PackedLinear`` (``torch.ops.mkldnn._linear_pointwise``
+  - ``ours``: ``python_backend.cpu.linear.PackedLinear`` as the engine builds it (in bfloat16 our own
+    kernel, ``cpu/bf16_gemm.py``, where the CPU takes it; else ``torch.ops.mkldnn._linear_pointwise``
     on a weight reordered once), what the engine runs;
   - ``vllm``: vLLM's CPU dispatch for an unquantized linear layer (its ``onednn_mm`` handler with a
     primitive cache, or whatever ``dispatch_cpu_unquantized_gemm`` picks on this CPU);
@@ -111,10 +112,12 @@ def _ours(quant: str) -> Maker:
     """Our products: ``PackedLinear``, or for W8A8 ``QuantLinear`` with the C paths the engine builds."""
     import torch
 
+    from python_backend.cpu.bf16_gemm import build_bf16_gemm
     from python_backend.cpu.linear import PackedLinear
     from python_backend.cpu.quant_linear import Int8Paths
 
     int8 = Int8Paths.build() if quant == "w8a8" else None
+    bf16 = build_bf16_gemm()  # the engine's bfloat16 kernel, where this CPU takes it
     if int8 is not None and int8.rows is None and int8.gemm is None:
         raise SystemExit("ours: no C int8 path built (python_backend/cpu/int8_gemm.py, int8_rows.py; see the log)")
 
@@ -126,7 +129,8 @@ def _ours(quant: str) -> Maker:
             return layer.apply_unchecked, f"QuantLinear {layer.kernel}"
         linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
         linear.weight.data = weight
-        return PackedLinear(linear).apply_unchecked, "PackedLinear"
+        packed = PackedLinear(linear, bf16 if weight.dtype == torch.bfloat16 else None)
+        return packed.apply_unchecked, "PackedLinear (ours)" if packed.own is not None else "PackedLinear (oneDNN)"
 
     return make
 

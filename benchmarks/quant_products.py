@@ -4,7 +4,9 @@ Times one model pass of linear products (per layer the merged q/k/v and gate/up,
 down projections, each layer with weights of its own) at each row count, in every form the engine
 can run them:
 
-- ``bf16``: ``PackedLinear`` (oneDNN, weight prepacked once), what a bfloat16 model runs;
+- ``bf16``: ``PackedLinear`` as a bfloat16 model runs it: our kernel (``cpu/bf16_gemm.py``) where
+  the CPU takes it, else oneDNN's;
+- ``bf16-onednn``: ``PackedLinear`` on oneDNN's product (weight prepacked once);
 - ``w8a8``: ``QuantLinear`` as the engine runs it: our AVX512-VNNI int8 product
   (``cpu/int8_gemm.py``) where the CPU has it, else ``torch._int_mm`` with the row passes in C;
 - ``w8a8-intmm``: ``torch._int_mm`` with the row passes in C (``cpu/int8_rows.py``);
@@ -42,7 +44,7 @@ _DEMO = {
     "num_key_value_heads": 3,
     "num_hidden_layers": 30,
 }
-FORMS = ("bf16", "w8a8", "w8a8-intmm", "w8a8-torch", "w8a8-onednn", "w8a16", "w4a16-g32", "w4a16-g64")
+FORMS = ("bf16", "bf16-onednn", "w8a8", "w8a8-intmm", "w8a8-torch", "w8a8-onednn", "w8a16", "w4a16-g32", "w4a16-g64")
 
 
 @dataclass(frozen=True)
@@ -72,15 +74,16 @@ def _product(form: str, weight: Any) -> Callable[[Any], Any]:
     """The form's product for one float weight [N, K]."""
     import torch
 
+    from python_backend.cpu.bf16_gemm import build_bf16_gemm
     from python_backend.cpu.int8_rows import build_int8_rows_kernel
     from python_backend.cpu.linear import PackedLinear
     from python_backend.cpu.quant_linear import Int8Paths, QuantLinear, QuantWeight, quantize_per_channel
 
     cpu = torch.device("cpu")
-    if form == "bf16":
+    if form in ("bf16", "bf16-onednn"):
         linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=torch.bfloat16)
         linear.weight.data = weight.to(torch.bfloat16)
-        return PackedLinear(linear).apply_unchecked
+        return PackedLinear(linear, build_bf16_gemm() if form == "bf16" else None).apply_unchecked
     int8 = quantize_per_channel(weight)
     if form == "w8a8-onednn":
         return _onednn_product(int8.values, int8.scale.reshape(-1))
