@@ -16,10 +16,10 @@ class CpuSettings:
     cpu_prepack_weights: bool = setting(
         True,
         SettingInfo(
-            "on CPU, keep linear weights in PyTorch's layout instead of oneDNN's (about 2x slower)",
+            "on CPU, keep linear weights in PyTorch's layout instead of a packed one (about 2x slower)",
             flag="--no-cpu-prepack-weights",
-            docs="CPU: reorder float32/bfloat16 linear weights once into oneDNN's blocked layout (about 2x "
-            "faster linear layers)",
+            docs="CPU: pack float32/bfloat16 linear weights once, in oneDNN's blocked layout or, in bfloat16 on "
+            "AVX512-BF16 CPUs without AMX, our own kernel's (about 2x faster linear layers)",
         ),
     )
     cpu_native_attention: bool = setting(
