@@ -7,7 +7,9 @@ about half of VNNI's int8 rate at the row counts of decode steps (no faster than
 products on the same CPU), so W8A8 gained memory but not time. This kernel keeps a block of rows
 by two tiles of 16 output channels in registers, takes the input as unsigned bytes (the levels
 plus 128, the shift compensated per channel) and fuses the rescale and bias into its epilogue.
-Its int32 sums are exact: a row's result does not depend on the rows beside it.
+One or two rows (a decode step) stream the weight instead: each thread reads an even share of the
+tiles in memory order. Its int32 sums are exact: a row's result does not depend on the rows beside
+it.
 
 May import torch and ``python_backend.cpu.native`` only.
 """
@@ -15,7 +17,7 @@ May import torch and ``python_backend.cpu.native`` only.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -38,6 +40,11 @@ class PackedInt8:
     compensation: torch.Tensor  # int32 [ceil(N / 16) * 16]
     out_features: int
     in_features: int
+    # Their addresses, read once: a decode step calls the product ~120 times, each call counts.
+    addresses: tuple[int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "addresses", (self.packed.data_ptr(), self.compensation.data_ptr()))
 
     @property
     def nbytes(self) -> int:
@@ -101,11 +108,12 @@ class Int8Gemm:
         count, dim = rows.shape
         # One call quantizes the rows (into the library's own scratch) and multiplies them.
         static = static_scale if static_scale is not None else 0.0
-        out = torch.empty((count, weight.out_features), dtype=rows.dtype)
+        width = weight.out_features
+        out = torch.empty(count, width, dtype=rows.dtype)  # sizes as arguments: faster than a tuple
+        packed, compensation = weight.addresses
         status = self._gemm[rows.dtype](
-            rows.data_ptr(), rows.stride(0), count, dim, static, weight.packed.data_ptr(),
-            weight.compensation.data_ptr(), weight.out_features, weight_scales.data_ptr(),
-            bias.data_ptr() if bias is not None else None, out.data_ptr(), out.stride(0),
+            rows.data_ptr(), rows.stride(0), count, dim, static, packed, compensation, width,
+            weight_scales.data_ptr(), bias.data_ptr() if bias is not None else None, out.data_ptr(), width,
         )  # fmt: skip
         if status != 0:
             raise RuntimeError(f"int8 product kernel failed with status {status} for shape {tuple(rows.shape)}")
@@ -129,7 +137,8 @@ class BoundInt8Product:
 def build_int8_gemm(cache_dir: Path | None = None) -> Int8Gemm | None:
     """The kernel where it builds and this CPU has AVX512-VNNI; None otherwise (the reason logged)."""
     missing = "the int8 product kernel is not available: W8A8 layers use torch._int_mm"
-    # Without reassociation the epilogue multiplies in one order in every block size, so a row's
-    # result does not depend on how many rows share its block.
-    kernel = load_kernel(Int8Gemm, SOURCE, cache_dir, missing, extra_flags=("-fno-fast-math",))
+    # Without reassociation or fused multiply-adds the epilogue rounds alike in every block and
+    # path (the compiler would fuse some inlined copies and not others), so a row's result does not
+    # depend on how many rows share its call.
+    kernel = load_kernel(Int8Gemm, SOURCE, cache_dir, missing, extra_flags=("-fno-fast-math", "-ffp-contract=off"))
     return kernel if kernel is not None and kernel.available else None

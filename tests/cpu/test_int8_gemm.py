@@ -68,3 +68,33 @@ def test_the_library_says_whether_this_cpu_has_vnni() -> None:
     flags = Path("/proc/cpuinfo").read_text()
     kernel = Int8Gemm(library)
     assert kernel.available == ("avx512_vnni" in flags and "avx512bw" in flags)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("n", "k"), [(33, 36), (1000, 576), (40, 8196)])
+def test_one_or_two_rows_equal_their_rows_of_a_larger_product(
+    int8_gemm: Int8Gemm, dtype: torch.dtype, n: int, k: int
+) -> None:
+    # One or two rows (a decode step) take their own path, split over the team (1000 channels: 63
+    # tiles, unevenly); rows wider than its stack buffer (8196) take the blocks. The int32 sums are
+    # exact and the epilogue rounds alike, so each row is bit for bit the row of a 9-row product.
+    generator = torch.Generator().manual_seed(n + k)
+    values = torch.randint(-128, 128, (n, k), generator=generator, dtype=torch.int8)
+    scales = torch.rand(n, generator=generator) * 0.01 + 0.001
+    bias = torch.randn(n, generator=generator)
+    x = (torch.randn(9, k, generator=generator) * 3).to(dtype)
+    packed = int8_gemm.pack(values)
+    for static in (None, 0.02):
+        for with_bias in (bias, None):
+            whole = int8_gemm.product(x, packed, scales, with_bias, static)
+            assert torch.equal(int8_gemm.product(x[:1], packed, scales, with_bias, static), whole[:1])
+            assert torch.equal(int8_gemm.product(x[3:5], packed, scales, with_bias, static), whole[3:5])
+    wider = torch.zeros(9, k + 8, dtype=dtype)
+    wider[:, :k] = x  # rows further apart than their width, as a slice of a wider tensor gives
+    assert torch.equal(
+        int8_gemm.product(wider[:1, :k], packed, scales, bias, None),
+        int8_gemm.product(x[:1], packed, scales, bias, None),
+    )
+    expected = _reference(x.float(), values, scales, bias, None)
+    got = int8_gemm.product(x[:1], packed, scales, bias, None)
+    assert torch.allclose(got.float(), expected[:1], rtol=1e-2 if dtype == torch.bfloat16 else 1e-3, atol=1e-2)
