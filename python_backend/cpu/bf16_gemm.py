@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -40,6 +40,12 @@ class PackedBf16:
     out_features: int
     in_features: int
     gemm: Bf16Gemm
+    # Their addresses, read once: a decode step calls the product ~120 times, each call counts.
+    addresses: tuple[int, int | None] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        bias = self.bias.data_ptr() if self.bias is not None else None
+        object.__setattr__(self, "addresses", (self.packed.data_ptr(), bias))
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` [..., K] bfloat16 times the weight, plus the bias: [..., N] bfloat16."""
@@ -88,18 +94,21 @@ class Bf16Gemm:
 
     def product(self, x: torch.Tensor, weight: PackedBf16) -> torch.Tensor:
         """``x`` [..., K] times the weight (plus its bias): [..., N] bfloat16."""
-        rows = x.reshape(-1, weight.in_features)
+        if x.shape[-1] != weight.in_features:
+            # nn.Linear's own error, where a reshape would silently regroup the values.
+            raise ValueError(f"input of width {x.shape[-1]} for a layer of in_features={weight.in_features}")
+        rows = x if x.dim() == 2 else x.reshape(-1, weight.in_features)
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
-        out = torch.empty((rows.shape[0], weight.out_features), dtype=torch.bfloat16)
+        count, width = rows.shape[0], weight.out_features
+        out = torch.empty(count, width, dtype=torch.bfloat16)
+        packed, bias = weight.addresses
         status = self._gemm(
-            rows.data_ptr(), rows.stride(0), rows.shape[0], weight.in_features, weight.packed.data_ptr(),
-            weight.out_features, weight.bias.data_ptr() if weight.bias is not None else None,
-            out.data_ptr(), out.stride(0),
-        )  # fmt: skip
+            rows.data_ptr(), rows.stride(0), count, weight.in_features, packed, width, bias, out.data_ptr(), width
+        )
         if status != 0:
             raise RuntimeError(f"bfloat16 product kernel failed with status {status} for shape {tuple(x.shape)}")
-        return out.view(*x.shape[:-1], weight.out_features)
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], width)
 
 
 def has_amx() -> bool:

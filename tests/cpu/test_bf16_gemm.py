@@ -70,6 +70,13 @@ def test_an_odd_width_is_refused_by_name(bf16_gemm: Bf16Gemm) -> None:
     assert layer.own is None and layer.packed_weight is not None and not layer.rows_independent
 
 
+def test_an_input_of_the_wrong_width_is_refused(bf16_gemm: Bf16Gemm) -> None:
+    packed = bf16_gemm.pack(torch.randn(16, 32, dtype=torch.bfloat16), None)
+    for x in (torch.randn(2, 16, dtype=torch.bfloat16), torch.randn(1, 4, 16, dtype=torch.bfloat16)):
+        with pytest.raises(ValueError, match="width 16 for a layer of in_features=32"):
+            packed.product(x)
+
+
 def test_layers_hold_one_layout_and_compute_the_product(bf16_gemm: Bf16Gemm) -> None:
     torch.manual_seed(3)
     linear = torch.nn.Linear(64, 48).to(torch.bfloat16)
