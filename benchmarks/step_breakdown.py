@@ -97,9 +97,9 @@ def instrumented(timers: Timers) -> Iterator[None]:
     from benchmarks import engine_runs
     from python_backend.cpu import fast_decode
     from python_backend.cpu.fused_norm import FusedRMSNorm
-    from python_backend.cpu.fused_projections import FusedProjections
     from python_backend.cpu.linear import PackedLinear
     from python_backend.cpu.quant_linear import QuantFusedProjections, QuantLinear
+    from python_backend.cpu.row_tiles import PackedProduct
     from python_backend.engine import steps
 
     def head_or_product(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -122,10 +122,10 @@ def instrumented(timers: Timers) -> Iterator[None]:
 
     patches: list[tuple[Any, str, Callable[..., Any]]] = [
         (engine_runs, "load_model", marking_the_head),
-        (PackedLinear, "apply_unchecked", head_or_product),
+        # PackedLinear's and FusedProjections' product (only the head is ever marked).
+        (PackedProduct, "apply_unchecked", head_or_product),
         (PackedLinear, "forward", head_or_product),
         (QuantLinear, "apply_unchecked", lambda f: timers.wrap("products", f)),
-        (FusedProjections, "apply_unchecked", lambda f: timers.wrap("products", f)),
         (QuantFusedProjections, "apply_unchecked", lambda f: timers.wrap("products", f)),
         (fast_decode, "one_row_attention", lambda f: timers.wrap("attention", f)),
         (fast_decode, "prompt_attention", lambda f: timers.wrap("attention", f)),

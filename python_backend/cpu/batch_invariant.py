@@ -34,10 +34,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from python_backend.cpu.fused_projections import FusedProjections
-from python_backend.cpu.linear import PackedLinear
 from python_backend.cpu.native.invariant_attention import InvariantAttentionKernel
-from python_backend.cpu.row_tiles import TiledLinear
+from python_backend.cpu.row_tiles import PackedProduct, TiledLinear
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +146,7 @@ def install_batch_invariant(
     for name, module in list(model.named_modules()):
         if not _inside(name, roots):
             continue
-        if isinstance(module, PackedLinear | FusedProjections):
+        if isinstance(module, PackedProduct):
             if not module.rows_independent:  # our bfloat16 kernel's rows are invariant already
                 module.row_tile = rows
                 tiled += 1

@@ -22,8 +22,8 @@ import logging
 
 import torch
 
-from python_backend.cpu.bf16_gemm import Bf16Gemm, PackedBf16
-from python_backend.cpu.row_tiles import packed_product
+from python_backend.cpu.bf16_gemm import Bf16Gemm
+from python_backend.cpu.row_tiles import PackedProduct
 
 logger = logging.getLogger(__name__)
 
@@ -36,19 +36,11 @@ def merge_eligible_layer_types() -> tuple[type, ...]:
     return (LlamaDecoderLayer, Qwen2DecoderLayer)
 
 
-class FusedProjections(torch.nn.Module):
+class FusedProjections(PackedProduct):
     """Several ``nn.Linear`` of one input as one product with a prepacked weight."""
 
-    packed_weight: torch.Tensor | None  # buffers, typed for the product's signature
-    bias: torch.Tensor | None
-
     def __init__(self, linears: list[torch.nn.Linear], bf16: Bf16Gemm | None = None) -> None:
-        super().__init__()
         weight = torch.cat([linear.weight.detach() for linear in linears])
-        self.dtype = weight.dtype
-        self.in_features = linears[0].in_features
-        self.widths = [linear.out_features for linear in linears]
-        self._starts = [sum(self.widths[:i]) for i in range(len(linears))]
         bias = None
         if any(linear.bias is not None for linear in linears):
             bias = torch.cat(
@@ -57,26 +49,12 @@ class FusedProjections(torch.nn.Module):
                     for linear in linears
                 ]
             )
-        # One layout only (our bfloat16 kernel's where it takes the weight): the weight is held once.
-        self.own: PackedBf16 | None = bf16.pack(weight, bias) if bf16 is not None and bf16.takes(weight) else None
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight) if self.own is None else None
-        self.register_buffer("packed_weight", packed, persistent=False)
-        self.register_buffer("bias", bias, persistent=False)
+        super().__init__(weight, bias, bf16)
+        self.in_features = linears[0].in_features
+        self.widths = [linear.out_features for linear in linears]
+        self._starts = [sum(self.widths[:i]) for i in range(len(linears))]
         self._memo: tuple[torch.Tensor, torch.Tensor] | None = None  # (input, merged output)
         self._taken = 0
-        self.row_tile = 0  # > 0: products of exactly this many rows (row_tiles.py)
-
-    def apply_unchecked(self, x: torch.Tensor) -> torch.Tensor:
-        """The merged product [..., sum(widths)]."""
-        if self.own is not None:
-            return self.own.product(x)
-        assert self.packed_weight is not None  # set whenever ``own`` is not (an invariant, not input)
-        return packed_product(x, self.packed_weight, self.bias, self.row_tile)
-
-    @property
-    def rows_independent(self) -> bool:
-        """Whether a row's result never depends on the rows beside it (no row tiles needed)."""
-        return self.own is not None
 
     def split(self, merged: torch.Tensor) -> list[torch.Tensor]:
         return list(merged.split(self.widths, dim=-1))

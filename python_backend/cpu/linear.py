@@ -23,9 +23,9 @@ import logging
 
 import torch
 
-from python_backend.cpu.bf16_gemm import Bf16Gemm, PackedBf16
+from python_backend.cpu.bf16_gemm import Bf16Gemm
 from python_backend.cpu.fused_projections import fuse_projections
-from python_backend.cpu.row_tiles import packed_product
+from python_backend.cpu.row_tiles import PackedProduct
 
 logger = logging.getLogger(__name__)
 
@@ -63,44 +63,21 @@ def prepack_supported(device: torch.device, dtype: torch.dtype) -> bool:
     return True
 
 
-class PackedLinear(torch.nn.Module):
+class PackedLinear(PackedProduct):
     """``y = x W^T + b`` with ``W`` held in oneDNN's blocked layout, or in the layout of our own
     bfloat16 kernel (``bf16_gemm.py``) where one is given and takes the weight."""
 
-    packed_weight: torch.Tensor | None  # buffers, typed for the product's signature
-    bias: torch.Tensor | None
-
     def __init__(self, linear: torch.nn.Linear, bf16: Bf16Gemm | None = None) -> None:
-        super().__init__()
+        bias = linear.bias.detach() if linear.bias is not None else None
+        super().__init__(linear.weight.detach(), bias, bf16)
         self.in_features = linear.in_features
         self.out_features = linear.out_features
-        weight = linear.weight.detach()
-        self.dtype = weight.dtype
-        bias = linear.bias.detach() if linear.bias is not None else None
-        # One layout only: the weight is held once.
-        self.own: PackedBf16 | None = bf16.pack(weight, bias) if bf16 is not None and bf16.takes(weight) else None
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight) if self.own is None else None
-        self.register_buffer("packed_weight", packed, persistent=False)
-        self.register_buffer("bias", bias, persistent=False)
-        self.row_tile = 0  # > 0: products of exactly this many rows (row_tiles.py)
-
-    @property
-    def rows_independent(self) -> bool:
-        """Whether a row's result never depends on the rows beside it (no row tiles needed)."""
-        return self.own is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.dtype:
             # oneDNN does not mix dtypes; nn.Linear would raise here too, only later.
             raise TypeError(f"PackedLinear expects {self.dtype} input, got {x.dtype}")
         return self.apply_unchecked(x)
-
-    def apply_unchecked(self, x: torch.Tensor) -> torch.Tensor:
-        """The product without module dispatch or the dtype check (for callers that know the dtype)."""
-        if self.own is not None:
-            return self.own.product(x)
-        assert self.packed_weight is not None  # set whenever ``own`` is not (an invariant, not input)
-        return packed_product(x, self.packed_weight, self.bias, self.row_tile)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.dtype}"

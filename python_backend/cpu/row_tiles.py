@@ -1,6 +1,7 @@
 """Matrix products computed a fixed number of rows at a time (the batch-invariant mode's linear layers).
 
-Owns ``row_tiled``, ``packed_product`` (a prepacked oneDNN product, tiled or not) and
+Owns ``row_tiled``, ``packed_product`` (a prepacked oneDNN product, tiled or not), ``PackedProduct``
+(the module both prepacked layers build on: oneDNN's layout or our bfloat16 kernel's) and
 ``TiledLinear``. oneDNN and MKL choose a kernel, and with it the order in
 which a row's sum over the input features is added up, from the shape of the product: the row
 count M above all. Prefill (M = prompt tokens) and decode (M = running sequences) then round the
@@ -17,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
+from python_backend.cpu.bf16_gemm import Bf16Gemm, PackedBf16
 
 # Where the slices of a tile buffer start: a kernel may take another path for a misaligned row.
 _ALIGN_BYTES = 64
@@ -66,3 +69,32 @@ class TiledLinear(torch.nn.Linear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, rows={self.rows}"
+
+
+class PackedProduct(torch.nn.Module):
+    """``x W^T + b`` with ``W`` packed once: in our bfloat16 kernel's layout where ``bf16`` is given
+    and takes the weight, else in oneDNN's blocked one. One layout only: the weight is held once."""
+
+    packed_weight: torch.Tensor | None  # buffers, typed for the product's signature
+    bias: torch.Tensor | None
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bf16: Bf16Gemm | None) -> None:
+        super().__init__()
+        self.dtype = weight.dtype
+        self.own: PackedBf16 | None = bf16.pack(weight, bias) if bf16 is not None and bf16.takes(weight) else None
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight) if self.own is None else None
+        self.register_buffer("packed_weight", packed, persistent=False)
+        self.register_buffer("bias", bias, persistent=False)
+        self.row_tile = 0  # > 0: oneDNN products of exactly this many rows (``row_tiled``)
+
+    @property
+    def rows_independent(self) -> bool:
+        """Whether a row's result never depends on the rows beside it (no row tiles needed)."""
+        return self.own is not None
+
+    def apply_unchecked(self, x: torch.Tensor) -> torch.Tensor:
+        """The product without module dispatch or a dtype check (for callers that know the dtype)."""
+        if self.own is not None:
+            return self.own.product(x)
+        assert self.packed_weight is not None  # set whenever ``own`` is not (an invariant, not input)
+        return packed_product(x, self.packed_weight, self.bias, self.row_tile)
