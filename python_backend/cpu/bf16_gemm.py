@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from python_backend.cpu.native.build import load_kernel
+from python_backend.cpu.native.build import entry_address, load_kernel
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,11 @@ class Bf16Gemm:
         self._gemm = library.triton_chat_bf16_gemm
         self._gemm.restype = ctypes.c_int
         self._gemm.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64]
+
+    @property
+    def gemm_address(self) -> int:
+        """The product's entry point (``decode_stack.py`` calls it directly)."""
+        return entry_address(self._gemm)
 
     @staticmethod
     def takes(weight: torch.Tensor) -> bool:

@@ -14,6 +14,10 @@ It is used only where that equality is known to hold: exactly the ``LlamaDecoder
 ``Qwen2DecoderLayer`` classes, full attention in every layer (no sliding window), SiLU MLPs, every
 projection prepacked (or quantized: ``quant_linear.py``) and merged, and no LoRA adapters (the engine falls back to the model's own forward).
 
+Where every part of every layer is a native kernel of ours (bfloat16 on CPUs with AVX512-BF16),
+a step without prompt tokens runs all the layers in one call (``decode_stack.py``): the same
+kernels in the same order, bit for bit the loop's results, without its per-layer Python.
+
 ``mixed_logits`` is the same step with prompt tokens beside the decode rows, as vLLM's chunked
 prefill mixes them: every projection, norm and MLP runs once over all the step's tokens (the
 weights are read once, not once for the prefill and again for the decode), and only attention
@@ -28,13 +32,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import torch
 from transformers.cache_utils import Cache
 from transformers.models.llama.modeling_llama import rotate_half
 
 from python_backend.cpu.attention import one_row_attention
+from python_backend.cpu.decode_stack import CacheLayer, DecodeStack, build_stack
 from python_backend.cpu.fused_norm import FusedRMSNorm
 from python_backend.cpu.fused_projections import FusedProjections, ProjectionSlice, merge_eligible_layer_types
 from python_backend.cpu.fused_rope import RopeKernel
@@ -42,6 +47,7 @@ from python_backend.cpu.linear import PackedLinear
 from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel
 from python_backend.cpu.prompt_attention import PromptAttentionKernel
 from python_backend.cpu.quant_linear import QuantLinear
+from python_backend.cpu.silu import NativeSiLU, SiluKernel
 
 # (query [B, H, 1, D], keys, values [B, KV, L, D], keep [B, L] or None, scale) -> [B, 1, H, D]
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float], torch.Tensor]
@@ -188,6 +194,8 @@ class FastDecoder:
         rope: RopeKernel | None = None,
         prompt_kernel: DecodeAttentionKernel | None = None,
         prompt_tiles: PromptAttentionKernel | None = None,
+        silu: SiluKernel | None = None,
+        stack: DecodeStack | None = None,
     ):
         self._decoder = decoder
         self._head = head
@@ -200,6 +208,8 @@ class FastDecoder:
         # prompt_attention's kernels: the tiled one, else the decode kernel's rows, else SDPA.
         self._prompt_kernel = prompt_kernel
         self._prompt_tiles = prompt_tiles
+        self._silu = silu  # silu(gate) * up in one pass: only where the model's MLPs run the same SiLU
+        self.stack = stack  # pure decode steps' layers in one native call (decode_stack.py), or None
 
     @staticmethod
     def build(
@@ -208,11 +218,13 @@ class FastDecoder:
         attend: Attend | None = None,
         rope: RopeKernel | None = None,
         prompt: PromptAttentionKernel | None = None,
+        silu: SiluKernel | None = None,
     ) -> FastDecoder | None:
         """The lean step for ``model`` (a transformers causal LM), or None where it would not be exact.
 
         ``attend``: the attention the model's forward uses for one query row, when it is not the
         decode attention of ``attention.py`` with ``kernel`` (the batch-invariant mode's).
+        ``silu``: the kernel the model's MLPs were given (``silu.fuse_silu``), if they were.
         """
         decoder = model.get_decoder()
         head = model.get_output_embeddings()
@@ -226,6 +238,8 @@ class FastDecoder:
             return None
         eligible = merge_eligible_layer_types()
         layers = []
+        if silu is not None and not all(type(layer.mlp.act_fn) is NativeSiLU for layer in decoder.layers):
+            silu = None  # the step's SiLU must be the model's own
         for layer in decoder.layers:
             if type(layer) not in eligible:
                 return None
@@ -252,8 +266,9 @@ class FastDecoder:
             )
         attend_one = attend or partial(one_row_attention, kernel=kernel)
         own = attend is None  # the batch-invariant mode's attention covers prompts too
+        stack = build_stack(config, layers, kernel, rope, silu) if own else None
         return FastDecoder(
-            decoder, head, layers, attend_one, own, rope, kernel if own else None, prompt if own else None
+            decoder, head, layers, attend_one, own, rope, kernel if own else None, prompt if own else None, silu, stack
         )
 
     @property
@@ -294,7 +309,12 @@ class FastDecoder:
             causal_rows(len(s.input_ids), s.start + len(s.input_ids)) if self._prompt_kernel is not None else None
             for s in segments
         ]
-        for index, layer in enumerate(self._layers):
+        stack = self.stack
+        if stack is not None and decode is not None and not segments and stack.takes(hidden[0], decode.cache.layers):
+            # One native call for every layer; its results are the loop's below, bit for bit.
+            cache_layers = cast("list[CacheLayer]", decode.cache.layers)  # ``takes`` checked them
+            pending = stack.run(hidden[0], cos[0, :, 0], sin[0, :, 0], decode.keep, cache_layers).unsqueeze(0)
+        for index, layer in enumerate(self._layers if pending is None else ()):
             normed, hidden = _add_norm(layer.input_norm, hidden, pending)
             merged = layer.qkv.apply_unchecked(normed)
             query_key = merged[..., : layer.qk_width].view(1, count, -1, layer.head_dim)
@@ -323,8 +343,13 @@ class FastDecoder:
                 offset = end
             attended = torch.cat(parts).unsqueeze(0) if len(parts) > 1 else parts[0].unsqueeze(0)
             normed, hidden = _add_norm(layer.post_norm, hidden, layer.o.apply_unchecked(attended))
-            gate, up = layer.gate_up.split(layer.gate_up.apply_unchecked(normed))
-            pending = layer.down.apply_unchecked(torch.nn.functional.silu(gate) * up)
+            merged = layer.gate_up.apply_unchecked(normed)
+            if self._silu is not None:
+                activated = self._silu.silu_mul(merged)
+            else:
+                gate, up = layer.gate_up.split(merged)
+                activated = torch.nn.functional.silu(gate) * up
+            pending = layer.down.apply_unchecked(activated)
         # Only the rows whose next token is sampled get the last residual add, the norm and the
         # output head.
         picked, ends, offset = list(range(rows)), [], rows

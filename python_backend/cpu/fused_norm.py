@@ -24,7 +24,7 @@ import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
-from python_backend.cpu.native.build import bind_functions, load_kernel
+from python_backend.cpu.native.build import bind_functions, entry_address, load_kernel
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,10 @@ class NormKernel:
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._functions = bind_functions(library, _SYMBOLS, _ARGTYPES)
+
+    def entry(self, dtype: torch.dtype) -> int:
+        """The address of ``dtype``'s entry point (``decode_stack.py`` calls it directly)."""
+        return entry_address(self._functions[dtype])
 
     @staticmethod
     def handles(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -100,19 +104,19 @@ class FusedRMSNorm(LlamaRMSNorm):
     def __init__(self, norm: LlamaRMSNorm | Qwen2RMSNorm, kernel: NormKernel) -> None:
         super().__init__(norm.weight.shape[0], float(norm.variance_epsilon))
         self.weight = norm.weight
-        self._kernel = kernel
+        self.kernel = kernel
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if not self._kernel.handles(hidden, self.weight):
+        if not self.kernel.handles(hidden, self.weight):
             return super().forward(hidden)
-        return self._kernel.norm(hidden, self.weight, self.variance_epsilon)[0]
+        return self.kernel.norm(hidden, self.weight, self.variance_epsilon)[0]
 
     def add_norm(self, hidden: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm of ``hidden + delta``, ``hidden + delta``), the sum rounded as PyTorch's add rounds it."""
-        if not self._kernel.handles(hidden, self.weight) or delta.dtype != hidden.dtype:
+        if not self.kernel.handles(hidden, self.weight) or delta.dtype != hidden.dtype:
             summed = hidden + delta
             return self.forward(summed), summed
-        normed, total = self._kernel.norm(hidden, self.weight, self.variance_epsilon, delta)
+        normed, total = self.kernel.norm(hidden, self.weight, self.variance_epsilon, delta)
         assert total is not None  # a delta was given (an invariant, not input)
         return normed, total
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from python_backend.cpu.native.build import bind_functions, load_kernel
+from python_backend.cpu.native.build import bind_functions, entry_address, load_kernel
 
 SOURCE = Path(__file__).with_name("native") / "rope.c"
 # IEEE arithmetic, no contraction: PyTorch rounds each product before the sum.
@@ -30,6 +30,10 @@ class RopeKernel:
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._functions = bind_functions(library, _SYMBOLS, _ARGTYPES)
+
+    def entry(self, dtype: torch.dtype) -> int:
+        """The address of ``dtype``'s entry point (``decode_stack.py`` calls it directly)."""
+        return entry_address(self._functions[dtype])
 
     @staticmethod
     def handles(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:

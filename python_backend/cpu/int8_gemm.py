@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from python_backend.cpu.native.build import bind_functions, load_kernel
+from python_backend.cpu.native.build import bind_functions, entry_address, load_kernel
 
 SOURCE = Path(__file__).with_name("native") / "int8_gemm.c"
 TILE = 16  # output channels per packed tile (int8_gemm.c)
@@ -62,6 +62,10 @@ class Int8Gemm:
         pack.restype, pack.argtypes = ctypes.c_int, [_PTR, _I64, _I64, _PTR, _PTR]
         self._pack = pack
         self._gemm = bind_functions(library, _GEMM, _GEMM_ARGS)
+
+    def entry(self, dtype: torch.dtype) -> int:
+        """The address of ``dtype``'s product (``decode_stack.py`` calls it directly)."""
+        return entry_address(self._gemm[dtype])
 
     @staticmethod
     def takes(in_features: int) -> bool:

@@ -238,6 +238,16 @@ class QuantLinear(torch.nn.Module):
             offset = weight.offset.float().to(device) if weight.offset is not None else None
             self.register_buffer("weight_offset", offset, persistent=False)
 
+    @property
+    def vnni(self) -> BoundInt8Product | None:
+        """The VNNI int8 product this layer runs, or None (another kernel)."""
+        return self._vnni
+
+    @property
+    def static_input_scale(self) -> float | None:
+        """The checkpoint's input scale for every row, or None (one per row, dynamic)."""
+        return self._static
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.dtype:
             raise TypeError(f"QuantLinear expects {self.dtype} input, got {x.dtype}")

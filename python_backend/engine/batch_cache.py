@@ -136,6 +136,19 @@ class GrowableLayer(DynamicLayer):
         assert self.keys is not None and self.values is not None
         return self.keys, self.values
 
+    def append_position(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """One more position for every row, claimed: (key buffer, value buffer, the window's start,
+        its length), for a caller that writes the new keys and values itself at the window's last
+        position.
+        ``like`` [rows, heads, 1, dim] gives a first or grown buffer's shape and dtype."""
+        if self._buf_k is None:
+            raise ValueError("a cache layer takes positions only after its first states")
+        self._reserve(like, self._rows, 0, 1)
+        self._end += 1
+        self._views()
+        assert self._buf_k is not None and self._buf_v is not None  # invariant after _reserve, not input
+        return self._buf_k, self._buf_v, self._start, self.length
+
     def add_rows(self, keys: torch.Tensor, values: torch.Tensor, copies: int, extend: int) -> None:
         """``copies`` new rows holding ``keys``/``values`` [1, heads, n, dim] at the window's end,
         after the window grows ``extend`` positions to the left (the others' new padding)."""

@@ -31,6 +31,7 @@ from python_backend.cpu.linear import pack_linears, prepack_supported
 from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel, build_kernel
 from python_backend.cpu.native.invariant_attention import InvariantAttentionKernel, build_invariant_kernel
 from python_backend.cpu.prompt_attention import build_prompt_kernel
+from python_backend.cpu.silu import build_silu_kernel, fuse_silu
 from python_backend.model.device import place, synchronize
 from python_backend.model.draft import DraftLoadError, DraftModel, load_draft
 from python_backend.model.load_progress import weight_progress
@@ -292,8 +293,11 @@ def load_model(settings: EngineSettings) -> LoadedModel:
                 fuse_norms(base.get_decoder(), norms)
             rope = build_rope_kernel() if norms is not None else None
             prompt = build_prompt_kernel() if norms is not None else None
+            silu = build_silu_kernel() if norms is not None and placement.dtype == torch.bfloat16 else None
+            if silu is not None:
+                fuse_silu(base.get_decoder(), silu)  # as the norms: the lean step runs the same SiLU
             # None where it would not equal the model's forward.
-            fast = FastDecoder.build(base, kernel, attend, rope, prompt)
+            fast = FastDecoder.build(base, kernel, attend, rope, prompt, silu)
     if invariant is not None:
         install_batch_invariant(model, base.get_decoder(), base.get_output_embeddings())
     draft = None

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from python_backend.cpu.native.build import bind_functions, load_kernel
+from python_backend.cpu.native.build import bind_functions, entry_address, load_kernel
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
 # (query dtype, cache dtype) -> entry point; the output has the query's dtype.
@@ -62,6 +62,10 @@ class DecodeAttentionKernel:
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._functions = bind_functions(library, _SYMBOLS, _ARGTYPES)
+
+    def entry(self, query: torch.dtype, cache: torch.dtype) -> int:
+        """The address of the entry point for these dtypes (``decode_stack.py`` calls it directly)."""
+        return entry_address(self._functions[(query, cache)])
 
     @staticmethod
     def handles(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:

@@ -129,3 +129,11 @@ def bind_functions(library: ctypes.CDLL, symbols: Mapping[Key, str], argtypes: S
         function.argtypes = list(argtypes)
         functions[dtype] = function
     return functions
+
+
+def entry_address(function: Any) -> int:
+    """The address of a loaded library's entry point, for a native driver that calls it directly."""
+    address = ctypes.cast(function, ctypes.c_void_p).value
+    if address is None:
+        raise ValueError("a native entry point has no address")
+    return address

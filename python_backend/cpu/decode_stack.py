@@ -1,0 +1,375 @@
+"""A decode step's decoder layers in one native call, for bfloat16 Llama/Qwen2 models on CPU.
+
+Owns ``DecodeStack``. The lean decode step (``fast_decode.py``) calls a dozen kernels and PyTorch
+operations per layer; at a few rows each costs more in Python, ctypes and allocation than in work.
+``native/decode_stack.c`` runs the same kernels (their own entry points, taken from the libraries
+the lean step loaded) in the same order on buffers allocated once per step, so its results are bit
+for bit the lean step's, which the tests check. It is built only where every layer's products are
+our bfloat16 kernel's (``bf16_gemm.py``) or W8A8 on our int8 kernel (``int8_gemm.py``), and the norms, rotary embedding, attention and SiLU are the
+native kernels; anything else keeps the lean step.
+
+May import torch and ``python_backend.cpu`` modules below it only (not the engine: a cache is
+anything whose layers claim positions, ``CacheLayer``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+import torch
+
+from python_backend.cpu.bf16_gemm import Bf16Gemm, PackedBf16
+from python_backend.cpu.fused_norm import FusedRMSNorm, NormKernel
+from python_backend.cpu.fused_projections import FusedProjections
+from python_backend.cpu.fused_rope import RopeKernel
+from python_backend.cpu.int8_gemm import Int8Gemm
+from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel
+from python_backend.cpu.native.build import load_kernel
+from python_backend.cpu.quant_linear import QuantFusedProjections, QuantLinear
+from python_backend.cpu.silu import SiluKernel
+
+SOURCE = Path(__file__).with_name("native") / "decode_stack.c"
+_I64, _PTR, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+
+
+class _Kernels(ctypes.Structure):
+    _fields_ = [
+        ("norm", _PTR),
+        ("gemm", _PTR),
+        ("rope", _PTR),
+        ("attend", _PTR),
+        ("silu_mul", _PTR),
+        ("int8_gemm", _PTR),
+    ]
+
+
+class _Product(ctypes.Structure):
+    _fields_ = [
+        ("packed", _PTR),
+        ("bias", _PTR),
+        ("compensation", _PTR),
+        ("col_scales", _PTR),
+        ("static_scale", _F32),
+    ]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        ("input_norm", _PTR),
+        ("qkv", _Product),
+        ("o", _Product),
+        ("post_norm", _PTR),
+        ("gate_up", _Product),
+        ("down", _Product),
+        ("keys", _PTR),
+        ("values", _PTR),
+        ("cache_stride_b", _I64),
+        ("cache_stride_h", _I64),
+        ("input_eps", _F32),
+        ("post_eps", _F32),
+        ("scaling", _F32),
+    ]
+
+
+class _Shape(ctypes.Structure):
+    _fields_ = [(name, _I64) for name in ("batch", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "length")]
+
+
+class StackableLayer(Protocol):
+    """A decoder layer's parts as the lean step holds them (``fast_decode.py``'s ``_Layer``)."""
+
+    @property
+    def input_norm(self) -> torch.nn.Module: ...
+
+    @property
+    def qkv(self) -> FusedProjections: ...
+
+    @property
+    def o(self) -> torch.nn.Module: ...
+
+    @property
+    def post_norm(self) -> torch.nn.Module: ...
+
+    @property
+    def gate_up(self) -> FusedProjections: ...
+
+    @property
+    def down(self) -> torch.nn.Module: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def scaling(self) -> float: ...
+
+    @property
+    def query_heads(self) -> int: ...
+
+
+class CacheLayer(Protocol):
+    """What the stack needs of a cache layer (``engine/batch_cache.py``'s ``GrowableLayer``)."""
+
+    @property
+    def storage_dtype(self) -> torch.dtype | None: ...
+
+    @property
+    def length(self) -> int: ...
+
+    @property
+    def rows(self) -> int: ...
+
+    def append_position(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]: ...
+
+
+@dataclass(frozen=True)
+class StackProduct:
+    """One product as the stack calls it: our bfloat16 kernel's weight, or a W8A8 layer's packed
+    int8 weight (``compensation`` given) with its per-channel scales and static input scale."""
+
+    packed: int
+    bias: int | None
+    in_features: int
+    out_features: int
+    keep: tuple[torch.Tensor | None, ...]  # the tensors behind the addresses
+    compensation: int | None = None
+    col_scales: int | None = None
+    static_scale: float = 0.0
+
+    @staticmethod
+    def of(product: object) -> StackProduct | None:
+        """``product`` (a ``PackedBf16``, or a ``QuantLinear`` on the VNNI kernel) as the stack calls
+        it; None for any other product."""
+        if isinstance(product, PackedBf16):
+            packed, bias = product.addresses
+            return StackProduct(packed, bias, product.in_features, product.out_features, (product.packed, product.bias))
+        if isinstance(product, QuantLinear) and product.vnni is not None and product.dtype == torch.bfloat16:
+            weight = product.vnni.weight
+            packed, compensation = weight.addresses
+            scales = cast(torch.Tensor, product.weight_scale)
+            wide_bias = cast(torch.Tensor | None, product.bias_f32)
+            return StackProduct(
+                packed,
+                wide_bias.data_ptr() if wide_bias is not None else None,
+                product.in_features,
+                product.out_features,
+                (weight.packed, weight.compensation, scales, wide_bias),
+                compensation,
+                scales.data_ptr(),
+                product.static_input_scale or 0.0,
+            )
+        return None
+
+    @property
+    def int8(self) -> bool:
+        return self.compensation is not None
+
+
+@dataclass(frozen=True)
+class StackLayer:
+    """One decoder layer's weights as the stack reads them."""
+
+    input_norm: torch.Tensor  # bfloat16 [hidden]
+    input_eps: float
+    qkv: StackProduct
+    o: StackProduct
+    post_norm: torch.Tensor
+    post_eps: float
+    gate_up: StackProduct
+    down: StackProduct
+    scaling: float
+
+
+@dataclass(frozen=True)
+class StackShape:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+
+
+@dataclass(frozen=True)
+class StackKernels:
+    """The kernels the stack calls, each by its entry point."""
+
+    norm: NormKernel
+    gemm: Bf16Gemm | None  # for bfloat16 products; None where every product is int8
+    rope: RopeKernel
+    attention: DecodeAttentionKernel
+    silu: SiluKernel
+    int8: Int8Gemm | None  # for W8A8 layers; None where no product is int8
+
+
+class DecodeStack:
+    """``run(hidden, cos, sin, keep, layers)``: every decoder layer of one decode step in one call."""
+
+    def __init__(
+        self,
+        library: ctypes.CDLL,
+        kernels: StackKernels,
+        layers: Sequence[StackLayer],
+        shape: StackShape,
+    ) -> None:
+        self._run = library.triton_chat_decode_stack_bf16
+        self._run.restype = ctypes.c_int
+        self._run.argtypes = [_PTR, _PTR, _I64, _PTR, _PTR, _PTR, ctypes.c_int, _PTR, _PTR, _PTR, _I64, _PTR]
+        self._scratch_size = library.triton_chat_decode_stack_scratch
+        self._scratch_size.restype, self._scratch_size.argtypes = _I64, [_PTR]
+        bf16 = torch.bfloat16
+        self._kernels = _Kernels(
+            kernels.norm.entry(bf16),
+            kernels.gemm.gemm_address if kernels.gemm is not None else None,
+            kernels.rope.entry(bf16),
+            kernels.attention.entry(bf16, bf16),
+            kernels.silu.silu_mul_address,
+            kernels.int8.entry(bf16) if kernels.int8 is not None else None,
+        )
+        self._weights = list(layers)  # keeps every tensor the structures point at alive
+        self._layers = (_Layer * len(layers))()
+        for slot, layer in zip(self._layers, layers, strict=True):
+            slot.input_norm, slot.post_norm = layer.input_norm.data_ptr(), layer.post_norm.data_ptr()
+            slot.input_eps, slot.post_eps, slot.scaling = layer.input_eps, layer.post_eps, layer.scaling
+            for name in ("qkv", "o", "gate_up", "down"):
+                product: StackProduct = getattr(layer, name)
+                setattr(
+                    slot,
+                    name,
+                    _Product(
+                        product.packed, product.bias, product.compensation, product.col_scales, product.static_scale
+                    ),
+                )
+        self.shape = shape
+        self._shape = _Shape(0, shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate, 0)
+
+    @staticmethod
+    def build(
+        layers: Sequence[StackLayer],
+        shape: StackShape,
+        kernels: StackKernels,
+        cache_dir: Path | None = None,
+    ) -> DecodeStack | None:
+        """The stack over these layers; None where the driver cannot be built (the lean step stays)."""
+        missing = "the one-call decode layers are not available: decode steps keep the lean step"
+        return load_kernel(lambda library: DecodeStack(library, kernels, layers, shape), SOURCE, cache_dir, missing)
+
+    def takes(self, hidden: torch.Tensor, cache_layers: Sequence[object]) -> bool:
+        """Whether a step of these rows [B, hidden] over this cache can run here."""
+        return (
+            hidden.dtype == torch.bfloat16
+            and len(cache_layers) == len(self._layers)
+            and all(getattr(layer, "storage_dtype", None) == torch.bfloat16 for layer in cache_layers)
+            and all(hasattr(layer, "append_position") for layer in cache_layers)
+        )
+
+    def run(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        keep: torch.Tensor | None,
+        cache_layers: Sequence[CacheLayer],
+    ) -> torch.Tensor:
+        """Every layer over ``hidden`` [B, hidden] (updated in place: the residual stream before the
+        last MLP's output is added), with ``cos``/``sin`` [B, head_dim] and ``keep`` [B, L + 1] (True
+        on real positions, None without padding); appends each layer's new keys and values to its
+        cache. Returns the last MLP's output [B, hidden], which the final norm adds."""
+        batch, dim = hidden.shape[0], self.shape.head_dim
+        length = cache_layers[0].length + 1  # the window once this step's position is appended
+        if any(layer.rows != batch or layer.length + 1 != length for layer in cache_layers):
+            raise RuntimeError(f"cache layers out of step with the {batch} rows of a decode step")
+        # Checked before any cache layer takes the new position.
+        if keep is not None:
+            if keep.shape != (batch, length):
+                raise ValueError(f"a keep mask of shape {tuple(keep.shape)} for {batch} rows of {length} positions")
+            # One byte per position, non-zero: attend (a bool tensor's own bytes).
+            keep = keep.to(torch.bool).contiguous()
+        if not (hidden.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()):
+            raise ValueError("the one-call decode layers take contiguous rows")
+        like = torch.empty((batch, self.shape.kv_heads, 1, dim), dtype=torch.bfloat16)
+        for slot, layer in zip(self._layers, cache_layers, strict=True):
+            keys, values, start, _ = layer.append_position(like)
+            # Each position is ``dim`` elements of 2 bytes: the window's first position of row 0.
+            slot.keys = keys.data_ptr() + 2 * start * dim
+            slot.values = values.data_ptr() + 2 * start * dim
+            slot.cache_stride_b, slot.cache_stride_h = keys.stride(0), keys.stride(1)
+        self._shape.batch, self._shape.length = batch, length
+        scratch = torch.empty(self._scratch_size(ctypes.byref(self._shape)), dtype=torch.bfloat16)
+        pending = torch.empty_like(hidden)
+        status = self._run(
+            ctypes.byref(self._kernels), self._layers, len(self._layers), ctypes.byref(self._shape),
+            hidden.data_ptr(), pending.data_ptr(), 0, cos.data_ptr(), sin.data_ptr(),
+            keep.data_ptr() if keep is not None else None, keep.stride(0) if keep is not None else 0,
+            scratch.data_ptr(),
+        )  # fmt: skip
+        if status != 0:
+            raise RuntimeError(f"the one-call decode layers failed with status {status} for {batch} rows")
+        return pending
+
+
+def build_stack(
+    config: Any,
+    layers: Sequence[StackableLayer],
+    kernel: DecodeAttentionKernel | None,
+    rope: RopeKernel | None,
+    silu: SiluKernel | None,
+) -> DecodeStack | None:
+    """The one-call layers where every part of every layer is a native kernel of ours, else None."""
+    if kernel is None or rope is None or silu is None or not layers:
+        return None
+    modules = [n for layer in layers for n in (layer.input_norm, layer.post_norm)]
+    norms = [n for n in modules if isinstance(n, FusedRMSNorm) and type(n) is FusedRMSNorm]
+    if len(norms) != len(modules) or len({n.kernel for n in norms}) != 1:
+        return None
+    first = layers[0]
+    heads, dim = first.query_heads, first.head_dim
+    kv_heads = first.qkv.widths[1] // dim
+    shape = StackShape(int(config.hidden_size), heads, kv_heads, dim, first.gate_up.widths[0])
+    stacked = []
+    for layer in layers:
+        qkv, o, gate_up, down = (
+            StackProduct.of(_product_of(m)) for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
+        )
+        if qkv is None or o is None or gate_up is None or down is None:
+            return None
+        if (
+            layer.qkv.widths != [heads * dim, kv_heads * dim, kv_heads * dim]
+            or layer.gate_up.widths != [shape.intermediate] * 2
+            or layer.head_dim != dim
+            or (qkv.in_features, gate_up.in_features) != (shape.hidden, shape.hidden)
+            or (o.in_features, o.out_features) != (heads * dim, shape.hidden)
+            or (down.in_features, down.out_features) != (shape.intermediate, shape.hidden)
+        ):
+            return None
+        input_norm, post_norm = cast(FusedRMSNorm, layer.input_norm), cast(FusedRMSNorm, layer.post_norm)
+        stacked.append(
+            StackLayer(
+                input_norm.weight.detach(),
+                float(input_norm.variance_epsilon),
+                qkv,
+                o,
+                post_norm.weight.detach(),
+                float(post_norm.variance_epsilon),
+                gate_up,
+                down,
+                layer.scaling,
+            )
+        )
+    products = [_product_of(m) for layer in layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    gemm = next((p.gemm for p in products if isinstance(p, PackedBf16)), None)
+    int8 = next((p.vnni.kernel for p in products if isinstance(p, QuantLinear) and p.vnni is not None), None)
+    return DecodeStack.build(stacked, shape, StackKernels(norms[0].kernel, gemm, rope, kernel, silu, int8))
+
+
+def _product_of(module: torch.nn.Module) -> object:
+    """What computes a projection module's product: our bfloat16 kernel's weight, a quantized
+    layer, or the module itself (oneDNN's)."""
+    own = getattr(module, "own", None)
+    if own is not None:
+        return own
+    if isinstance(module, QuantFusedProjections):
+        return module.product
+    return module

@@ -1,0 +1,144 @@
+/* A decode step's decoder layers in one call, for bfloat16 Llama/Qwen2 models on CPU, their
+ * products bfloat16 (``bf16_gemm.c``) or W8A8 int8 (``int8_gemm.c``).
+ *
+ * The lean decode step (``fast_decode.py``) calls a dozen kernels and PyTorch operations per layer;
+ * at one or a few rows each costs more in Python, ctypes and tensor allocation than in work (about
+ * 0.2 ms a layer, 6 ms of a 15 ms one-user step of the demo model). This driver runs the same
+ * kernels in the same order on buffers allocated once per step: it adds no arithmetic of its own,
+ * it only copies the new keys and values into the cache, so its results are bit-identical to the
+ * lean step's. The kernels come as function pointers, taken from the libraries the lean step
+ * loaded (each keeps the flags it was built with, so the roundings are theirs).
+ *
+ * Per layer, for B rows of one new token each (the residual stream ``hidden`` updated in place):
+ *   normed = norm(hidden += pending)            (the first layer: norm(hidden))
+ *   qkv    = normed W_qkv + b;  rotated = rope(q, k)
+ *   cache[slot] = (rotated k, v);  attn = attention(rotated q, cache window, keep)
+ *   normed = norm(hidden += attn W_o + b)
+ *   pending = silu_mul(normed W_gate_up + b) W_down + b
+ * The caller adds the last ``pending`` in the final norm.
+ */
+#include <stdint.h>
+#include <string.h>
+
+typedef int (*norm_fn)(const uint16_t *x, int64_t x_stride, const uint16_t *delta, int64_t delta_stride,
+                       uint16_t *sum, int64_t sum_stride, const uint16_t *weight, uint16_t *out, int64_t out_stride,
+                       int64_t rows, int64_t dim, float eps);
+typedef int (*gemm_fn)(const uint16_t *x, int64_t x_stride, int64_t m, int64_t k, const uint16_t *packed, int64_t n,
+                       const float *bias, uint16_t *out, int64_t out_stride);
+typedef int (*rope_fn)(const uint16_t *x, int64_t x_stride, const uint16_t *cos, const uint16_t *sin, uint16_t *out,
+                       int64_t tokens, int64_t heads, int64_t dim);
+typedef int (*attend_fn)(const uint16_t *q, int64_t q_stride_b, int64_t q_stride_h, const uint16_t *k,
+                         int64_t k_stride_b, int64_t k_stride_h, int64_t k_stride_l, const uint16_t *v,
+                         int64_t v_stride_b, int64_t v_stride_h, int64_t v_stride_l, const uint8_t *mask,
+                         int64_t mask_stride_b, uint16_t *out, int64_t out_stride_b, int64_t out_stride_h,
+                         int64_t batch, int64_t heads, int64_t kv_heads, int64_t length, int64_t dim, float scale);
+typedef int (*int8_gemm_fn)(const void *x, int64_t x_stride, int64_t m, int64_t k, float static_scale,
+                            const int8_t *packed, const int32_t *compensation, int64_t n, const float *col_scales,
+                            const float *bias, void *out, int64_t out_stride);
+typedef int (*silu_mul_fn)(const uint16_t *gate_up, int64_t gate_up_stride, uint16_t *out, int64_t out_stride,
+                           int64_t rows, int64_t dim);
+
+typedef struct {
+    norm_fn norm;
+    gemm_fn gemm;
+    rope_fn rope;
+    attend_fn attend;
+    silu_mul_fn silu_mul;
+    int8_gemm_fn int8_gemm; /* NULL where no layer is W8A8 */
+} Kernels;
+
+/* One product's weight: bfloat16 packed for ``gemm`` (``compensation`` NULL), or int8 packed for
+ * ``int8_gemm`` with its compensation, per-channel scales and the checkpoint's input scale (0:
+ * one per row). ``bias`` float32 or NULL. */
+typedef struct {
+    const void *packed;
+    const float *bias;
+    const int32_t *compensation;
+    const float *col_scales;
+    float static_scale;
+} Product;
+
+/* One layer's weights (packed for ``gemm``) and its cache window: ``keys``/``values`` point at the
+ * window's first position of row 0, kv head 0; positions are ``head_dim`` apart. */
+typedef struct {
+    const uint16_t *input_norm;
+    Product qkv;
+    Product o;
+    const uint16_t *post_norm;
+    Product gate_up;
+    Product down;
+    uint16_t *keys;
+    uint16_t *values;
+    int64_t cache_stride_b;
+    int64_t cache_stride_h;
+    float input_eps;
+    float post_eps;
+    float scaling;
+} Layer;
+
+typedef struct {
+    int64_t batch;
+    int64_t hidden;
+    int64_t heads;
+    int64_t kv_heads;
+    int64_t head_dim;
+    int64_t intermediate;
+    int64_t length; /* the window's positions, the new one included (the last) */
+} Shape;
+
+static inline int product(const Kernels *kn, const Product *p, const uint16_t *x, int64_t k, int64_t m, int64_t n,
+                          uint16_t *out) {
+    if (p->compensation == NULL && kn->gemm == NULL) return -98;
+    if (p->compensation == NULL) return kn->gemm(x, k, m, k, (const uint16_t *)p->packed, n, p->bias, out, n);
+    if (kn->int8_gemm == NULL) return -99;
+    return kn->int8_gemm(x, k, m, k, p->static_scale, (const int8_t *)p->packed, p->compensation, n, p->col_scales,
+                         p->bias, out, n);
+}
+
+/* Elements of scratch ``run_layers`` needs for a shape. */
+int64_t triton_chat_decode_stack_scratch(const Shape *s) {
+    const int64_t q = s->heads * s->head_dim, kv = s->kv_heads * s->head_dim;
+    return s->batch * (s->hidden + (q + 2 * kv) + (q + kv) + q + s->hidden + 2 * s->intermediate + s->intermediate);
+}
+
+/* Returns 0, or the first failing kernel's status (negative), or -100 - layer for a bad shape. */
+int triton_chat_decode_stack_bf16(const Kernels *kn, const Layer *layers, int64_t count, const Shape *s,
+                                  uint16_t *hidden, uint16_t *pending, int first_has_pending, const uint16_t *cos,
+                                  const uint16_t *sin, const uint8_t *keep, int64_t keep_stride, uint16_t *scratch) {
+    const int64_t B = s->batch, H = s->hidden, D = s->head_dim, I = s->intermediate;
+    const int64_t q_width = s->heads * D, kv_width = s->kv_heads * D, qkv_width = q_width + 2 * kv_width;
+    const int64_t rotated_width = q_width + kv_width, slot = s->length - 1;
+    if (B <= 0 || s->length <= 0 || H <= 0 || D <= 0 || s->kv_heads <= 0 || s->heads % s->kv_heads) return -100;
+    uint16_t *normed = scratch, *qkv = normed + B * H, *rotated = qkv + B * qkv_width;
+    uint16_t *attn = rotated + B * rotated_width, *o = attn + B * q_width, *gate_up = o + B * H;
+    uint16_t *act = gate_up + B * 2 * I;
+    int status;
+#define CALL(expr)                         \
+    do {                                   \
+        if ((status = (expr)) != 0) return status; \
+    } while (0)
+    for (int64_t i = 0; i < count; ++i) {
+        const Layer *L = layers + i;
+        const int add = i > 0 || first_has_pending;
+        CALL(kn->norm(hidden, H, add ? pending : NULL, H, add ? hidden : NULL, H, L->input_norm, normed, H, B, H,
+                      L->input_eps));
+        CALL(product(kn, &L->qkv, normed, H, B, qkv_width, qkv));
+        CALL(kn->rope(qkv, qkv_width, cos, sin, rotated, B, s->heads + s->kv_heads, D));
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t h = 0; h < s->kv_heads; ++h) {
+                const int64_t at = b * L->cache_stride_b + h * L->cache_stride_h + slot * D;
+                memcpy(L->keys + at, rotated + b * rotated_width + q_width + h * D, sizeof(uint16_t) * (size_t)D);
+                memcpy(L->values + at, qkv + b * qkv_width + q_width + kv_width + h * D, sizeof(uint16_t) * (size_t)D);
+            }
+        CALL(kn->attend(rotated, rotated_width, D, L->keys, L->cache_stride_b, L->cache_stride_h, D, L->values,
+                        L->cache_stride_b, L->cache_stride_h, D, keep, keep_stride, attn, q_width, D, B, s->heads,
+                        s->kv_heads, s->length, D, L->scaling));
+        CALL(product(kn, &L->o, attn, q_width, B, H, o));
+        CALL(kn->norm(hidden, H, o, H, hidden, H, L->post_norm, normed, H, B, H, L->post_eps));
+        CALL(product(kn, &L->gate_up, normed, H, B, 2 * I, gate_up));
+        CALL(kn->silu_mul(gate_up, 2 * I, act, I, B, I));
+        CALL(product(kn, &L->down, act, I, B, H, pending));
+    }
+#undef CALL
+    return 0;
+}

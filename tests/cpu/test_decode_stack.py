@@ -1,0 +1,104 @@
+"""The one-call decode layers (python_backend/cpu/decode_stack.py): bit for bit the lean step's
+logits and cache, padded rows and biases included, built only where every part is native."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from python_backend.cpu.bf16_gemm import build_bf16_gemm
+from python_backend.cpu.fast_decode import FastDecoder
+from python_backend.cpu.int8_gemm import Int8Gemm
+from python_backend.cpu.silu import build_silu_kernel
+from tests.fixtures.engine_driver import copy_batch, load_on_cpu, running_batch
+from tests.fixtures.quantized_models import build_quantized
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernels() -> None:
+    if build_bf16_gemm() is None or build_silu_kernel() is None:
+        pytest.skip("no C compiler, no AVX512-BF16, or an AMX CPU: decode steps keep the lean step")
+
+
+def _stepped(fast: FastDecoder, prompts_kv: object, tokens: list[list[int]], prompts: list[list[int]], step: int):
+    ids = torch.tensor(tokens)
+    positions = torch.tensor([[len(p) + step] for p in prompts])
+    return fast.logits(ids, positions, prompts_kv.cache, prompts_kv.attention_mask(1, CPU).bool())  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])  # qwen2's q/k/v have biases
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_stack_gives_the_lean_steps_logits_and_cache(
+    family: str, rows: int, tiny_model_dir: Path, tiny_llama_dir: Path
+) -> None:
+    loaded = load_on_cpu(tiny_model_dir if family == "qwen2" else tiny_llama_dir, "bfloat16")
+    fast = loaded.fast_decoder
+    assert fast is not None and fast.stack is not None
+    prompts = [list(range(3, 40)), list(range(50, 61)), list(range(7, 30, 2))][:rows]
+    stacked_kv = running_batch(loaded, prompts, loaded.kv_dtype)
+    lean_kv = copy_batch(stacked_kv)
+    stack, tokens = fast.stack, [[11 + i] for i in range(rows)]
+    with torch.inference_mode():
+        for step in range(4):  # consecutive steps: the cache each wrote is read by the next
+            got = _stepped(fast, stacked_kv, tokens, prompts, step)
+            fast.stack = None
+            try:
+                expected = _stepped(fast, lean_kv, tokens, prompts, step)
+            finally:
+                fast.stack = stack
+            assert torch.equal(got, expected)
+            for (keys, values), (lean_keys, lean_values) in zip(
+                stacked_kv.cache.layer_states(), lean_kv.cache.layer_states(), strict=True
+            ):
+                assert torch.equal(keys, lean_keys) and torch.equal(values, lean_values)
+            tokens = got.argmax(-1, keepdim=True).tolist()
+
+
+def test_a_keep_mask_of_another_length_is_refused(tiny_model_dir: Path) -> None:
+    loaded = load_on_cpu(tiny_model_dir, "bfloat16")
+    fast = loaded.fast_decoder
+    assert fast is not None and fast.stack is not None
+    kv = running_batch(loaded, [list(range(3, 20)), list(range(5, 9))], loaded.kv_dtype)
+    short = kv.attention_mask(1, CPU).bool()[:, 1:]
+    with torch.inference_mode(), pytest.raises(ValueError, match="keep mask of shape"):
+        fast.logits(torch.tensor([[4], [5]]), torch.tensor([[17], [4]]), kv.cache, short)
+
+
+@pytest.mark.parametrize("kind", ["w8a8", "w8a8-static", "int8"])
+def test_w8a8_layers_run_in_the_stack_as_in_the_lean_step(
+    kind: str, int8_gemm: Int8Gemm, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # W8A8 products on our int8 kernel: dynamic per-row scales, a checkpoint's static scale, and
+    # a 16-bit folder quantized at load time.
+    if kind == "int8":
+        loaded = load_on_cpu(tiny_model_dir, "bfloat16", quantization="int8")
+    else:
+        loaded = load_on_cpu(build_quantized(tiny_model_dir, tmp_path, kind), "bfloat16")
+    fast = loaded.fast_decoder
+    assert fast is not None and fast.stack is not None
+    prompts = [list(range(3, 40)), list(range(50, 61))]
+    stacked_kv = running_batch(loaded, prompts, loaded.kv_dtype)
+    lean_kv = copy_batch(stacked_kv)
+    stack, tokens = fast.stack, [[11], [12]]
+    with torch.inference_mode():
+        for step in range(3):
+            got = _stepped(fast, stacked_kv, tokens, prompts, step)
+            fast.stack = None
+            try:
+                expected = _stepped(fast, lean_kv, tokens, prompts, step)
+            finally:
+                fast.stack = stack
+            assert torch.equal(got, expected)
+            tokens = got.argmax(-1, keepdim=True).tolist()
+
+
+def test_no_stack_where_a_part_is_not_native(tiny_model_dir: Path, tmp_path: Path) -> None:
+    assert load_on_cpu(tiny_model_dir, "float32").fast_decoder.stack is None  # type: ignore[union-attr]
+    assert load_on_cpu(tiny_model_dir, "bfloat16", batch_invariant=True).fast_decoder.stack is None  # type: ignore[union-attr]
+    # Weight-only int8 runs PyTorch's kernel, which the stack does not call.
+    weight_only = load_on_cpu(build_quantized(tiny_model_dir, tmp_path, "w8a16"), "bfloat16").fast_decoder
+    assert weight_only is not None and weight_only.stack is None
