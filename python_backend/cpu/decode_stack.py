@@ -5,8 +5,9 @@ operations per layer; at a few rows each costs more in Python, ctypes and alloca
 ``native/decode_stack.c`` runs the same kernels (their own entry points, taken from the libraries
 the lean step loaded) in the same order on buffers allocated once per step, so its results are bit
 for bit the lean step's, which the tests check. It is built only where every layer's products are
-our bfloat16 kernel's (``bf16_gemm.py``) or W8A8 on our int8 kernel (``int8_gemm.py``), and the norms, rotary embedding, attention and SiLU are the
-native kernels; anything else keeps the lean step.
+our bfloat16 kernel's (``bf16_gemm.py``) or W8A8 on our int8 kernel (``int8_gemm.py``), and the
+norms, rotary embedding, attention and SiLU are the native kernels; anything else keeps the lean
+step.
 
 May import torch and ``python_backend.cpu`` modules below it only (not the engine: a cache is
 anything whose layers claim positions, ``CacheLayer``).
