@@ -6,6 +6,8 @@ form) with timers wrapped, in this process only, around the step's parts:
 - ``products``: the linear products (prepacked bfloat16, quantized, merged q/k/v and gate/up);
 - ``output head``: the vocabulary projection (a product too, kept apart: it is the widest);
 - ``attention``: decode attention and the prompt segments' attention;
+- ``decode layers, one call``: every decoder layer of a step without prompt tokens, where they run
+  in one native call (``cpu/decode_stack.py``: its products, attention and norms are inside);
 - ``norms``: RMSNorm with the residual add before it; ``rotary``: the rotary embedding;
 - ``sampling``: picking the next tokens from the logits;
 - ``scheduling``: planning the step (admission, prefill chunks, prefix-cache lookups);
@@ -49,6 +51,7 @@ PARTS = (
     "products",
     "output head",
     "attention",
+    "decode layers, one call",
     "norms",
     "rotary",
     "sampling",
@@ -96,6 +99,7 @@ def instrumented(timers: Timers) -> Iterator[None]:
     of this process), then put back."""
     from benchmarks import engine_runs
     from python_backend.cpu import fast_decode
+    from python_backend.cpu.decode_stack import DecodeStack
     from python_backend.cpu.fused_norm import FusedRMSNorm
     from python_backend.cpu.linear import PackedLinear
     from python_backend.cpu.quant_linear import QuantFusedProjections, QuantLinear
@@ -128,6 +132,7 @@ def instrumented(timers: Timers) -> Iterator[None]:
         (QuantLinear, "apply_unchecked", lambda f: timers.wrap("products", f)),
         (QuantFusedProjections, "apply_unchecked", lambda f: timers.wrap("products", f)),
         (fast_decode, "one_row_attention", lambda f: timers.wrap("attention", f)),
+        (DecodeStack, "run", lambda f: timers.wrap("decode layers, one call", f)),
         (fast_decode, "prompt_attention", lambda f: timers.wrap("attention", f)),
         (fast_decode, "_add_norm", lambda f: timers.wrap("norms", f)),
         (FusedRMSNorm, "forward", lambda f: timers.wrap("norms", f)),
