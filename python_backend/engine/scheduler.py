@@ -177,8 +177,10 @@ class Scheduler:
         if self._prefilling is not None:
             plan.resumed = self._chunk(self._prefilling, budget)
             budget -= plan.resumed.size
-            if not plan.resumed.last or budget <= 0:
+            if not plan.resumed.last:
                 return self._used(plan, budget)
+            # Its last chunk, even one that takes the whole budget: it is not resumed again (an
+            # empty chunk of a finished prompt would be).
             pending_rows += self._prefilling.candidates
             self._prefilling = None
         waiting = self.admission.waiting

@@ -74,6 +74,24 @@ def test_a_long_prompt_is_prefilled_in_chunks_within_the_token_budget() -> None:
     assert books.step().empty
 
 
+def test_a_last_chunk_that_fills_the_budget_ends_the_prompts_prefill() -> None:
+    # 32 tokens in chunks of 16: the second chunk is the last and takes the whole budget. The
+    # next step must not resume the prompt with an empty chunk (it failed the mixed step).
+    books = make_books(max_num_batched_tokens=16)
+    books.submit(32)
+    books.submit(5)
+    assert books.step().started is not None
+    second = books.step()
+    assert second.resumed is not None and (second.resumed.start, second.resumed.end, second.resumed.last) == (
+        16,
+        32,
+        True,
+    )
+    assert second.tokens == 16 and books.scheduler.running_rows == 1
+    third = books.step()
+    assert third.resumed is None and ids([a.group for a in third.batch]) == ["r1"]
+
+
 def test_short_prompts_batch_up_to_the_budget_and_a_longer_one_waits() -> None:
     books = make_books(max_num_batched_tokens=16)
     books.submit(6)
