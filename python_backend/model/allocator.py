@@ -234,7 +234,8 @@ def freeze_startup_objects() -> int:
     each full collection walks all of them: a pause of every running sequence that grows with the
     model's code, not with the work (docs/performance.md, "Python's collector"). Frozen, a full
     collection walks only what was created since, as in vLLM's engine. Cycles already garbage are
-    collected first; ``gc.unfreeze`` (at shutdown) gives the rest back to the collector.
+    collected first. The model's process never unfreezes them: it ends with the model, and a
+    collection of its start-up objects while Triton's stub tears them down crashed the stub.
     """
     gc.collect()
     gc.freeze()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
-import gc
 import json
 import logging
 import signal
@@ -292,4 +291,6 @@ class TritonPythonModel:
         if self._ranks is not None:
             self._ranks.close()
         self._sender.stop()  # ends the open channels too, on its own thread
-        gc.unfreeze()  # what start-up froze can be collected again once it is let go
+        # What start-up froze stays frozen: the process ends after this. Unfrozen, the next
+        # collection walked the stub's own start-up objects while the stub tore them down, and
+        # the stub died with SIGSEGV after most unloads.

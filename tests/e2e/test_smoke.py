@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -195,6 +196,12 @@ def test_launcher_serves_then_stops_cleanly_on_ctrl_c(tiny_model_dir: Path, tmp_
     assert "tritonserver stopped (status 0)" in output, output
     assert "removing shared memory" not in output, output
     assert not [p for p in Path(tempfile.gettempdir()).glob("triton-chat-*") if str(tiny_model_dir) in _read(p)]
+    # The model's process ends without a crash after its unload (it segfaulted when finalize
+    # unfroze the start-up objects for a last collection).
+    log = re.search(r"; log: (\S+\.log)", output)
+    assert log is not None, output
+    server_log = Path(log.group(1)).read_text(errors="replace")
+    assert "successfully unloaded" in server_log and "Fatal Python error" not in server_log, server_log[-3000:]
 
 
 @pytest.mark.slow
