@@ -14,8 +14,8 @@ It is used only where that equality is known to hold: exactly the ``LlamaDecoder
 ``Qwen2DecoderLayer`` classes, full attention in every layer (no sliding window), SiLU MLPs, every
 projection prepacked (or quantized: ``quant_linear.py``) and merged, and no LoRA adapters (the engine falls back to the model's own forward).
 
-Where every part of every layer is a native kernel of ours (bfloat16 on CPUs with AVX512-BF16),
-a step without prompt tokens runs all the layers in one call (``decode_stack.py``): the same
+Where every part of every layer is a native kernel of ours (bfloat16 products on CPUs with
+AVX512-BF16, W8A8 ones on CPUs with AVX512-VNNI), a step without prompt tokens runs all the layers in one call (``decode_stack.py``): the same
 kernels in the same order, bit for bit the loop's results, without its per-layer Python.
 
 ``mixed_logits`` is the same step with prompt tokens beside the decode rows, as vLLM's chunked
@@ -311,7 +311,7 @@ class FastDecoder:
         ]
         stack = self.stack
         if stack is not None and decode is not None and not segments and stack.takes(hidden[0], decode.cache.layers):
-            # One native call for every layer; its results are the loop's below, bit for bit.
+            # One native call for every layer, bit for bit the loop's results: the loop then runs none.
             cache_layers = cast("list[CacheLayer]", decode.cache.layers)  # ``takes`` checked them
             pending = stack.run(hidden[0], cos[0, :, 0], sin[0, :, 0], decode.keep, cache_layers).unsqueeze(0)
         for index, layer in enumerate(self._layers if pending is None else ()):
