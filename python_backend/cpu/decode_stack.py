@@ -288,8 +288,12 @@ class DecodeStack:
                 raise ValueError(f"a keep mask of shape {tuple(keep.shape)} for {batch} rows of {length} positions")
             # One byte per position, non-zero: attend (a bool tensor's own bytes).
             keep = keep.to(torch.bool).contiguous()
-        if not (hidden.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()):
-            raise ValueError("the one-call decode layers take contiguous rows")
+        rows_of = {"hidden": (hidden, self.shape.hidden), "cos": (cos, dim), "sin": (sin, dim)}
+        for name, (rows, width) in rows_of.items():
+            if rows.dtype != torch.bfloat16 or rows.shape != (batch, width) or not rows.is_contiguous():
+                raise ValueError(
+                    f"{name}: contiguous bfloat16 [{batch}, {width}] rows, got {rows.dtype} {list(rows.shape)}"
+                )
         like = torch.empty((batch, self.shape.kv_heads, 1, dim), dtype=torch.bfloat16)
         for slot, layer in zip(self._layers, cache_layers, strict=True):
             keys, values, start, _ = layer.append_position(like)
