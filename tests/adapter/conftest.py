@@ -6,6 +6,7 @@ swaps it) and finalizes it at the end.
 
 from __future__ import annotations
 
+import gc
 import json
 import types
 from collections.abc import Callable, Iterator
@@ -49,4 +50,7 @@ def serve(adapter: types.ModuleType, tiny_model_dir: Path) -> Iterator[Callable[
     yield start
     for one in served:
         one.finalize()
+    # A stub's process ends after finalize with its start-up objects still frozen; pytest goes on,
+    # so the next tests get them back for the collector.
+    gc.unfreeze()
     torch.set_num_threads(threads)

@@ -34,17 +34,20 @@ def test_a_whole_response_is_one_final_response_with_all_its_text(serve: Callabl
     assert delta.usage is not None and delta.usage.completion_tokens == 6
 
 
-def test_start_up_objects_are_frozen_while_serving_and_given_back_at_finalize(
+def test_start_up_objects_are_frozen_while_serving_and_stay_frozen_at_finalize(
     serve: Callable[..., Served],
 ) -> None:
     served = serve()
     # Full collections while serving skip the model, tokenizer and imports (model/allocator.py).
-    assert gc.get_freeze_count() > 10_000
+    frozen = gc.get_freeze_count()
+    assert frozen > 10_000
     request = chat_request("frozen", parameters={"max_tokens": 4, "ignore_eos": True})
     sender = served.answer(request)
     assert text_of(sender)  # and it serves
     served.finalize()
-    assert gc.get_freeze_count() == 0
+    # Still frozen (less what finalize let go): a last collection of them while Triton's stub
+    # tore its own down crashed it.
+    assert gc.get_freeze_count() > frozen // 2
 
 
 def test_a_stream_is_several_deltas_then_one_final(serve: Callable[..., Served]) -> None:
