@@ -7,7 +7,8 @@ with, so the file cannot be renamed away; it was opened for appending (``tritons
 so its next line lands at the start of the emptied file instead of after a hole. A line written
 between the end of the copy and the cut is lost: a window of microseconds, once per rotation.
 
-The copies are made 0600, as the log is: the model's errors may quote a request.
+The copies are made 0600, as the log is: the model's errors may quote a request. Each is written
+under a temporary name and renamed into place, so a reader never finds one half written.
 """
 
 from __future__ import annotations
@@ -49,8 +50,13 @@ class LogRotation:
             return False
         self._shift()
         first = backup_path(self.path, 1)
-        shutil.copyfile(self.path, first)
-        first.chmod(0o600)
+        # Copied under another name, then renamed: ``.1`` is never seen half written, and it is
+        # 0600 from its first byte.
+        partial = first.with_name(f"{first.name}.partial")
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "wb") as out, self.path.open("rb") as source:
+            shutil.copyfileobj(source, out)
+        os.replace(partial, first)
         os.truncate(self.path, 0)
         logger.info("tritonserver's log passed %d MiB: kept as %s, started afresh", self.max_bytes // MIB, first)
         return True

@@ -36,6 +36,7 @@ def test_a_log_past_its_limit_is_kept_aside_and_the_writer_goes_on_at_its_start(
     assert log.read_bytes() == b"I1204 next line\n"  # no hole of NULs before it
     assert backup_path(log, 1).read_bytes() == old
     assert backup_path(log, 1).stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tritonserver.log", "tritonserver.log.1"]  # no partial copy
 
 
 def test_only_the_newest_copies_are_kept(tmp_path: Path) -> None:
@@ -105,7 +106,8 @@ def test_the_supervisor_rotates_the_log_while_it_watches(tmp_path: Path) -> None
     try:
         log.write_text("E1204 traceback line\n" * 50)
         deadline = time.monotonic() + WAIT_S
-        while not backup_path(log, 1).exists() and time.monotonic() < deadline:
+        # The copy appears whole (renamed into place); the log is cut just after it.
+        while not (backup_path(log, 1).exists() and log.stat().st_size == 0) and time.monotonic() < deadline:
             watcher.stop.wait(0.05)
         assert backup_path(log, 1).read_text().count("traceback") == 50
         assert log.read_text() == ""
