@@ -12,6 +12,8 @@ from python_backend.cpu.bf16_gemm import build_bf16_gemm
 from python_backend.cpu.fast_decode import FastDecoder
 from python_backend.cpu.int8_gemm import Int8Gemm
 from python_backend.cpu.silu import build_silu_kernel
+from python_backend.engine.kv_cache import KVBatch
+from python_backend.model.loader import LoadedModel
 from tests.fixtures.engine_driver import copy_batch, load_on_cpu, running_batch
 from tests.fixtures.quantized_models import build_quantized
 
@@ -24,26 +26,24 @@ def _kernels() -> None:
         pytest.skip("no C compiler, no AVX512-BF16, or an AMX CPU: decode steps keep the lean step")
 
 
-def _stepped(fast: FastDecoder, prompts_kv: object, tokens: list[list[int]], prompts: list[list[int]], step: int):
+def _stepped(
+    fast: FastDecoder, kv: KVBatch, tokens: list[list[int]], prompts: list[list[int]], step: int
+) -> torch.Tensor:
     ids = torch.tensor(tokens)
     positions = torch.tensor([[len(p) + step] for p in prompts])
-    return fast.logits(ids, positions, prompts_kv.cache, prompts_kv.attention_mask(1, CPU).bool())  # type: ignore[attr-defined]
+    return fast.logits(ids, positions, kv.cache, kv.attention_mask(1, CPU).bool())
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama"])  # qwen2's q/k/v have biases
-@pytest.mark.parametrize("rows", [1, 3])
-def test_the_stack_gives_the_lean_steps_logits_and_cache(
-    family: str, rows: int, tiny_model_dir: Path, tiny_llama_dir: Path
-) -> None:
-    loaded = load_on_cpu(tiny_model_dir if family == "qwen2" else tiny_llama_dir, "bfloat16")
+def _assert_stack_is_the_lean_step(loaded: LoadedModel, prompts: list[list[int]], steps: int) -> None:
+    """Consecutive decode steps through the stack and through the lean step, from one running
+    batch: equal logits, and equal caches (each step reads what the last one wrote)."""
     fast = loaded.fast_decoder
     assert fast is not None and fast.stack is not None
-    prompts = [list(range(3, 40)), list(range(50, 61)), list(range(7, 30, 2))][:rows]
     stacked_kv = running_batch(loaded, prompts, loaded.kv_dtype)
     lean_kv = copy_batch(stacked_kv)
-    stack, tokens = fast.stack, [[11 + i] for i in range(rows)]
+    stack, tokens = fast.stack, [[11 + i] for i in range(len(prompts))]
     with torch.inference_mode():
-        for step in range(4):  # consecutive steps: the cache each wrote is read by the next
+        for step in range(steps):
             got = _stepped(fast, stacked_kv, tokens, prompts, step)
             fast.stack = None
             try:
@@ -56,6 +56,16 @@ def test_the_stack_gives_the_lean_steps_logits_and_cache(
             ):
                 assert torch.equal(keys, lean_keys) and torch.equal(values, lean_values)
             tokens = got.argmax(-1, keepdim=True).tolist()
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])  # qwen2's q/k/v have biases
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_stack_gives_the_lean_steps_logits_and_cache(
+    family: str, rows: int, tiny_model_dir: Path, tiny_llama_dir: Path
+) -> None:
+    loaded = load_on_cpu(tiny_model_dir if family == "qwen2" else tiny_llama_dir, "bfloat16")
+    prompts = [list(range(3, 40)), list(range(50, 61)), list(range(7, 30, 2))][:rows]
+    _assert_stack_is_the_lean_step(loaded, prompts, steps=4)
 
 
 def test_a_keep_mask_of_another_length_is_refused(tiny_model_dir: Path) -> None:
@@ -78,22 +88,7 @@ def test_w8a8_layers_run_in_the_stack_as_in_the_lean_step(
         loaded = load_on_cpu(tiny_model_dir, "bfloat16", quantization="int8")
     else:
         loaded = load_on_cpu(build_quantized(tiny_model_dir, tmp_path, kind), "bfloat16")
-    fast = loaded.fast_decoder
-    assert fast is not None and fast.stack is not None
-    prompts = [list(range(3, 40)), list(range(50, 61))]
-    stacked_kv = running_batch(loaded, prompts, loaded.kv_dtype)
-    lean_kv = copy_batch(stacked_kv)
-    stack, tokens = fast.stack, [[11], [12]]
-    with torch.inference_mode():
-        for step in range(3):
-            got = _stepped(fast, stacked_kv, tokens, prompts, step)
-            fast.stack = None
-            try:
-                expected = _stepped(fast, lean_kv, tokens, prompts, step)
-            finally:
-                fast.stack = stack
-            assert torch.equal(got, expected)
-            tokens = got.argmax(-1, keepdim=True).tolist()
+    _assert_stack_is_the_lean_step(loaded, [list(range(3, 40)), list(range(50, 61))], steps=3)
 
 
 def test_no_stack_where_a_part_is_not_native(tiny_model_dir: Path, tmp_path: Path) -> None:
