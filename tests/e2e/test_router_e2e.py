@@ -265,7 +265,6 @@ def test_a_lost_replica_costs_only_its_requests_in_flight_and_rejoins(replicas: 
         deadline = time.monotonic() + 60
         while httpx.get(f"{lost.url}/get_load", timeout=5).json()["load"] == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
-        in_flight_on_lost = httpx.get(f"{lost.url}/get_load", timeout=5).json()["load"]
         assert lost.process is not None
         folders = _run_folders(descendants(lost.process.pid))  # SIGKILL leaves them; other tests look for strays
         lost.stop(signal.SIGKILL)  # no drain: what it held is lost
@@ -273,8 +272,10 @@ def test_a_lost_replica_costs_only_its_requests_in_flight_and_rejoins(replicas: 
             shutil.rmtree(folder, ignore_errors=True)
         later = [pool.submit(_stream, router.url, 100 + i) for i in range(16)]
         outcomes = [f.result() for f in first + later]
-    failed = [o for o in outcomes if o != "finished"]
-    assert len(failed) <= in_flight_on_lost, (in_flight_on_lost, outcomes)
+    # What the lost replica held when it died cannot be read at that instant (a request may reach it
+    # or leave it between a /get_load and the kill), but round robin gave it half of the first eight.
+    failed = [o for o in outcomes[:8] if o != "finished"]
+    assert len(failed) <= 4, outcomes
     assert all(o == "finished" for o in outcomes[8:]), outcomes  # after the loss: retried on the other
 
     lost.start()  # the same port: the router takes it back once its circuit breaker lets it try
