@@ -94,4 +94,7 @@ class Int8RowsKernel:
 def build_int8_rows_kernel(cache_dir: Path | None = None) -> Int8RowsKernel | None:
     """Compile (or reuse) and load the kernel; None, with the reason logged, when it cannot be built."""
     missing = "the int8 row kernel is not available: W8A8 layers quantize and rescale in PyTorch"
-    return load_kernel(Int8RowsKernel, SOURCE, cache_dir, missing)
+    # NaN and infinite inputs keep their defined levels (int8_quantize.h) where the rows are
+    # quantized by the scalar loop (CPUs without AVX-512), which -ffast-math would let the
+    # compiler assume away.
+    return load_kernel(Int8RowsKernel, SOURCE, cache_dir, missing, extra_flags=("-fno-finite-math-only",))

@@ -147,6 +147,18 @@ def test_c_row_quantization_gives_pytorchs_levels_and_scales(int8_rows: Int8Rows
     assert one.numel() == 1 and int(static[-1].min()) == -128 and int(static[-1].max()) == 127
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_c_row_quantization_skips_nans_and_clamps_infinities(int8_rows: Int8RowsKernel, dtype: torch.dtype) -> None:
+    # 20 values: one full vector of 16 and a tail of 4.
+    x = torch.tensor([[126.0, -254.0, float("nan"), 64.0] * 5, [float("inf"), float("-inf"), float("nan"), 3.0] * 5])
+    levels, scales = int8_rows.quantize(x[:1].to(dtype), None)
+    # A NaN neither sets the row's scale nor escapes the int8 range: it takes the lowest level.
+    assert float(scales) == 2.0
+    assert levels.tolist() == [[63, -127, -128, 32] * 5]
+    levels, _ = int8_rows.quantize(x[1:].to(dtype), torch.tensor(0.5))
+    assert levels.tolist() == [[127, -128, -128, 6] * 5]
+
+
 @pytest.mark.parametrize("activations", ["dynamic", "static"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_c_passes_give_the_pytorch_product(int8_rows: Int8RowsKernel, activations: str, dtype: torch.dtype) -> None:

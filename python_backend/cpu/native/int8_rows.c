@@ -59,7 +59,7 @@ static inline uint16_t float_to_f16(float value) {
     return sign | (uint16_t)(kept + (rest > half_unit || (rest == half_unit && (kept & 1u))));
 }
 
-INT8_QUANTIZE_ROW(int8_quantize_row_f16, uint16_t, f16_to_float)
+INT8_QUANTIZE_ROW(int8_quantize_row_f16, uint16_t, f16_to_float, int8_load_f16)
 
 /* ``static_scale`` > 0: that scale for every row (scales is then not written); else dynamic. */
 #define QUANTIZE(NAME, TYPE, ROW)                                                                            \
