@@ -102,7 +102,8 @@ def instrumented(timers: Timers) -> Iterator[None]:
     from python_backend.cpu.decode_stack import DecodeStack
     from python_backend.cpu.fused_norm import FusedRMSNorm
     from python_backend.cpu.linear import PackedLinear
-    from python_backend.cpu.quant_linear import QuantFusedProjections, QuantLinear
+    from python_backend.cpu.quant_install import QuantFusedProjections
+    from python_backend.cpu.quant_linear import QuantLinear
     from python_backend.cpu.row_tiles import PackedProduct
     from python_backend.engine import steps
 

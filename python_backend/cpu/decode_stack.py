@@ -30,7 +30,8 @@ from python_backend.cpu.fused_rope import RopeKernel
 from python_backend.cpu.int8_gemm import Int8Gemm
 from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel
 from python_backend.cpu.native.build import load_kernel
-from python_backend.cpu.quant_linear import QuantFusedProjections, QuantLinear
+from python_backend.cpu.quant_install import QuantFusedProjections
+from python_backend.cpu.quant_linear import QuantLinear
 from python_backend.cpu.silu import SiluKernel
 
 SOURCE = Path(__file__).with_name("native") / "decode_stack.c"

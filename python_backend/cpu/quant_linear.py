@@ -3,8 +3,8 @@
 Owns ``QuantWeight`` (a layer's integer levels, scales and zero points, in one layout whatever the
 checkpoint's), ``QuantLinear`` (the product, with the kernel chosen once per layer),
 ``quantize_per_channel`` (the ``--quantization int8`` path: symmetric int8 levels from a float
-weight) and ``install_quantized`` (the layers put in place, q/k/v and gate/up of a layer merged
-into one quantized product, as ``fused_projections.py`` does for prepacked bfloat16 weights).
+weight) and ``concat_weights`` (layers of one input as one weight); ``quant_install.py`` puts the
+layers in place.
 
 Kernels (``QuantLinear.kernel`` names the one a layer runs):
 
@@ -29,17 +29,12 @@ The merged products keep the model's own forward (``ProjectionSlice``), and the 
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from python_backend.cpu.fused_projections import FusedProjections, ProjectionSlice, merge_eligible_layer_types
 from python_backend.cpu.int8_gemm import BoundInt8Product, Int8Gemm, build_int8_gemm
 from python_backend.cpu.int8_rows import Int8RowsKernel, build_int8_rows_kernel
-
-logger = logging.getLogger(__name__)
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what the CPU int4 kernel takes
 # torch._int_mm on CUDA wants more than 16 rows and dimensions in multiples of 8.
@@ -310,88 +305,3 @@ class QuantLinear(torch.nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
             f"group_size={self.group_size}, activations={self.activations}, kernel={self.kernel}"
         )
-
-
-class QuantFusedProjections(FusedProjections):
-    """Quantized projections of one input as one ``QuantLinear`` (q/k/v, gate/up)."""
-
-    def __init__(self, widths: list[int], merged: QuantLinear) -> None:
-        torch.nn.Module.__init__(self)
-        self.dtype = merged.dtype
-        self.in_features = merged.in_features
-        self.widths = widths
-        self._starts = [sum(widths[:i]) for i in range(len(widths))]
-        self.product = merged
-        self.bias = None
-        self._memo = None
-        self._taken = 0
-        self.row_tile = 0
-
-    def apply_unchecked(self, x: torch.Tensor) -> torch.Tensor:
-        return self.product.apply_unchecked(x)
-
-
-def _install_merged(
-    owner: torch.nn.Module,
-    names: tuple[str, ...],
-    parts: dict[str, Any],
-    dtype: torch.dtype,
-    device: torch.device,
-    int8: Int8Paths | None,
-) -> bool:
-    """``owner``'s projections ``names`` as one quantized product; False where they cannot merge."""
-    if not all(name in parts for name in names):
-        return False
-    weights = [parts[name][0] for name in names]
-    merged = concat_weights(weights)
-    vnni = int8 is not None and int8.gemm is not None and Int8Gemm.handles_dtype(dtype)
-    if merged is None or len({choose_kernel(w, device, vnni) for w in weights}) != 1:
-        return False
-    biases = [parts[name][1] for name in names]
-    bias = None
-    if any(b is not None for b in biases):
-        bias = torch.cat(
-            [
-                b.detach().float() if b is not None else torch.zeros(w.out_features)
-                for b, w in zip(biases, weights, strict=True)
-            ]
-        )
-    group = QuantFusedProjections([w.out_features for w in weights], QuantLinear(merged, bias, dtype, device, int8))
-    for index, name in enumerate(names):
-        setattr(owner, name, ProjectionSlice(group, index))
-    return True
-
-
-def install_quantized(
-    decoder: torch.nn.Module,
-    parts: dict[str, tuple[QuantWeight, torch.Tensor | None]],
-    dtype: torch.dtype,
-    device: torch.device,
-    int8: Int8Paths | None = None,
-) -> int:
-    """Put a ``QuantLinear`` in place of each module of ``decoder`` named in ``parts`` (name: weight,
-    bias); q/k/v and gate/up of Llama and Qwen2 layers become one merged product each. Returns how
-    many projections were merged. ``int8``: the C paths of W8A8 products on CPU."""
-    eligible = merge_eligible_layer_types()
-    done: set[str] = set()
-    merged = 0
-    for index, layer in enumerate(getattr(decoder, "layers", None) or []):
-        if type(layer) not in eligible:
-            continue
-        for owner, prefix, names in (
-            (layer.self_attn, f"layers.{index}.self_attn.", ("q_proj", "k_proj", "v_proj")),
-            (layer.mlp, f"layers.{index}.mlp.", ("gate_proj", "up_proj")),
-        ):
-            local = {name: parts[prefix + name] for name in names if prefix + name in parts}
-            if _install_merged(owner, names, local, dtype, device, int8):
-                done.update(prefix + name for name in names)
-                merged += len(names)
-    for name, (weight, bias) in parts.items():
-        if name in done:
-            continue
-        parent_name, _, child = name.rpartition(".")
-        parent = decoder.get_submodule(parent_name) if parent_name else decoder
-        setattr(parent, child, QuantLinear(weight, bias, dtype, device, int8))
-    if merged:
-        logger.info("merged %d quantized projections (q/k/v, gate/up) into single products", merged)
-    return merged

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from python_backend.cpu.quant_linear import Int8Paths, QuantWeight, install_quantized, quantize_per_channel
+from python_backend.cpu.quant_install import install_quantized
+from python_backend.cpu.quant_linear import Int8Paths, QuantWeight, quantize_per_channel
 from python_backend.model.gguf_blocks import BLOCKS_FILE, GGUFBlocksError, read_gguf_weights
 
 logger = logging.getLogger(__name__)
