@@ -55,7 +55,7 @@ def _install_merged(
     weights = [parts[name][0] for name in names]
     merged = concat_weights(weights)
     vnni = int8 is not None and int8.gemm is not None and Int8Gemm.handles_dtype(dtype)
-    if merged is None or len({choose_kernel(w, device, vnni) for w in weights}) != 1:
+    if merged is None or len({choose_kernel(w, device, vnni, dtype) for w in weights}) != 1:
         return False
     biases = [parts[name][1] for name in names]
     bias = None

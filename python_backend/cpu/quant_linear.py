@@ -20,8 +20,11 @@ Kernels (``QuantLinear.kernel`` names the one a layer runs):
 - ``int8pack`` (W8A16, symmetric per-channel): ``aten._weight_int8pack_mm``, CPU only.
 - ``int4pack`` (W4A16, group-wise, symmetric, asymmetric or with float offsets): the weight repacked once by
   ``aten._convert_weight_to_int4pack_for_cpu`` and multiplied by ``aten._weight_int4pack_mm_for_cpu``.
-- ``dequant`` (anything else: group-wise 8-bit, asymmetric 8-bit, 4-bit off the CPU): the levels
-  stay in memory as int8 and are widened for each call; correct, not fast.
+- ``npu_quant`` / ``npu_weight_quant`` (Ascend, float16/bfloat16 layers): torch-npu's
+  ``npu_quant_matmul`` (W8A8) and ``npu_weight_quant_batchmatmul`` (8-bit weight-only, per channel
+  or per group of a multiple of 32, with or without zero points), ``npu_products.py``.
+- ``dequant`` (anything else: group-wise 8-bit, asymmetric 8-bit, 4-bit off the CPU, float32 on
+  an NPU): the levels stay in memory as int8 and are widened for each call; correct, not fast.
 
 The merged products keep the model's own forward (``ProjectionSlice``), and the lean decode step
 (``fast_decode.py``) calls the same products.
@@ -29,12 +32,20 @@ The merged products keep the model's own forward (``ProjectionSlice``), and the 
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from python_backend.cpu.int8_gemm import BoundInt8Product, Int8Gemm, build_int8_gemm
 from python_backend.cpu.int8_rows import Int8RowsKernel, build_int8_rows_kernel
+from python_backend.cpu.npu_products import (
+    HALF_DTYPES,
+    NpuQuantProduct,
+    NpuWeightQuantProduct,
+    weight_quant_takes,
+)
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what the CPU int4 kernel takes
 # torch._int_mm on CUDA wants more than 16 rows and dimensions in multiples of 8.
@@ -132,10 +143,19 @@ def concat_weights(weights: list[QuantWeight]) -> QuantWeight | None:
     )
 
 
-def choose_kernel(weight: QuantWeight, device: torch.device, vnni: bool = False) -> str:
-    """The product that serves ``weight`` on ``device`` (the module docstring lists them); ``vnni``:
-    whether our int8 product (``int8_gemm.py``) is available for this layer's dtype."""
+def choose_kernel(
+    weight: QuantWeight, device: torch.device, vnni: bool = False, dtype: torch.dtype = torch.bfloat16
+) -> str:
+    """The product that serves ``weight`` on ``device`` for ``dtype`` layers (the module docstring
+    lists them); ``vnni``: whether our int8 product (``int8_gemm.py``) is available for this dtype."""
     per_channel = weight.group_size == weight.in_features
+    if device.type == "npu":
+        if dtype in HALF_DTYPES and weight.bits == 8 and weight.activations != "none":
+            return "npu_quant"
+        takes = weight_quant_takes(weight.in_features, weight.group_size, weight.offset is not None)
+        if dtype in HALF_DTYPES and weight.bits == 8 and weight.activations == "none" and takes:
+            return "npu_weight_quant"
+        return "dequant"
     if weight.activations != "none":
         return "int8_vnni" if vnni and device.type == "cpu" and Int8Gemm.takes(weight.in_features) else "int_mm"
     if device.type == "cpu" and weight.bits == 8 and per_channel and weight.zero is None and weight.offset is None:
@@ -175,8 +195,10 @@ class QuantLinear(torch.nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         int8: Int8Paths | None = None,
+        npu_ops: Any = None,
     ) -> None:
-        """``int8``: the C paths W8A8 layers take on CPU where they serve them; None: PyTorch's."""
+        """``int8``: the C paths W8A8 layers take on CPU where they serve them; None: PyTorch's.
+        ``npu_ops``: torch-npu's operators for the Ascend kernels (None: ``torch_npu`` itself)."""
         gemm = int8.gemm if int8 is not None else None
         super().__init__()
         self.in_features = weight.in_features
@@ -186,7 +208,8 @@ class QuantLinear(torch.nn.Module):
         self.group_size = weight.group_size
         self.activations = weight.activations
         self.asymmetric = weight.zero is not None
-        self.kernel = choose_kernel(weight, device, gemm is not None and Int8Gemm.handles_dtype(dtype))
+        self.kernel = choose_kernel(weight, device, gemm is not None and Int8Gemm.handles_dtype(dtype), dtype)
+        self._npu: NpuQuantProduct | NpuWeightQuantProduct | None = None
         self.register_buffer("bias", None if bias is None else bias.detach().to(device, dtype), persistent=False)
         rows_kernel = int8.rows if int8 is not None else None
         self._rows_kernel = rows_kernel if self.kernel == "int_mm" and device.type == "cpu" else None
@@ -202,7 +225,17 @@ class QuantLinear(torch.nn.Module):
                 "input_scale", None if static is None else static.float().reshape(1, 1).to(device), persistent=False
             )
         self._static = float(weight.input_scale) if weight.input_scale is not None else None
-        if self._vnni is not None:
+        if self.kernel in ("npu_quant", "npu_weight_quant"):
+            ops = npu_ops if npu_ops is not None else importlib.import_module("torch_npu")
+            if self.kernel == "npu_quant":
+                self._npu = NpuQuantProduct(ops, weight.values, weight.scale, bias, weight.input_scale, dtype, device)
+            else:
+                self._npu = NpuWeightQuantProduct(
+                    ops, weight.values, weight.scale, weight.zero, weight.group_size, bias, dtype, device
+                )
+            for name, tensor in self._npu.tensors().items():
+                self.register_buffer(f"npu_{name}", tensor, persistent=False)
+        elif self._vnni is not None:
             self.register_buffer("weight_packed", self._vnni.weight.packed, persistent=False)
             self.register_buffer("weight_compensation", self._vnni.weight.compensation, persistent=False)
             self.register_buffer("weight_scale", weight.scale.reshape(-1).float().contiguous(), persistent=False)
@@ -255,6 +288,8 @@ class QuantLinear(torch.nn.Module):
             rows = flat if flat.stride(-1) == 1 else flat.contiguous()
             out = self._vnni(rows, self.weight_scale, self.bias_f32, self._static)
             return out.reshape(*shape[:-1], self.out_features)
+        if self._npu is not None:  # the bias is added inside the operator
+            return self._npu(flat).reshape(*shape[:-1], self.out_features)
         if self._rows_kernel is not None and self._rows_kernel.handles(flat):
             levels, scales = self._rows_kernel.quantize(flat, self.input_scale)
             product = torch._int_mm(levels, self.weight_t)

@@ -202,9 +202,8 @@ def _quantization(
     except QuantizationError as exc:
         raise ModelLoadError(str(exc)) from exc
     if plan.quantized:
-        if device.type not in ("cpu", "cuda"):
-            # torch-npu has its own quantized products, not wired or tested here (docs/quantization.md).
-            raise ModelLoadError(f"quantization ({plan.summary}) runs on CPU and CUDA, not on '{device}'")
+        if device.type not in ("cpu", "cuda", "npu"):
+            raise ModelLoadError(f"quantization ({plan.summary}) runs on CPU, CUDA and Ascend NPUs, not on '{device}'")
         if not text:
             raise ModelLoadError("quantization serves text models only; this folder is a vision/audio model")
         if settings.tensor_parallel_size > 1 or adapters or settings.batch_invariant:
