@@ -299,22 +299,53 @@ class FastDecoder:
             ids.append(torch.tensor(segment.input_ids, dtype=torch.long, device=device))
             positions.append(torch.arange(segment.start, segment.start + len(segment.input_ids), device=device))
         input_ids, position_ids = torch.cat(ids).unsqueeze(0), torch.cat(positions).unsqueeze(0)
-        count = input_ids.shape[1]
         hidden = self._decoder.embed_tokens(input_ids)  # [1, N, H]: every token of the step
         cos, sin = self._decoder.rotary_emb(hidden, position_ids)
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [1, N, 1, D]: per token, every head
+        stack = self.stack
+        pending: torch.Tensor | None  # the last MLP's output, added in the final norm's pass
+        if stack is not None and decode is not None and not segments and stack.takes(hidden[0], decode.cache.layers):
+            # One native call for every layer, bit for bit the loop's results.
+            cache_layers = cast("list[CacheLayer]", decode.cache.layers)  # ``takes`` checked them
+            pending = stack.run(hidden[0], cos[0, :, 0], sin[0, :, 0], decode.keep, cache_layers).unsqueeze(0)
+        else:
+            hidden, pending = self._layer_loop(hidden, cos, sin, decode, segments)
+        # Only the rows whose next token is sampled get the last residual add, the norm and the
+        # output head.
+        picked, ends, offset = list(range(rows)), [], rows
+        for segment in segments:
+            offset += len(segment.input_ids)
+            ends.append(len(picked) if segment.want_logits else None)
+            if segment.want_logits:
+                picked.append(offset - 1)
+        last = pending[:, picked] if pending is not None else None
+        normed, _ = _add_norm(self._decoder.norm, hidden[:, picked], last)
+        logits = self._head(normed)[0]  # [picked, vocab]
+        return MixedLogits(
+            logits[:rows] if decode is not None else None,
+            [logits[at : at + 1] if at is not None else None for at in ends],
+        )
+
+    def _layer_loop(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        decode: DecodeRows[CacheT] | None,
+        segments: list[PromptSegment[CacheT]],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every decoder layer over ``hidden`` [1, N, H] (the decode rows' tokens, then each segment's),
+        one layer at a time: (the residual stream before the last MLP's output, that output; None
+        without layers)."""
+        rows = decode.input_ids.shape[0] if decode is not None else 0
+        count = hidden.shape[1]
         pending: torch.Tensor | None = None  # the last MLP's output, added in the next norm's pass
         # Each segment's causal mask, once for every layer (only the kernel reads it).
         visible = [
             causal_rows(len(s.input_ids), s.start + len(s.input_ids)) if self._prompt_kernel is not None else None
             for s in segments
         ]
-        stack = self.stack
-        if stack is not None and decode is not None and not segments and stack.takes(hidden[0], decode.cache.layers):
-            # One native call for every layer, bit for bit the loop's results: the loop then runs none.
-            cache_layers = cast("list[CacheLayer]", decode.cache.layers)  # ``takes`` checked them
-            pending = stack.run(hidden[0], cos[0, :, 0], sin[0, :, 0], decode.keep, cache_layers).unsqueeze(0)
-        for index, layer in enumerate(self._layers if pending is None else ()):
+        for index, layer in enumerate(self._layers):
             normed, hidden = _add_norm(layer.input_norm, hidden, pending)
             merged = layer.qkv.apply_unchecked(normed)
             query_key = merged[..., : layer.qk_width].view(1, count, -1, layer.head_dim)
@@ -350,18 +381,4 @@ class FastDecoder:
                 gate, up = layer.gate_up.split(merged)
                 activated = torch.nn.functional.silu(gate) * up
             pending = layer.down.apply_unchecked(activated)
-        # Only the rows whose next token is sampled get the last residual add, the norm and the
-        # output head.
-        picked, ends, offset = list(range(rows)), [], rows
-        for segment in segments:
-            offset += len(segment.input_ids)
-            ends.append(len(picked) if segment.want_logits else None)
-            if segment.want_logits:
-                picked.append(offset - 1)
-        last = pending[:, picked] if pending is not None else None
-        normed, _ = _add_norm(self._decoder.norm, hidden[:, picked], last)
-        logits = self._head(normed)[0]  # [picked, vocab]
-        return MixedLogits(
-            logits[:rows] if decode is not None else None,
-            [logits[at : at + 1] if at is not None else None for at in ends],
-        )
+        return hidden, pending
