@@ -10,7 +10,9 @@
  * The weight is packed once (``triton_chat_int8_pack``): 16 output channels per tile, for each 4
  * consecutive k the 16 channels' 4 bytes, so one 64-byte load feeds one VPDPBUSD; a tile's bytes,
  * and the tiles, follow each other in memory. A block of up to ROWS rows and TILES tiles keeps its
- * sums in registers across k; the OpenMP team splits the tiles. Up to STREAM_ROWS rows (a decode
+ * sums in registers across k; each thread takes an even, contiguous share of the pairs of tiles and
+ * prefetches the next pair's weight while it works on one (ahead.h): at 3 to 16 rows the wait for
+ * it was a fifth of the time. Up to STREAM_ROWS rows (a decode
  * step's), the product is a read of the weight and takes the streaming path instead
  * (``stream_product``), which reads it at nearly the memory's bandwidth.
  * Built with -march=native; on a CPU without AVX512-VNNI ``triton_chat_int8_gemm_available``
@@ -20,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ahead.h"
 #include "bf16.h"
 #include "int8_quantize.h"
 
@@ -119,23 +122,36 @@ static inline __attribute__((always_inline)) void epilogue(const Product *p, int
 
 /* Rows [r0, r0 + rows) against tiles [t0, t0 + tiles): sums in registers, then the epilogue. */
 static inline __attribute__((always_inline)) void block(const Product *p, int64_t r0, const int rows, int64_t t0,
-                                                        const int tiles, int bf16) {
+                                                        const int tiles, int bf16, Ahead ahead) {
     __m512i acc[ROWS][TILES];
     for (int r = 0; r < rows; ++r)
         for (int t = 0; t < tiles; ++t) acc[r][t] = _mm512_setzero_si512();
     const int64_t groups = p->k / 4;
     const int8_t *b = p->packed + t0 * groups * (TILE * 4);
     const uint8_t *a = p->a + r0 * p->k;
-    for (int64_t g = 0; g < groups; ++g) {
-        __m512i w[TILES];
-        for (int t = 0; t < tiles; ++t) w[t] = _mm512_loadu_si512((const void *)(b + (t * groups + g) * (TILE * 4)));
-        for (int r = 0; r < rows; ++r) {
-            int32_t four;
-            memcpy(&four, a + r * p->k + g * 4, sizeof four);
-            const __m512i broadcast = _mm512_set1_epi32(four);
-            for (int t = 0; t < tiles; ++t) acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], broadcast, w[t]);
-        }
+#define INT8_STEP(g)                                                                                      \
+    do {                                                                                                  \
+        __m512i w[TILES];                                                                                 \
+        for (int t = 0; t < tiles; ++t)                                                                   \
+            w[t] = _mm512_loadu_si512((const void *)(b + (t * groups + (g)) * (TILE * 4)));               \
+        for (int r = 0; r < rows; ++r) {                                                                  \
+            int32_t four;                                                                                 \
+            memcpy(&four, a + r * p->k + (g) * 4, sizeof four);                                           \
+            const __m512i broadcast = _mm512_set1_epi32(four);                                            \
+            for (int t = 0; t < tiles; ++t) acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], broadcast, w[t]);  \
+        }                                                                                                 \
+    } while (0)
+    /* The prefetches ride on the first steps only, so that the loop after them is the plain one (in
+     * the same loop, the extra registers slowed long products down by a tenth). */
+    const int64_t prefetching = ahead_steps(ahead);
+    int64_t g = 0;
+    for (; g < groups && g < prefetching; ++g) {
+        for (int64_t j = g * ahead.per_step; j < (g + 1) * ahead.per_step && j < ahead.count; ++j)
+            _mm_prefetch(ahead.lines + j * 64, _MM_HINT_T1);
+        INT8_STEP(g);
     }
+    for (; g < groups; ++g) INT8_STEP(g);
+#undef INT8_STEP
     /* A copy for the epilogue: with ``acc``'s own address taken, the compiler kept the sums in
      * registers but copied each of them twice per step of the loop above (a third of its time). */
     __m512i sums[ROWS * TILES];
@@ -181,14 +197,21 @@ static inline __attribute__((always_inline)) void stream_tile(const Product *p, 
     epilogue(p, 0, rows, t, 1, sums, 1, bf16);
 }
 
-#define BLOCK_CASE(R) \
-    case R:           \
-        if (tiles == TILES) block(p, r0, R, t0, TILES, bf16); else block(p, r0, R, t0, 1, bf16); \
+#define BLOCK_CASE(R)                                        \
+    case R:                                                  \
+        if (tiles == TILES)                                  \
+            block(p, r0, R, t0, TILES, bf16, ahead);         \
+        else                                                 \
+            block(p, r0, R, t0, 1, bf16, ahead);             \
         break;
 
-static void rows_by_tiles(const Product *p, int64_t m, int64_t t0, int tiles, int bf16) {
+/* Rows [0, m) against tiles [t0, t0 + tiles), prefetching the ``next_bytes`` at ``next``. */
+static void rows_by_tiles(const Product *p, int64_t m, int64_t t0, int tiles, int bf16, const char *next,
+                          int64_t next_bytes) {
+    const int64_t blocks = (m + ROWS - 1) / ROWS;
     for (int64_t r0 = 0; r0 < m; r0 += ROWS) {
         const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;
+        const Ahead ahead = ahead_slice(next, next_bytes, blocks, r0 / ROWS, p->k / 4);
         switch (rows) {
             BLOCK_CASE(1)
             BLOCK_CASE(2)
@@ -239,7 +262,8 @@ static int stream_product(const void *x, int64_t x_stride, int64_t m, float stat
     return 0;
 }
 
-/* The input quantized, then multiplied: one parallel region, its two loops split over the team. */
+/* The input quantized, then multiplied: one parallel region, the rows split over the team, then
+ * each thread's even, contiguous share of the pairs of tiles. */
 static int product(const void *x, int64_t x_stride, int64_t m, float static_scale, Product *p, int bf16) {
     if (m < 0 || p->n <= 0 || p->k <= 0 || p->k % 4 != 0) return -1;
     if (m == 0) return 0;
@@ -260,11 +284,14 @@ static int product(const void *x, int64_t x_stride, int64_t m, float static_scal
     {
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < m; ++r) quantize_rows(x, x_stride, r, static_scale, bf16, levels, scales, p->k);
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < pairs; ++i) {
-            const int64_t t0 = i * TILES;
+        const int64_t team = omp_get_num_threads(), id = omp_get_thread_num(); /* every row quantized: the loop above ends in a barrier */
+        const int64_t begin = pairs * id / team, end = pairs * (id + 1) / team;
+        for (int64_t i = begin; i < end; ++i) {
+            const int64_t t0 = i * TILES, t1 = t0 + TILES;
             const int count = tiles - t0 < TILES ? (int)(tiles - t0) : TILES;
-            rows_by_tiles(p, m, t0, count, bf16);
+            const int next = i + 1 < end ? (tiles - t1 < TILES ? (int)(tiles - t1) : TILES) : 0;
+            const char *ahead = next ? (const char *)(p->packed + t1 * (p->k / 4) * (TILE * 4)) : NULL;
+            rows_by_tiles(p, m, t0, count, bf16, ahead, (int64_t)next * TILE * p->k);
         }
     }
     free(levels);
