@@ -11,6 +11,20 @@
 
 #include <stdint.h>
 
+/* A group's weight panel: ``bytes`` from ``start`` (none: NULL, 0). */
+typedef struct {
+    const char *start;
+    int64_t bytes;
+} Panel;
+
+/* Tiles [first, first + group) of ``tiles`` packed ``tile_bytes`` apart from ``packed``, the group
+ * cut short at the last tile; none where ``first`` is past it. */
+static inline Panel ahead_panel(const void *packed, int64_t tile_bytes, int64_t tiles, int64_t first, int64_t group) {
+    if (first >= tiles) return (Panel){NULL, 0};
+    const int64_t count = tiles - first < group ? tiles - first : group;
+    return (Panel){(const char *)packed + first * tile_bytes, count * tile_bytes};
+}
+
 /* Cache lines to request while a block runs: ``count`` lines from ``lines``, ``per_step`` of them
  * with each of the block's first steps over k. */
 typedef struct {
@@ -19,18 +33,23 @@ typedef struct {
     int64_t per_step;
 } Ahead;
 
-/* Block ``index`` of ``blocks``' even slice of the ``bytes`` at ``next`` (NULL: none), spread over
- * ``steps`` steps. */
-static inline Ahead ahead_slice(const char *next, int64_t bytes, int64_t blocks, int64_t index, int64_t steps) {
-    const int64_t total = (bytes + 63) / 64, share = (total + blocks - 1) / blocks, first = index * share;
-    if (next == NULL || first >= total) return (Ahead){NULL, 0, 0};
+/* Block ``index`` of ``blocks``' even slice of ``next``, spread over ``steps`` steps. */
+static inline Ahead ahead_slice(Panel next, int64_t blocks, int64_t index, int64_t steps) {
+    const int64_t total = (next.bytes + 63) / 64, share = (total + blocks - 1) / blocks, first = index * share;
+    if (next.start == NULL || first >= total) return (Ahead){NULL, 0, 0};
     const int64_t count = total - first < share ? total - first : share;
-    return (Ahead){next + first * 64, count, (count + steps - 1) / steps};
+    return (Ahead){next.start + first * 64, count, (count + steps - 1) / steps};
 }
 
 /* How many of a block's first steps carry prefetches. */
 static inline int64_t ahead_steps(Ahead ahead) {
     return ahead.per_step > 0 ? (ahead.count + ahead.per_step - 1) / ahead.per_step : 0;
+}
+
+/* Step ``step``'s requests, into L2 (locality 2: PREFETCHT1 on x86). */
+static inline void ahead_request(Ahead ahead, int64_t step) {
+    const int64_t first = step * ahead.per_step, end = first + ahead.per_step;
+    for (int64_t j = first; j < end && j < ahead.count; ++j) __builtin_prefetch(ahead.lines + j * 64, 0, 2);
 }
 
 #endif

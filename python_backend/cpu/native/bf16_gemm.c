@@ -85,8 +85,7 @@ static inline __attribute__((always_inline)) void block(const Product *p, int64_
     const int64_t prefetching = ahead_steps(ahead);
     int64_t q = 0;
     for (; q < pairs && q < prefetching; ++q) {
-        for (int64_t j = q * ahead.per_step; j < (q + 1) * ahead.per_step && j < ahead.count; ++j)
-            _mm_prefetch(ahead.lines + j * 64, _MM_HINT_T1);
+        ahead_request(ahead, q);
         BF16_STEP(q);
     }
     for (; q < pairs; ++q) BF16_STEP(q);
@@ -112,12 +111,12 @@ static inline __attribute__((always_inline)) void block(const Product *p, int64_
         default: block(p, r0, R, t0, 1, ahead); break;     \
     }
 
-/* Rows [0, m) against tiles [t0, t0 + tiles), prefetching the ``next_bytes`` at ``next``. */
-static void rows_by_tiles(const Product *p, int64_t m, int64_t t0, int tiles, const char *next, int64_t next_bytes) {
+/* Rows [0, m) against tiles [t0, t0 + tiles), prefetching the ``next`` panel. */
+static void rows_by_tiles(const Product *p, int64_t m, int64_t t0, int tiles, Panel next) {
     const int64_t blocks = (m + ROWS - 1) / ROWS;
     for (int64_t r0 = 0; r0 < m; r0 += ROWS) {
         const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;
-        const Ahead ahead = ahead_slice(next, next_bytes, blocks, r0 / ROWS, p->k / 2);
+        const Ahead ahead = ahead_slice(next, blocks, r0 / ROWS, p->k / 2);
         switch (rows) {
             case 1: TILE_CASES(1) break;
             case 2: TILE_CASES(2) break;
@@ -143,12 +142,12 @@ int triton_chat_bf16_gemm(const uint16_t *x, int64_t x_stride, int64_t m, int64_
         const int64_t team = omp_get_num_threads(), id = omp_get_thread_num();
         const int64_t begin = groups * id / team, end = groups * (id + 1) / team;
         for (int64_t i = begin; i < end; ++i) {
-            const int64_t t0 = i * TILES, t1 = t0 + TILES;
+            const int64_t t0 = i * TILES;
             const int count = tiles - t0 < TILES ? (int)(tiles - t0) : TILES;
             /* One or two rows read the weight at the memory's pace already: no prefetch there. */
-            const int next = i + 1 < end && m > 2 ? (tiles - t1 < TILES ? (int)(tiles - t1) : TILES) : 0;
-            const char *ahead = next ? (const char *)(packed + t1 * (k / 2) * (TILE * 2)) : NULL;
-            rows_by_tiles(&p, m, t0, count, ahead, (int64_t)next * TILE * k * 2);
+            const Panel next = i + 1 < end && m > 2 ? ahead_panel(packed, TILE * k * 2, tiles, t0 + TILES, TILES)
+                                                    : (Panel){NULL, 0};
+            rows_by_tiles(&p, m, t0, count, next);
         }
     }
     return 0;

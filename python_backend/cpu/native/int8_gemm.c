@@ -146,8 +146,7 @@ static inline __attribute__((always_inline)) void block(const Product *p, int64_
     const int64_t prefetching = ahead_steps(ahead);
     int64_t g = 0;
     for (; g < groups && g < prefetching; ++g) {
-        for (int64_t j = g * ahead.per_step; j < (g + 1) * ahead.per_step && j < ahead.count; ++j)
-            _mm_prefetch(ahead.lines + j * 64, _MM_HINT_T1);
+        ahead_request(ahead, g);
         INT8_STEP(g);
     }
     for (; g < groups; ++g) INT8_STEP(g);
@@ -205,13 +204,12 @@ static inline __attribute__((always_inline)) void stream_tile(const Product *p, 
             block(p, r0, R, t0, 1, bf16, ahead);             \
         break;
 
-/* Rows [0, m) against tiles [t0, t0 + tiles), prefetching the ``next_bytes`` at ``next``. */
-static void rows_by_tiles(const Product *p, int64_t m, int64_t t0, int tiles, int bf16, const char *next,
-                          int64_t next_bytes) {
+/* Rows [0, m) against tiles [t0, t0 + tiles), prefetching the ``next`` panel. */
+static void rows_by_tiles(const Product *p, int64_t m, int64_t t0, int tiles, int bf16, Panel next) {
     const int64_t blocks = (m + ROWS - 1) / ROWS;
     for (int64_t r0 = 0; r0 < m; r0 += ROWS) {
         const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;
-        const Ahead ahead = ahead_slice(next, next_bytes, blocks, r0 / ROWS, p->k / 4);
+        const Ahead ahead = ahead_slice(next, blocks, r0 / ROWS, p->k / 4);
         switch (rows) {
             BLOCK_CASE(1)
             BLOCK_CASE(2)
@@ -284,14 +282,15 @@ static int product(const void *x, int64_t x_stride, int64_t m, float static_scal
     {
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < m; ++r) quantize_rows(x, x_stride, r, static_scale, bf16, levels, scales, p->k);
-        const int64_t team = omp_get_num_threads(), id = omp_get_thread_num(); /* every row quantized: the loop above ends in a barrier */
+        /* Every row is quantized here: the loop above ends in a barrier. */
+        const int64_t team = omp_get_num_threads(), id = omp_get_thread_num();
         const int64_t begin = pairs * id / team, end = pairs * (id + 1) / team;
         for (int64_t i = begin; i < end; ++i) {
-            const int64_t t0 = i * TILES, t1 = t0 + TILES;
+            const int64_t t0 = i * TILES;
             const int count = tiles - t0 < TILES ? (int)(tiles - t0) : TILES;
-            const int next = i + 1 < end ? (tiles - t1 < TILES ? (int)(tiles - t1) : TILES) : 0;
-            const char *ahead = next ? (const char *)(p->packed + t1 * (p->k / 4) * (TILE * 4)) : NULL;
-            rows_by_tiles(p, m, t0, count, bf16, ahead, (int64_t)next * TILE * p->k);
+            const Panel next =
+                i + 1 < end ? ahead_panel(p->packed, TILE * p->k, tiles, t0 + TILES, TILES) : (Panel){NULL, 0};
+            rows_by_tiles(p, m, t0, count, bf16, next);
         }
     }
     free(levels);
