@@ -150,12 +150,12 @@ def choose_kernel(
     lists them); ``vnni``: whether our int8 product (``int8_gemm.py``) is available for this dtype."""
     per_channel = weight.group_size == weight.in_features
     if device.type == "npu":
-        if dtype in HALF_DTYPES and weight.bits == 8 and weight.activations != "none":
+        if dtype not in HALF_DTYPES or weight.bits != 8:
+            return "dequant"
+        if weight.activations != "none":
             return "npu_quant"
         takes = weight_quant_takes(weight.in_features, weight.group_size, weight.offset is not None)
-        if dtype in HALF_DTYPES and weight.bits == 8 and weight.activations == "none" and takes:
-            return "npu_weight_quant"
-        return "dequant"
+        return "npu_weight_quant" if takes else "dequant"
     if weight.activations != "none":
         return "int8_vnni" if vnni and device.type == "cpu" and Int8Gemm.takes(weight.in_features) else "int_mm"
     if device.type == "cpu" and weight.bits == 8 and per_channel and weight.zero is None and weight.offset is None:
