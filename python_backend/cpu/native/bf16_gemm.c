@@ -8,9 +8,9 @@
  * The weight is packed once (``triton_chat_bf16_pack``): 16 output channels per tile, for each pair
  * of consecutive k the 16 channels' two values, so one 64-byte load feeds one VDPBF16PS. A block
  * of up to ROWS rows and TILES tiles keeps its sums in registers across k; each thread of the
- * OpenMP team takes an even, contiguous share of the groups of TILES tiles and prefetches the next
- * group's weight while it works on one (ahead.h): at 16 rows the wait for it was a fifth of the
- * time. oneDNN's own product costs about 17 us per call before any work, a third of a small
+ * OpenMP team takes an even, contiguous share of the tiles, walks it in groups of up to TILES
+ * tiles and prefetches the next group's weight while it works on one (ahead.h): at 16 rows the
+ * wait for it was a fifth of the time. oneDNN's own product costs about 17 us per call before any work, a third of a small
  * layer's one-row product; this call costs a few.
  * Built with -march=native; on a CPU without AVX512-BF16 ``triton_chat_bf16_gemm_available``
  * returns 0 and the caller keeps oneDNN.
@@ -136,17 +136,21 @@ int triton_chat_bf16_gemm(const uint16_t *x, int64_t x_stride, int64_t m, int64_
     if (m == 0) return 0;
     const Product p = {x, x_stride, k, packed, n, bias, out, out_stride};
     const int64_t tiles = (n + TILE - 1) / TILE;
-    const int64_t groups = (tiles + TILES - 1) / TILES;
 #pragma omp parallel if (m * n * k >= PARALLEL_MACS)
     {
+        /* Each thread takes an even share of the tiles, not of the groups: with 36 or 60 tiles (the
+         * 576- and 960-channel products of a small model), groups of four split 5 to 4 or 8 to 7 and
+         * one thread waited for the other. A share walks its tiles in groups as even as they can be. */
         const int64_t team = omp_get_num_threads(), id = omp_get_thread_num();
-        const int64_t begin = groups * id / team, end = groups * (id + 1) / team;
-        for (int64_t i = begin; i < end; ++i) {
-            const int64_t t0 = i * TILES;
-            const int count = tiles - t0 < TILES ? (int)(tiles - t0) : TILES;
+        const int64_t first = tiles * id / team, share = tiles * (id + 1) / team - first;
+        const int64_t groups = (share + TILES - 1) / TILES;
+        for (int64_t i = 0; i < groups; ++i) {
+            const int64_t t0 = first + share * i / groups;
+            const int count = (int)(first + share * (i + 1) / groups - t0);
+            const int64_t after = first + share * (i + 2) / groups - (t0 + count);
             /* One or two rows read the weight at the memory's pace already: no prefetch there. */
-            const Panel next = i + 1 < end && m > 2 ? ahead_panel(packed, TILE * k * 2, tiles, t0 + TILES, TILES)
-                                                    : (Panel){NULL, 0};
+            const Panel next = i + 1 < groups && m > 2 ? ahead_panel(packed, TILE * k * 2, tiles, t0 + count, after)
+                                                       : (Panel){NULL, 0};
             rows_by_tiles(&p, m, t0, count, next);
         }
     }
