@@ -3,7 +3,8 @@
 Runs ``traffic.py``'s distinct workload through a fresh engine per ``--variant`` (``engine_ab.py``'s
 form) with timers wrapped, in this process only, around the step's parts:
 
-- ``products``: the linear products (prepacked bfloat16, quantized, merged q/k/v and gate/up);
+- ``products``: the linear products (prepacked bfloat16, quantized, merged q/k/v and gate/up, the
+  latter with its SiLU where the product ends in it);
 - ``output head``: the vocabulary projection (a product too, kept apart: it is the widest);
 - ``attention``: decode attention and the prompt segments' attention;
 - ``decode layers, one call``: every decoder layer of a step without prompt tokens, where they run
@@ -101,6 +102,7 @@ def instrumented(timers: Timers) -> Iterator[None]:
     from python_backend.cpu import fast_decode
     from python_backend.cpu.decode_stack import DecodeStack
     from python_backend.cpu.fused_norm import FusedRMSNorm
+    from python_backend.cpu.fused_projections import FusedProjections
     from python_backend.cpu.linear import PackedLinear
     from python_backend.cpu.quant_install import QuantFusedProjections
     from python_backend.cpu.quant_linear import QuantLinear
@@ -132,6 +134,8 @@ def instrumented(timers: Timers) -> Iterator[None]:
         (PackedLinear, "forward", head_or_product),
         (QuantLinear, "apply_unchecked", lambda f: timers.wrap("products", f)),
         (QuantFusedProjections, "apply_unchecked", lambda f: timers.wrap("products", f)),
+        # The gate/up product that ends in SiLU (a product, its SiLU inside).
+        (FusedProjections, "silu_mul_unchecked", lambda f: timers.wrap("products", f)),
         (fast_decode, "one_row_attention", lambda f: timers.wrap("attention", f)),
         (DecodeStack, "run", lambda f: timers.wrap("decode layers, one call", f)),
         (fast_decode, "prompt_attention", lambda f: timers.wrap("attention", f)),

@@ -18,6 +18,7 @@ import ctypes
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -51,6 +52,15 @@ class PackedBf16:
         """``x`` [..., K] bfloat16 times the weight, plus the bias: [..., N] bfloat16."""
         return self.gemm.product(x, self)
 
+    @property
+    def ends_in_silu(self) -> bool:
+        """Whether ``silu_product`` takes this weight: a merged gate/up of two halves of whole tiles."""
+        return self.out_features % (2 * TILE) == 0
+
+    def silu_product(self, x: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` of this merged gate/up weight's product, in one pass: [..., N / 2]."""
+        return self.gemm.silu_product(x, self)
+
 
 class Bf16Gemm:
     """``pack(weight, bias)`` once per layer, then ``product(x, packed)`` per call."""
@@ -64,11 +74,18 @@ class Bf16Gemm:
         self._gemm = library.triton_chat_bf16_gemm
         self._gemm.restype = ctypes.c_int
         self._gemm.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64]
+        self._gemm_silu = library.triton_chat_bf16_gemm_silu
+        self._gemm_silu.restype, self._gemm_silu.argtypes = ctypes.c_int, self._gemm.argtypes
 
     @property
     def gemm_address(self) -> int:
         """The product's entry point (``decode_stack.py`` calls it directly)."""
         return entry_address(self._gemm)
+
+    @property
+    def gemm_silu_address(self) -> int:
+        """The gate/up product that ends in silu(gate) * up (``decode_stack.py`` calls it directly)."""
+        return entry_address(self._gemm_silu)
 
     @staticmethod
     def takes(weight: torch.Tensor) -> bool:
@@ -99,18 +116,29 @@ class Bf16Gemm:
 
     def product(self, x: torch.Tensor, weight: PackedBf16) -> torch.Tensor:
         """``x`` [..., K] times the weight (plus its bias): [..., N] bfloat16."""
+        return self._run(self._gemm, x, weight, weight.out_features)
+
+    def silu_product(self, x: torch.Tensor, weight: PackedBf16) -> torch.Tensor:
+        """``silu(gate) * up`` where [gate | up] is ``product(x, weight)``: [..., N / 2] bfloat16, the
+        same bits as the product followed by ``silu.py``'s ``silu_mul``, without writing the product."""
+        if not weight.ends_in_silu:
+            raise ValueError(f"a gate/up weight of {weight.out_features} channels is not two halves of whole tiles")
+        return self._run(self._gemm_silu, x, weight, weight.out_features // 2)
+
+    def _run(self, entry: Any, x: torch.Tensor, weight: PackedBf16, width: int) -> torch.Tensor:
         if x.shape[-1] != weight.in_features:
             # nn.Linear's own error, where a reshape would silently regroup the values.
             raise ValueError(f"input of width {x.shape[-1]} for a layer of in_features={weight.in_features}")
         rows = x if x.dim() == 2 else x.reshape(-1, weight.in_features)
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
-        count, width = rows.shape[0], weight.out_features
+        count = rows.shape[0]
         out = torch.empty(count, width, dtype=torch.bfloat16)
         packed, bias = weight.addresses
-        status = self._gemm(
-            rows.data_ptr(), rows.stride(0), count, weight.in_features, packed, width, bias, out.data_ptr(), width
-        )
+        status = entry(
+            rows.data_ptr(), rows.stride(0), count, weight.in_features, packed, weight.out_features, bias,
+            out.data_ptr(), width,
+        )  # fmt: skip
         if status != 0:
             raise RuntimeError(f"bfloat16 product kernel failed with status {status} for shape {tuple(x.shape)}")
         return out if x.dim() == 2 else out.view(*x.shape[:-1], width)
@@ -132,7 +160,7 @@ def build_bf16_gemm(cache_dir: Path | None = None) -> Bf16Gemm | None:
         return None
     missing = "the bfloat16 product kernel is not available: bfloat16 layers keep oneDNN's products"
     # Without reassociation each row is summed in one order in every block size.
-    kernel = load_kernel(Bf16Gemm, SOURCE, cache_dir, missing, extra_flags=("-fno-fast-math",))
+    kernel = load_kernel(Bf16Gemm, SOURCE, cache_dir, missing, extra_flags=("-fno-fast-math", "-ffp-contract=off"))
     if kernel is not None and not kernel.available:
         logger.info("this CPU has no AVX512-BF16: bfloat16 layers keep oneDNN's products")
         return None

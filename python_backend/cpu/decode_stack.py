@@ -46,6 +46,7 @@ class _Kernels(ctypes.Structure):
         ("attend", _PTR),
         ("silu_mul", _PTR),
         ("int8_gemm", _PTR),
+        ("gemm_silu", _PTR),
     ]
 
 
@@ -229,6 +230,7 @@ class DecodeStack:
             kernels.attention.entry(bf16, bf16),
             kernels.silu.silu_mul_address,
             kernels.int8.entry(bf16) if kernels.int8 is not None else None,
+            kernels.gemm.gemm_silu_address if kernels.gemm is not None else None,
         )
         self._weights = list(layers)  # keeps every tensor the structures point at alive
         self._layers = (_Layer * len(layers))()

@@ -374,10 +374,12 @@ class FastDecoder:
                 offset = end
             attended = torch.cat(parts).unsqueeze(0) if len(parts) > 1 else parts[0].unsqueeze(0)
             normed, hidden = _add_norm(layer.post_norm, hidden, layer.o.apply_unchecked(attended))
-            merged = layer.gate_up.apply_unchecked(normed)
-            if self._silu is not None:
-                activated = self._silu.silu_mul(merged)
+            if self._silu is not None and layer.gate_up.ends_in_silu:
+                activated = layer.gate_up.silu_mul_unchecked(normed)  # the silu_mul below, in the product
+            elif self._silu is not None:
+                activated = self._silu.silu_mul(layer.gate_up.apply_unchecked(normed))
             else:
+                merged = layer.gate_up.apply_unchecked(normed)
                 gate, up = layer.gate_up.split(merged)
                 activated = torch.nn.functional.silu(gate) * up
             pending = layer.down.apply_unchecked(activated)

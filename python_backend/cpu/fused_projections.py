@@ -55,6 +55,16 @@ class FusedProjections(PackedProduct):
         self._starts = [sum(self.widths[:i]) for i in range(len(linears))]
         self._memo: tuple[torch.Tensor, torch.Tensor] | None = None  # (input, merged output)
         self._taken = 0
+        # A gate/up pair on our bfloat16 kernel ends its product in silu(gate) * up in one pass.
+        two_halves = len(self.widths) == 2 and self.widths[0] == self.widths[1]
+        self.ends_in_silu = two_halves and self.own is not None and self.own.ends_in_silu
+
+    def silu_mul_unchecked(self, x: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` of this gate/up pair's product, without writing the product out: the
+        same bits as ``silu.py``'s ``silu_mul`` of ``apply_unchecked(x)``. Only where ``ends_in_silu``."""
+        if self.own is None or not self.ends_in_silu:
+            raise ValueError("only a gate/up pair of whole tiles on the bfloat16 kernel ends in SiLU")
+        return self.own.silu_product(x)
 
     def split(self, merged: torch.Tensor) -> list[torch.Tensor]:
         return list(merged.split(self.widths, dim=-1))

@@ -35,6 +35,8 @@ class QuantFusedProjections(FusedProjections):
         self.bias = None
         self._memo = None
         self._taken = 0
+        self.own = None  # the product is ``merged``'s, not our bfloat16 kernel's
+        self.ends_in_silu = False
         self.row_tile = 0
 
     def apply_unchecked(self, x: torch.Tensor) -> torch.Tensor:

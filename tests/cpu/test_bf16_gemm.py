@@ -12,6 +12,7 @@ import torch
 from python_backend.cpu.bf16_gemm import Bf16Gemm, build_bf16_gemm
 from python_backend.cpu.fused_projections import FusedProjections
 from python_backend.cpu.linear import PackedLinear
+from python_backend.cpu.silu import build_silu_kernel
 from tests.fixtures.engine_driver import load_on_cpu
 
 
@@ -101,3 +102,33 @@ def test_a_bfloat16_model_loads_onto_the_kernel(bf16_gemm: Bf16Gemm, tiny_model_
     # A float32 model keeps oneDNN's products (the kernel is bfloat16's only).
     wide = load_on_cpu(tiny_model_dir, "float32")
     assert wide.model.get_decoder().layers[0].mlp.down_proj.own is None
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_gate_up_product_ending_in_silu_gives_the_bits_of_the_product_then_silu_mul(
+    bf16_gemm: Bf16Gemm, bias: bool
+) -> None:
+    silu = build_silu_kernel()
+    if silu is None:
+        pytest.skip("no SiLU kernel on this CPU")
+    torch.manual_seed(5)
+    for half, k in ((16, 48), (48, 576), (1536, 576)):
+        weight = torch.randn(2 * half, k, dtype=torch.bfloat16) * 0.2
+        offsets = torch.randn(2 * half, dtype=torch.bfloat16) if bias else None
+        packed = bf16_gemm.pack(weight, offsets)
+        assert packed.ends_in_silu
+        for rows in (1, 2, 5, 6, 7, 64, 130):
+            # Large inputs too: SiLU's exp overflows for the most negative gates.
+            x = torch.randn(rows, k, dtype=torch.bfloat16) * 4
+            expected = silu.silu_mul(packed.product(x))
+            got = packed.silu_product(x)
+            assert got.shape == (rows, half)
+            assert torch.equal(got.view(torch.int16), expected.view(torch.int16)), (half, rows)
+    assert torch.equal(packed.silu_product(x[:6].view(2, 3, k)), packed.silu_product(x[:6]).view(2, 3, half))
+
+
+def test_a_gate_up_weight_of_partial_tiles_is_refused_for_silu(bf16_gemm: Bf16Gemm) -> None:
+    packed = bf16_gemm.pack(torch.randn(48, 32, dtype=torch.bfloat16), None)  # halves of 24 channels
+    assert not packed.ends_in_silu
+    with pytest.raises(ValueError, match="48 channels"):
+        packed.silu_product(torch.randn(2, 32, dtype=torch.bfloat16))

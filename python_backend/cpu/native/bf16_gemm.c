@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "ahead.h"
+#include "silu_math.h"
 
 #define ROWS 6
 #define TILES 4
@@ -59,20 +60,26 @@ typedef struct {
     int64_t out_stride;
 } Product;
 
-/* Rows [r0, r0 + rows) against tiles [t0, t0 + tiles): sums in registers, then the epilogue. */
+/* Rows [r0, r0 + rows) against ``tiles`` tiles from t0 on. With ``fused`` (a constant at each call
+ * site), the block's first half of tiles are gate tiles and the second half the up tiles ``up``
+ * tiles after them, and the epilogue writes silu(gate) * up. */
 static inline __attribute__((always_inline)) void block(const Product *p, int64_t r0, const int rows, int64_t t0,
-                                                        const int tiles, Ahead ahead) {
+                                                        const int tiles, Ahead ahead, const int fused, int64_t up,
+                                                        Ahead ahead_up) {
     __m512 acc[ROWS][TILES];
     for (int r = 0; r < rows; ++r)
         for (int t = 0; t < tiles; ++t) acc[r][t] = _mm512_setzero_ps();
     const int64_t pairs = p->k / 2;
+    const int half = tiles / 2;
     const uint16_t *b = p->packed + t0 * pairs * (TILE * 2);
     const uint16_t *x = p->x + r0 * p->x_stride;
+    /* Tile t's place in the packed weight, in tiles after t0. */
+#define AT(t) ((fused && (t) >= half) ? (t) - half + up : (t))
 #define BF16_STEP(q)                                                                                      \
     do {                                                                                                  \
         __m512bh w[TILES];                                                                                \
         for (int t = 0; t < tiles; ++t)                                                                   \
-            w[t] = (__m512bh)_mm512_loadu_si512((const void *)(b + (t * pairs + (q)) * (TILE * 2)));      \
+            w[t] = (__m512bh)_mm512_loadu_si512((const void *)(b + (AT(t) * pairs + (q)) * (TILE * 2)));  \
         for (int r = 0; r < rows; ++r) {                                                                  \
             int32_t two;                                                                                  \
             memcpy(&two, x + r * p->x_stride + 2 * (q), sizeof two);                                      \
@@ -82,51 +89,102 @@ static inline __attribute__((always_inline)) void block(const Product *p, int64_
     } while (0)
     /* The prefetches ride on the first steps only, so that the loop after them is the plain one (in
      * the same loop, the extra registers slowed long products down). */
-    const int64_t prefetching = ahead_steps(ahead);
+    int64_t prefetching = ahead_steps(ahead);
+    if (fused && ahead_steps(ahead_up) > prefetching) prefetching = ahead_steps(ahead_up);
     int64_t q = 0;
     for (; q < pairs && q < prefetching; ++q) {
         ahead_request(ahead, q);
+        if (fused) ahead_request(ahead_up, q);
         BF16_STEP(q);
     }
     for (; q < pairs; ++q) BF16_STEP(q);
 #undef BF16_STEP
-    for (int t = 0; t < tiles; ++t) {
-        const int64_t c0 = (t0 + t) * TILE;
-        const int64_t width = p->n - c0 < TILE ? p->n - c0 : TILE;
-        const __mmask16 mask = (__mmask16)((1u << width) - 1u);
-        const __m512 bias = p->bias ? _mm512_maskz_loadu_ps(mask, p->bias + c0) : _mm512_setzero_ps();
+    if (!fused) {
+        for (int t = 0; t < tiles; ++t) {
+            const int64_t c0 = (t0 + t) * TILE;
+            const int64_t width = p->n - c0 < TILE ? p->n - c0 : TILE;
+            const __mmask16 mask = (__mmask16)((1u << width) - 1u);
+            const __m512 bias = p->bias ? _mm512_maskz_loadu_ps(mask, p->bias + c0) : _mm512_setzero_ps();
+            for (int r = 0; r < rows; ++r) {
+                const __m512 v = p->bias ? _mm512_add_ps(acc[r][t], bias) : acc[r][t];
+                const __m256i narrow = (__m256i)_mm512_cvtneps_pbh(v);
+                _mm256_mask_storeu_epi16(p->out + (r0 + r) * p->out_stride + c0, mask, narrow);
+            }
+        }
+        return;
+    }
+    /* The product's own rounding of gate and up to bfloat16, then silu_math.h's silu(gate) * up:
+     * the bits of the product followed by silu.c's ``silu_mul``. */
+    for (int t = 0; t < half; ++t) {
+        const int64_t c0 = (t0 + t) * TILE, u0 = (t0 + up + t) * TILE;
+        const __m512 gate_bias = p->bias ? _mm512_loadu_ps(p->bias + c0) : _mm512_setzero_ps();
+        const __m512 up_bias = p->bias ? _mm512_loadu_ps(p->bias + u0) : _mm512_setzero_ps();
         for (int r = 0; r < rows; ++r) {
-            const __m512 v = p->bias ? _mm512_add_ps(acc[r][t], bias) : acc[r][t];
-            const __m256i narrow = (__m256i)_mm512_cvtneps_pbh(v);
-            _mm256_mask_storeu_epi16(p->out + (r0 + r) * p->out_stride + c0, mask, narrow);
+            const __m512 g = p->bias ? _mm512_add_ps(acc[r][t], gate_bias) : acc[r][t];
+            const __m512 u = p->bias ? _mm512_add_ps(acc[r][t + half], up_bias) : acc[r][t + half];
+            const __m512 s = widen_narrowed(silu_ps(widen((__m256i)_mm512_cvtneps_pbh(g))));
+            const __m512 v = _mm512_mul_ps(s, widen((__m256i)_mm512_cvtneps_pbh(u)));
+            _mm256_storeu_si256((__m256i *)(p->out + (r0 + r) * p->out_stride + c0), narrow(v));
         }
     }
+#undef AT
 }
 
-#define TILE_CASES(R)                                      \
-    switch (tiles) {                                       \
-        case 4: block(p, r0, R, t0, 4, ahead); break;      \
-        case 3: block(p, r0, R, t0, 3, ahead); break;      \
-        case 2: block(p, r0, R, t0, 2, ahead); break;      \
-        default: block(p, r0, R, t0, 1, ahead); break;     \
+#define TILE_CASES(R)                                                        \
+    switch (tiles) {                                                         \
+        case 4: block(p, r0, R, t0, 4, ahead, 0, 0, none); break;            \
+        case 3: block(p, r0, R, t0, 3, ahead, 0, 0, none); break;            \
+        case 2: block(p, r0, R, t0, 2, ahead, 0, 0, none); break;            \
+        default: block(p, r0, R, t0, 1, ahead, 0, 0, none); break;           \
+    }
+#define FUSED_CASES(R)                                                       \
+    switch (tiles) {                                                         \
+        case 4: block(p, r0, R, t0, 4, ahead, 1, up, ahead_up); break;       \
+        default: block(p, r0, R, t0, 2, ahead, 1, up, ahead_up); break;      \
+    }
+#define ROW_CASES(CASES)                  \
+    switch (rows) {                       \
+        case 1: CASES(1) break;           \
+        case 2: CASES(2) break;           \
+        case 3: CASES(3) break;           \
+        case 4: CASES(4) break;           \
+        case 5: CASES(5) break;           \
+        default: CASES(6) break;          \
     }
 
-/* Rows [0, m) against tiles [t0, t0 + tiles), prefetching the ``next`` panel. */
-static void rows_by_tiles(const Product *p, int64_t m, int64_t t0, int tiles, Panel next) {
+/* Rows [0, m) against ``tiles`` tiles from t0 (``up`` 0), or against ``tiles`` / 2 gate tiles from t0
+ * and as many up tiles ``up`` tiles after them; prefetching the ``next`` panels. */
+static void rows_by_tiles(const Product *p, int64_t m, int64_t t0, int tiles, Panel next, int64_t up,
+                          Panel next_up) {
     const int64_t blocks = (m + ROWS - 1) / ROWS;
+    const Ahead none = {NULL, 0, 0};
     for (int64_t r0 = 0; r0 < m; r0 += ROWS) {
         const int rows = m - r0 < ROWS ? (int)(m - r0) : ROWS;
         const Ahead ahead = ahead_slice(next, blocks, r0 / ROWS, p->k / 2);
-        switch (rows) {
-            case 1: TILE_CASES(1) break;
-            case 2: TILE_CASES(2) break;
-            case 3: TILE_CASES(3) break;
-            case 4: TILE_CASES(4) break;
-            case 5: TILE_CASES(5) break;
-            default: TILE_CASES(6) break;
+        if (up == 0) {
+            ROW_CASES(TILE_CASES)
+        } else {
+            const Ahead ahead_up = ahead_slice(next_up, blocks, r0 / ROWS, p->k / 2);
+            ROW_CASES(FUSED_CASES)
         }
     }
 }
+
+/* Splits ``units`` evenly over the team and walks each share in groups of up to ``per_group``
+ * units, as even as they can be; ``run`` takes a group's first unit, its count and the next
+ * group's (count 0: none). */
+#define SHARES(units, per_group, run)                                                                 \
+    do {                                                                                              \
+        const int64_t team = omp_get_num_threads(), id = omp_get_thread_num();                        \
+        const int64_t first = (units) * id / team, share = (units) * (id + 1) / team - first;         \
+        const int64_t groups = (share + (per_group) - 1) / (per_group);                               \
+        for (int64_t i = 0; i < groups; ++i) {                                                        \
+            const int64_t u0 = first + share * i / groups;                                            \
+            const int count = (int)(first + share * (i + 1) / groups - u0);                           \
+            const int64_t after = i + 1 < groups ? first + share * (i + 2) / groups - (u0 + count) : 0; \
+            run(u0, count, after);                                                                    \
+        }                                                                                             \
+    } while (0)
 
 /* out [m, n] (rows ``out_stride`` apart) = x [m, k] (rows ``x_stride`` apart) times the packed
  * weight, plus ``bias`` (float32 [n] or NULL). */
@@ -135,25 +193,38 @@ int triton_chat_bf16_gemm(const uint16_t *x, int64_t x_stride, int64_t m, int64_
     if (m < 0 || n <= 0 || k <= 0 || k % 2 != 0) return -1;
     if (m == 0) return 0;
     const Product p = {x, x_stride, k, packed, n, bias, out, out_stride};
-    const int64_t tiles = (n + TILE - 1) / TILE;
+    const int64_t tiles = (n + TILE - 1) / TILE, tile_bytes = TILE * k * 2;
+    /* Each thread takes an even share of the tiles, not of the groups: with 36 or 60 tiles (the
+     * 576- and 960-channel products of a small model), groups of four split 5 to 4 or 8 to 7 and
+     * one thread waited for the other. One or two rows read the weight at the memory's pace
+     * already: no prefetch there. */
+#define PLAIN(t0, count, after)                                                                                \
+    rows_by_tiles(&p, m, t0, count, m > 2 ? ahead_panel(packed, tile_bytes, tiles, (t0) + (count), after)      \
+                                          : (Panel){NULL, 0},                                                  \
+                  0, (Panel){NULL, 0})
 #pragma omp parallel if (m * n * k >= PARALLEL_MACS)
-    {
-        /* Each thread takes an even share of the tiles, not of the groups: with 36 or 60 tiles (the
-         * 576- and 960-channel products of a small model), groups of four split 5 to 4 or 8 to 7 and
-         * one thread waited for the other. A share walks its tiles in groups as even as they can be. */
-        const int64_t team = omp_get_num_threads(), id = omp_get_thread_num();
-        const int64_t first = tiles * id / team, share = tiles * (id + 1) / team - first;
-        const int64_t groups = (share + TILES - 1) / TILES;
-        for (int64_t i = 0; i < groups; ++i) {
-            const int64_t t0 = first + share * i / groups;
-            const int count = (int)(first + share * (i + 1) / groups - t0);
-            const int64_t after = first + share * (i + 2) / groups - (t0 + count);
-            /* One or two rows read the weight at the memory's pace already: no prefetch there. */
-            const Panel next = i + 1 < groups && m > 2 ? ahead_panel(packed, TILE * k * 2, tiles, t0 + count, after)
-                                                       : (Panel){NULL, 0};
-            rows_by_tiles(&p, m, t0, count, next);
-        }
-    }
+    SHARES(tiles, TILES, PLAIN);
+#undef PLAIN
+    return 0;
+}
+
+/* out [m, n / 2] = silu(gate) * up, where [gate | up] [m, n] would be ``triton_chat_bf16_gemm``'s
+ * result for a merged gate/up weight (n / 2 a multiple of 16): each block pairs gate tiles with
+ * their up tiles, so the merged product is never written out. Returns -1 for a bad shape. */
+int triton_chat_bf16_gemm_silu(const uint16_t *x, int64_t x_stride, int64_t m, int64_t k, const uint16_t *packed,
+                               int64_t n, const float *bias, uint16_t *out, int64_t out_stride) {
+    if (m < 0 || n <= 0 || k <= 0 || k % 2 != 0 || n % (2 * TILE) != 0) return -1;
+    if (m == 0) return 0;
+    const Product p = {x, x_stride, k, packed, n, bias, out, out_stride};
+    const int64_t up = n / 2 / TILE, tiles = 2 * up, tile_bytes = TILE * k * 2;
+    /* A unit is a gate tile and its up tile; a group, up to TILES / 2 of them. */
+#define FUSED(t0, count, after)                                                                          \
+    rows_by_tiles(&p, m, t0, 2 * (count),                                                                \
+                  m > 2 ? ahead_panel(packed, tile_bytes, tiles, (t0) + (count), after) : (Panel){NULL, 0}, up, \
+                  m > 2 ? ahead_panel(packed, tile_bytes, tiles, (t0) + (count) + up, after) : (Panel){NULL, 0})
+#pragma omp parallel if (m * n * k >= PARALLEL_MACS)
+    SHARES(up, TILES / 2, FUSED);
+#undef FUSED
     return 0;
 }
 
@@ -163,6 +234,12 @@ int triton_chat_bf16_gemm_available(void) { return 0; }
 
 int triton_chat_bf16_gemm(const uint16_t *x, int64_t x_stride, int64_t m, int64_t k, const uint16_t *packed,
                           int64_t n, const float *bias, uint16_t *out, int64_t out_stride) {
+    (void)x, (void)x_stride, (void)m, (void)k, (void)packed, (void)n, (void)bias, (void)out, (void)out_stride;
+    return -2;
+}
+
+int triton_chat_bf16_gemm_silu(const uint16_t *x, int64_t x_stride, int64_t m, int64_t k, const uint16_t *packed,
+                               int64_t n, const float *bias, uint16_t *out, int64_t out_stride) {
     (void)x, (void)x_stride, (void)m, (void)k, (void)packed, (void)n, (void)bias, (void)out, (void)out_stride;
     return -2;
 }

@@ -13,34 +13,9 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 
-#include "vector_exp.h"
+#include "silu_math.h"
 
 int triton_chat_silu_available(void) { return 1; }
-
-static inline __m512 load_bf16(const uint16_t *p, __mmask16 live) {
-    const __m256i half = _mm256_maskz_loadu_epi16(live, p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-}
-
-/* Nearest even; NaN becomes the quiet NaN 0x7fc0, as PyTorch narrows it. */
-static inline __m256i narrow(__m512 v) {
-    const __m512i bits = _mm512_castps_si512(v);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), odd), 16);
-    rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
-    return _mm512_cvtepi32_epi16(rounded);
-}
-
-static inline __m512 silu_ps(__m512 g) {
-    /* exp_ps takes x <= 0 as its domain's centre but is exact in form above it too: large -g
-     * overflows to inf and the quotient to -0, as PyTorch's. */
-    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g));
-    return _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-}
-
-static inline __m512 widen_narrowed(__m512 v) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(narrow(v)), 16));
-}
 
 /* out[r] = silu(x[r]) for ``rows`` rows of ``dim``. Returns 0, or -1 for bad sizes. */
 int triton_chat_silu_bf16(const uint16_t *x, int64_t x_stride, uint16_t *out, int64_t out_stride, int64_t rows,
