@@ -10,8 +10,10 @@
  * of up to ROWS rows and TILES tiles keeps its sums in registers across k; each thread of the
  * OpenMP team takes an even, contiguous share of the tiles, walks it in groups of up to TILES
  * tiles and prefetches the next group's weight while it works on one (ahead.h): at 16 rows the
- * wait for it was a fifth of the time. oneDNN's own product costs about 17 us per call before any work, a third of a small
- * layer's one-row product; this call costs a few.
+ * wait for it was a fifth of the time. oneDNN's own product costs about 17 us per call before any
+ * work, a third of a small layer's one-row product; this call costs a few.
+ * ``triton_chat_bf16_gemm_silu`` is the MLP's merged gate/up product ending in silu(gate) * up
+ * (silu_math.h), so that the product is never written out and read back.
  * Built with -march=native; on a CPU without AVX512-BF16 ``triton_chat_bf16_gemm_available``
  * returns 0 and the caller keeps oneDNN.
  */
