@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -125,7 +125,7 @@ class Bf16Gemm:
             raise ValueError(f"a gate/up weight of {weight.out_features} channels is not two halves of whole tiles")
         return self._run(self._gemm_silu, x, weight, weight.out_features // 2)
 
-    def _run(self, entry: Any, x: torch.Tensor, weight: PackedBf16, width: int) -> torch.Tensor:
+    def _run(self, entry: Callable[..., int], x: torch.Tensor, weight: PackedBf16, width: int) -> torch.Tensor:
         if x.shape[-1] != weight.in_features:
             # nn.Linear's own error, where a reshape would silently regroup the values.
             raise ValueError(f"input of width {x.shape[-1]} for a layer of in_features={weight.in_features}")
