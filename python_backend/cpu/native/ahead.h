@@ -4,7 +4,8 @@
  * reading the group's weight panel. The first block would wait on memory for it (one block's
  * arithmetic per byte is too little to hide a core's share of the bandwidth), so while a thread
  * works on one group it requests the next group's panel into L2: each block of rows takes an even
- * slice of it and spreads its requests over its first steps over k.
+ * slice of it and spreads its requests over its first steps over k. ``TEAM_SHARES`` cuts the
+ * threads' shares and their groups.
  */
 #ifndef TRITON_CHAT_AHEAD_H
 #define TRITON_CHAT_AHEAD_H
@@ -51,5 +52,23 @@ static inline void ahead_request(Ahead ahead, int64_t step) {
     const int64_t first = step * ahead.per_step, end = first + ahead.per_step;
     for (int64_t j = first; j < end && j < ahead.count; ++j) __builtin_prefetch(ahead.lines + j * 64, 0, 2);
 }
+
+/* Inside an OpenMP parallel region (the including file includes omp.h): splits ``units`` evenly
+ * over the team and walks each thread's contiguous share in groups of up to ``per_group`` units, as
+ * even as they can be; ``run`` takes a group's first unit, its count and the next group's count (0:
+ * none), whose panel ``ahead_panel`` gives. Shares of units, not of groups: shares of whole groups
+ * of four split 9 groups 5 to 4, and one thread waited for the other. */
+#define TEAM_SHARES(units, per_group, run)                                                           \
+    do {                                                                                             \
+        const int64_t team = omp_get_num_threads(), id = omp_get_thread_num();                       \
+        const int64_t first = (units) * id / team, share = (units) * (id + 1) / team - first;        \
+        const int64_t groups = (share + (per_group) - 1) / (per_group);                              \
+        for (int64_t i = 0; i < groups; ++i) {                                                       \
+            const int64_t u0 = first + share * i / groups;                                           \
+            const int count = (int)(first + share * (i + 1) / groups - u0);                          \
+            const int64_t after = i + 1 < groups ? first + share * (i + 2) / groups - (u0 + count) : 0; \
+            run(u0, count, after);                                                                   \
+        }                                                                                            \
+    } while (0)
 
 #endif

@@ -109,8 +109,8 @@ static inline __attribute__((always_inline)) void block(const Product *p, int64_
             const __m512 bias = p->bias ? _mm512_maskz_loadu_ps(mask, p->bias + c0) : _mm512_setzero_ps();
             for (int r = 0; r < rows; ++r) {
                 const __m512 v = p->bias ? _mm512_add_ps(acc[r][t], bias) : acc[r][t];
-                const __m256i narrow = (__m256i)_mm512_cvtneps_pbh(v);
-                _mm256_mask_storeu_epi16(p->out + (r0 + r) * p->out_stride + c0, mask, narrow);
+                const __m256i rounded = (__m256i)_mm512_cvtneps_pbh(v);
+                _mm256_mask_storeu_epi16(p->out + (r0 + r) * p->out_stride + c0, mask, rounded);
             }
         }
         return;
@@ -172,22 +172,6 @@ static void rows_by_tiles(const Product *p, int64_t m, int64_t t0, int tiles, Pa
     }
 }
 
-/* Splits ``units`` evenly over the team and walks each share in groups of up to ``per_group``
- * units, as even as they can be; ``run`` takes a group's first unit, its count and the next
- * group's (count 0: none). */
-#define SHARES(units, per_group, run)                                                                 \
-    do {                                                                                              \
-        const int64_t team = omp_get_num_threads(), id = omp_get_thread_num();                        \
-        const int64_t first = (units) * id / team, share = (units) * (id + 1) / team - first;         \
-        const int64_t groups = (share + (per_group) - 1) / (per_group);                               \
-        for (int64_t i = 0; i < groups; ++i) {                                                        \
-            const int64_t u0 = first + share * i / groups;                                            \
-            const int count = (int)(first + share * (i + 1) / groups - u0);                           \
-            const int64_t after = i + 1 < groups ? first + share * (i + 2) / groups - (u0 + count) : 0; \
-            run(u0, count, after);                                                                    \
-        }                                                                                             \
-    } while (0)
-
 /* out [m, n] (rows ``out_stride`` apart) = x [m, k] (rows ``x_stride`` apart) times the packed
  * weight, plus ``bias`` (float32 [n] or NULL). */
 int triton_chat_bf16_gemm(const uint16_t *x, int64_t x_stride, int64_t m, int64_t k, const uint16_t *packed,
@@ -205,7 +189,7 @@ int triton_chat_bf16_gemm(const uint16_t *x, int64_t x_stride, int64_t m, int64_
                                           : (Panel){NULL, 0},                                                  \
                   0, (Panel){NULL, 0})
 #pragma omp parallel if (m * n * k >= PARALLEL_MACS)
-    SHARES(tiles, TILES, PLAIN);
+    TEAM_SHARES(tiles, TILES, PLAIN);
 #undef PLAIN
     return 0;
 }
@@ -225,7 +209,7 @@ int triton_chat_bf16_gemm_silu(const uint16_t *x, int64_t x_stride, int64_t m, i
                   m > 2 ? ahead_panel(packed, tile_bytes, tiles, (t0) + (count), after) : (Panel){NULL, 0}, up, \
                   m > 2 ? ahead_panel(packed, tile_bytes, tiles, (t0) + (count) + up, after) : (Panel){NULL, 0})
 #pragma omp parallel if (m * n * k >= PARALLEL_MACS)
-    SHARES(up, TILES / 2, FUSED);
+    TEAM_SHARES(up, TILES / 2, FUSED);
 #undef FUSED
     return 0;
 }

@@ -10,9 +10,9 @@
  * The weight is packed once (``triton_chat_int8_pack``): 16 output channels per tile, for each 4
  * consecutive k the 16 channels' 4 bytes, so one 64-byte load feeds one VPDPBUSD; a tile's bytes,
  * and the tiles, follow each other in memory. A block of up to ROWS rows and TILES tiles keeps its
- * sums in registers across k; each thread takes an even, contiguous share of the pairs of tiles and
- * prefetches the next pair's weight while it works on one (ahead.h): at 3 to 16 rows the wait for
- * it was a fifth of the time. Up to STREAM_ROWS rows (a decode
+ * sums in registers across k; each thread takes an even, contiguous share of the tiles, walks it
+ * in pairs and prefetches the next pair's weight while it works on one (ahead.h): at 3 to 16 rows
+ * the wait for it was a fifth of the time. Up to STREAM_ROWS rows (a decode
  * step's), the product is a read of the weight and takes the streaming path instead
  * (``stream_product``), which reads it at nearly the memory's bandwidth.
  * Built with -march=native; on a CPU without AVX512-VNNI ``triton_chat_int8_gemm_available``
@@ -261,7 +261,7 @@ static int stream_product(const void *x, int64_t x_stride, int64_t m, float stat
 }
 
 /* The input quantized, then multiplied: one parallel region, the rows split over the team, then
- * each thread's even, contiguous share of the pairs of tiles. */
+ * each thread's even, contiguous share of the tiles, in pairs (``TEAM_SHARES``). */
 static int product(const void *x, int64_t x_stride, int64_t m, float static_scale, Product *p, int bf16) {
     if (m < 0 || p->n <= 0 || p->k <= 0 || p->k % 4 != 0) return -1;
     if (m == 0) return 0;
@@ -277,21 +277,15 @@ static int product(const void *x, int64_t x_stride, int64_t m, float static_scal
     p->row_scales = scales;
     p->row_step = 1;
     const int64_t tiles = (p->n + TILE - 1) / TILE;
-    const int64_t pairs = (tiles + TILES - 1) / TILES;
 #pragma omp parallel if (m * p->n * p->k >= PARALLEL_MACS)
     {
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < m; ++r) quantize_rows(x, x_stride, r, static_scale, bf16, levels, scales, p->k);
         /* Every row is quantized here: the loop above ends in a barrier. */
-        const int64_t team = omp_get_num_threads(), id = omp_get_thread_num();
-        const int64_t begin = pairs * id / team, end = pairs * (id + 1) / team;
-        for (int64_t i = begin; i < end; ++i) {
-            const int64_t t0 = i * TILES;
-            const int count = tiles - t0 < TILES ? (int)(tiles - t0) : TILES;
-            const Panel next =
-                i + 1 < end ? ahead_panel(p->packed, TILE * p->k, tiles, t0 + TILES, TILES) : (Panel){NULL, 0};
-            rows_by_tiles(p, m, t0, count, bf16, next);
-        }
+#define TILE_GROUP(t0, count, after) \
+    rows_by_tiles(p, m, t0, count, bf16, ahead_panel(p->packed, TILE * p->k, tiles, (t0) + (count), after))
+        TEAM_SHARES(tiles, TILES, TILE_GROUP);
+#undef TILE_GROUP
     }
     free(levels);
     free(scales);
