@@ -136,6 +136,7 @@ def instrumented(timers: Timers) -> Iterator[None]:
         (QuantFusedProjections, "apply_unchecked", lambda f: timers.wrap("products", f)),
         # The gate/up product that ends in SiLU (a product, its SiLU inside).
         (FusedProjections, "silu_mul_unchecked", lambda f: timers.wrap("products", f)),
+        (QuantFusedProjections, "silu_mul_unchecked", lambda f: timers.wrap("products", f)),
         (fast_decode, "one_row_attention", lambda f: timers.wrap("attention", f)),
         (DecodeStack, "run", lambda f: timers.wrap("decode layers, one call", f)),
         (fast_decode, "prompt_attention", lambda f: timers.wrap("attention", f)),

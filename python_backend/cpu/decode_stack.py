@@ -47,6 +47,7 @@ class _Kernels(ctypes.Structure):
         ("silu_mul", _PTR),
         ("int8_gemm", _PTR),
         ("gemm_silu", _PTR),
+        ("int8_gemm_silu", _PTR),
     ]
 
 
@@ -231,6 +232,7 @@ class DecodeStack:
             kernels.silu.silu_mul_address,
             kernels.int8.entry(bf16) if kernels.int8 is not None else None,
             kernels.gemm.gemm_silu_address if kernels.gemm is not None else None,
+            kernels.int8.silu_entry if kernels.int8 is not None else None,
         )
         self._weights = list(layers)  # keeps every tensor the structures point at alive
         self._layers = (_Layer * len(layers))()

@@ -6,7 +6,8 @@ layer's product) and ``build_int8_gemm``. ``torch._int_mm`` reaches
 about half of VNNI's int8 rate at the row counts of decode steps (no faster than bfloat16's
 products on the same CPU), so W8A8 gained memory but not time. This kernel keeps a block of rows
 by two tiles of 16 output channels in registers, takes the input as unsigned bytes (the levels
-plus 128, the shift compensated per channel) and fuses the rescale and bias into its epilogue.
+plus 128, the shift compensated per channel) and fuses the rescale and bias into its epilogue; a merged gate/up weight can end its product in
+silu(gate) * up (``silu_product``), the bits of the product followed by ``silu.py``'s ``silu_mul``.
 One or two rows (a decode step) stream the weight instead: each thread reads an even share of the
 tiles in memory order. Its int32 sums are exact: a row's result does not depend on the rows beside
 it.
@@ -17,6 +18,7 @@ May import torch and ``python_backend.cpu.native`` only.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +30,7 @@ SOURCE = Path(__file__).with_name("native") / "int8_gemm.c"
 TILE = 16  # output channels per packed tile (int8_gemm.c)
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 _GEMM = {torch.bfloat16: "triton_chat_int8_gemm_bf16", torch.float32: "triton_chat_int8_gemm_f32"}
+_GEMM_SILU = "triton_chat_int8_gemm_silu_bf16"  # bfloat16 rows only, as silu_mul takes
 # x, x stride, m, k, static scale, packed, compensation, n, col scales, bias, out, out stride
 _GEMM_ARGS = (_PTR, _I64, _I64, _I64, ctypes.c_float, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _I64)
 
@@ -62,10 +65,22 @@ class Int8Gemm:
         pack.restype, pack.argtypes = ctypes.c_int, [_PTR, _I64, _I64, _PTR, _PTR]
         self._pack = pack
         self._gemm = bind_functions(library, _GEMM, _GEMM_ARGS)
+        self._gemm_silu = bind_functions(library, {torch.bfloat16: _GEMM_SILU}, _GEMM_ARGS)[torch.bfloat16]
 
     def entry(self, dtype: torch.dtype) -> int:
         """The address of ``dtype``'s product (``decode_stack.py`` calls it directly)."""
         return entry_address(self._gemm[dtype])
+
+    @property
+    def silu_entry(self) -> int:
+        """The address of the gate/up product that ends in SiLU (``decode_stack.py`` calls it)."""
+        return entry_address(self._gemm_silu)
+
+    @staticmethod
+    def ends_in_silu(weight: PackedInt8, dtype: torch.dtype) -> bool:
+        """Whether this merged gate/up weight's product can end in SiLU: two halves of whole tiles,
+        bfloat16 rows."""
+        return dtype == torch.bfloat16 and weight.out_features % (2 * TILE) == 0
 
     @staticmethod
     def takes(in_features: int) -> bool:
@@ -109,14 +124,42 @@ class Int8Gemm:
     ) -> torch.Tensor:
         """``rows`` [M, K] times the weight: [M, N] of ``rows``' dtype. ``weight_scales`` float32 [N],
         ``bias`` float32 [N] or None, ``static_scale`` the checkpoint's input scale or None (per row)."""
+        return self._run(self._gemm[rows.dtype], rows, weight, weight_scales, bias, static_scale, weight.out_features)
+
+    def silu_product(
+        self,
+        rows: torch.Tensor,
+        weight: PackedInt8,
+        weight_scales: torch.Tensor,
+        bias: torch.Tensor | None,
+        static_scale: float | None,
+    ) -> torch.Tensor:
+        """silu(gate) * up [M, N / 2] of a merged gate/up weight [N, K] (``ends_in_silu``), bfloat16
+        ``rows`` [M, K]: the same bits as ``silu_mul`` of ``product``, the product never written out."""
+        if not self.ends_in_silu(weight, rows.dtype):
+            raise ValueError(
+                f"a gate/up product ending in SiLU takes bfloat16 rows and halves of whole {TILE}-channel "
+                f"tiles, got {rows.dtype} rows and {weight.out_features} channels"
+            )
+        return self._run(self._gemm_silu, rows, weight, weight_scales, bias, static_scale, weight.out_features // 2)
+
+    def _run(
+        self,
+        entry: Callable[..., int],
+        rows: torch.Tensor,
+        weight: PackedInt8,
+        weight_scales: torch.Tensor,
+        bias: torch.Tensor | None,
+        static_scale: float | None,
+        width: int,
+    ) -> torch.Tensor:
         count, dim = rows.shape
         # One call quantizes the rows (into the library's own scratch) and multiplies them.
         static = static_scale if static_scale is not None else 0.0
-        width = weight.out_features
         out = torch.empty(count, width, dtype=rows.dtype)  # sizes as arguments: faster than a tuple
         packed, compensation = weight.addresses
-        status = self._gemm[rows.dtype](
-            rows.data_ptr(), rows.stride(0), count, dim, static, packed, compensation, width,
+        status = entry(
+            rows.data_ptr(), rows.stride(0), count, dim, static, packed, compensation, weight.out_features,
             weight_scales.data_ptr(), bias.data_ptr() if bias is not None else None, out.data_ptr(), width,
         )  # fmt: skip
         if status != 0:
@@ -136,6 +179,12 @@ class BoundInt8Product:
     ) -> torch.Tensor:
         """``rows`` [M, K] times the weight (``Int8Gemm.product``)."""
         return self.kernel.product(rows, self.weight, weight_scales, bias, static_scale)
+
+    def silu_product(
+        self, rows: torch.Tensor, weight_scales: torch.Tensor, bias: torch.Tensor | None, static_scale: float | None
+    ) -> torch.Tensor:
+        """silu(gate) * up of a merged gate/up weight (``Int8Gemm.silu_product``)."""
+        return self.kernel.silu_product(rows, self.weight, weight_scales, bias, static_scale)
 
 
 def build_int8_gemm(cache_dir: Path | None = None) -> Int8Gemm | None:

@@ -36,11 +36,17 @@ class QuantFusedProjections(FusedProjections):
         self._memo = None
         self._taken = 0
         self.own = None  # the product is ``merged``'s, not our bfloat16 kernel's
-        self.ends_in_silu = False
+        # A gate/up pair on the VNNI kernel ends its product in silu(gate) * up in one pass.
+        self.ends_in_silu = len(widths) == 2 and widths[0] == widths[1] and merged.ends_in_silu
         self.row_tile = 0
 
     def apply_unchecked(self, x: torch.Tensor) -> torch.Tensor:
         return self.product.apply_unchecked(x)
+
+    def silu_mul_unchecked(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.ends_in_silu:
+            raise ValueError("only a gate/up pair of whole tiles on the int8 VNNI kernel ends in SiLU")
+        return self.product.silu_product_unchecked(x)
 
 
 def _install_merged(

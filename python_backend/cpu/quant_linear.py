@@ -272,6 +272,23 @@ class QuantLinear(torch.nn.Module):
         return self._vnni
 
     @property
+    def ends_in_silu(self) -> bool:
+        """Whether this (merged gate/up) layer's product can end in silu(gate) * up: the VNNI kernel's,
+        on bfloat16 rows, with halves of whole tiles (``Int8Gemm.silu_product``)."""
+        return self._vnni is not None and Int8Gemm.ends_in_silu(self._vnni.weight, self.dtype)
+
+    def silu_product_unchecked(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of this merged gate/up layer's product, never written out: the bits of
+        ``silu_mul(apply_unchecked(x))``. Only where ``ends_in_silu``."""
+        if self._vnni is None:
+            raise ValueError(f"only the int8_vnni kernel's products end in SiLU, this layer runs {self.kernel}")
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        rows = flat if flat.stride(-1) == 1 else flat.contiguous()
+        out = self._vnni.silu_product(rows, self.weight_scale, self.bias_f32, self._static)
+        return out.reshape(*shape[:-1], self.out_features // 2)
+
+    @property
     def static_input_scale(self) -> float | None:
         """The checkpoint's input scale for every row, or None (one per row, dynamic)."""
         return self._static

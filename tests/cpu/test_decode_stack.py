@@ -88,6 +88,9 @@ def test_w8a8_layers_run_in_the_stack_as_in_the_lean_step(
         loaded = load_on_cpu(tiny_model_dir, "bfloat16", quantization="int8")
     else:
         loaded = load_on_cpu(build_quantized(tiny_model_dir, tmp_path, kind), "bfloat16")
+    # Their gate/up products end in SiLU, in the stack and in the lean step alike.
+    mlps = [layer.mlp for layer in loaded.transformers_model.get_decoder().layers]
+    assert all(mlp.gate_proj.group.ends_in_silu for mlp in mlps)
     _assert_stack_is_the_lean_step(loaded, [list(range(3, 40)), list(range(50, 61))], steps=3)
 
 

@@ -10,6 +10,7 @@ import torch
 
 from python_backend.cpu.int8_gemm import SOURCE, Int8Gemm
 from python_backend.cpu.native.build import build_library
+from python_backend.cpu.silu import build_silu_kernel
 
 
 def _reference(
@@ -98,3 +99,39 @@ def test_one_or_two_rows_equal_their_rows_of_a_larger_product(
     expected = _reference(x.float(), values, scales, bias, None)
     got = int8_gemm.product(x[:1], packed, scales, bias, None)
     assert torch.allclose(got.float(), expected[:1], rtol=1e-2 if dtype == torch.bfloat16 else 1e-3, atol=1e-2)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("static", [None, 0.03])
+def test_a_gate_up_product_ending_in_silu_gives_the_bits_of_the_product_then_silu_mul(
+    int8_gemm: Int8Gemm, bias: bool, static: float | None
+) -> None:
+    silu = build_silu_kernel()
+    if silu is None:
+        pytest.skip("no SiLU kernel on this CPU")
+    generator = torch.Generator().manual_seed(11)
+    # Halves of 1, 3 (an odd share over two threads) and 96 tiles; one or two rows stream the weight.
+    for half, k in ((16, 32), (48, 128), (1536, 576)):
+        values = torch.randint(-128, 128, (2 * half, k), generator=generator, dtype=torch.int8)
+        scales = torch.rand(2 * half, generator=generator) * 0.02 + 0.001
+        offsets = torch.randn(2 * half, generator=generator) if bias else None
+        packed = int8_gemm.pack(values)
+        assert Int8Gemm.ends_in_silu(packed, torch.bfloat16)
+        for rows in (1, 2, 3, 6, 7, 64, 130):
+            # Large inputs too: SiLU's exp overflows for the most negative gates.
+            x = (torch.randn(rows, k, generator=generator) * 4).to(torch.bfloat16)
+            expected = silu.silu_mul(int8_gemm.product(x, packed, scales, offsets, static))
+            got = int8_gemm.silu_product(x, packed, scales, offsets, static)
+            assert got.shape == (rows, half)
+            assert torch.equal(got.view(torch.int16), expected.view(torch.int16)), (half, rows)
+
+
+def test_a_gate_up_product_of_partial_tiles_or_float32_rows_is_refused_for_silu(int8_gemm: Int8Gemm) -> None:
+    partial = int8_gemm.pack(torch.ones(48, 32, dtype=torch.int8))  # halves of 24 channels
+    assert not Int8Gemm.ends_in_silu(partial, torch.bfloat16)
+    with pytest.raises(ValueError, match="48 channels"):
+        int8_gemm.silu_product(torch.ones(2, 32, dtype=torch.bfloat16), partial, torch.ones(48), None, None)
+    whole = int8_gemm.pack(torch.ones(64, 32, dtype=torch.int8))
+    assert not Int8Gemm.ends_in_silu(whole, torch.float32)
+    with pytest.raises(ValueError, match="float32 rows"):
+        int8_gemm.silu_product(torch.ones(2, 32), whole, torch.ones(64), None, None)

@@ -46,6 +46,7 @@ typedef struct {
     silu_mul_fn silu_mul;
     int8_gemm_fn int8_gemm; /* NULL where no layer is W8A8 */
     gemm_fn gemm_silu;      /* a bfloat16 gate/up product ending in silu_mul; NULL where gemm is */
+    int8_gemm_fn int8_gemm_silu; /* the same for a W8A8 gate/up product; NULL where int8_gemm is */
 } Kernels;
 
 /* One product's weight: bfloat16 packed for ``gemm`` (``compensation`` NULL), or int8 packed for
@@ -136,9 +137,13 @@ int triton_chat_decode_stack_bf16(const Kernels *kn, const Layer *layers, int64_
                         s->kv_heads, s->length, D, L->scaling));
         CALL(product(kn, &L->o, attn, q_width, B, H, o));
         CALL(kn->norm(hidden, H, o, H, hidden, H, L->post_norm, normed, H, B, H, L->post_eps));
+        /* The same bits as the two calls below, without writing gate/up out. */
         if (L->gate_up.compensation == NULL && kn->gemm_silu != NULL && I % 16 == 0) {
-            /* The same bits as the two calls below, without writing gate/up out. */
             CALL(kn->gemm_silu(normed, H, B, H, (const uint16_t *)L->gate_up.packed, 2 * I, L->gate_up.bias, act, I));
+        } else if (L->gate_up.compensation != NULL && kn->int8_gemm_silu != NULL && I % 16 == 0) {
+            const Product *p = &L->gate_up;
+            CALL(kn->int8_gemm_silu(normed, H, B, H, p->static_scale, (const int8_t *)p->packed, p->compensation, 2 * I,
+                                    p->col_scales, p->bias, act, I));
         } else {
             CALL(product(kn, &L->gate_up, normed, H, B, 2 * I, gate_up));
             CALL(kn->silu_mul(gate_up, 2 * I, act, I, B, I));
