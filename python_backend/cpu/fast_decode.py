@@ -298,7 +298,10 @@ class FastDecoder:
         for segment in segments:
             ids.append(torch.tensor(segment.input_ids, dtype=torch.long, device=device))
             positions.append(torch.arange(segment.start, segment.start + len(segment.input_ids), device=device))
-        input_ids, position_ids = torch.cat(ids).unsqueeze(0), torch.cat(positions).unsqueeze(0)
+        if len(ids) == 1:  # one part: no copy
+            input_ids, position_ids = ids[0].view(1, -1), positions[0].view(1, -1)
+        else:
+            input_ids, position_ids = torch.cat(ids).unsqueeze(0), torch.cat(positions).unsqueeze(0)
         hidden = self._decoder.embed_tokens(input_ids)  # [1, N, H]: every token of the step
         cos, sin = self._decoder.rotary_emb(hidden, position_ids)
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [1, N, 1, D]: per token, every head
@@ -318,8 +321,11 @@ class FastDecoder:
             ends.append(len(picked) if segment.want_logits else None)
             if segment.want_logits:
                 picked.append(offset - 1)
-        last = pending[:, picked] if pending is not None else None
-        normed, _ = _add_norm(self._decoder.norm, hidden[:, picked], last)
+        if segments:
+            last = pending[:, picked] if pending is not None else None
+            normed, _ = _add_norm(self._decoder.norm, hidden[:, picked], last)
+        else:  # every row is picked: no gather
+            normed, _ = _add_norm(self._decoder.norm, hidden, pending)
         logits = self._head(normed)[0]  # [picked, vocab]
         return MixedLogits(
             logits[:rows] if decode is not None else None,
