@@ -63,7 +63,7 @@ class StepRunner:
         self._loaded = loaded
         self._scheduler = scheduler
         self._team = team
-        self._sample = ranks.sample if ranks is not None else sample
+        self._sample = ranks.sample if ranks is not None else partial(sample, argmax=loaded.row_argmax)
         # Under tensor parallel a failed pass (a rank gone mid all-reduce) leaves the ranks out of
         # step: the loop fails, every request ends 503 engine_failed, and the model is restarted.
         self._one_of_ranks = ranks is not None

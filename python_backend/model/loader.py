@@ -14,6 +14,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from python_backend.cpu.argmax import RowArgmax, build_row_argmax
 from python_backend.cpu.attention import use_decode_attention
 from python_backend.cpu.batch_invariant import InvariantAttend, install_batch_invariant, use_invariant_attention
 from python_backend.cpu.bf16_gemm import build_bf16_gemm
@@ -84,6 +86,9 @@ class LoadedModel:
     media: MediaProcessor | None = None  # a multimodal model's prompt step; None: text only
     kv_dtype: torch.dtype | None = None  # the running batch's KV storage; None: ``dtype``
     fast_decoder: FastDecoder | None = None  # the lean CPU decode step (fast_decode.py), where exact
+    row_argmax: Callable[[torch.Tensor], list[int]] | None = (
+        None  # greedy sampling's argmax kernel (cpu/argmax.py); None: PyTorch's
+    )
     tensor_parallel_size: int = 1  # ranks the weights and KV heads are split over (shard.py)
     draft: DraftModel | None = None  # draft-model speculation's proposer model (draft.py)
     # Where a request without `seed` gets its seed (the engine thread draws, in admission order).
@@ -235,6 +240,7 @@ def load_model(settings: EngineSettings) -> LoadedModel:
     extra: dict[str, Any] = {}
     kv_dtype: torch.dtype | None = None
     kernel: DecodeAttentionKernel | None = None
+    argmax: RowArgmax | None = None
     world = settings.tensor_parallel_size
     if world > 1:
         try:
@@ -253,6 +259,7 @@ def load_model(settings: EngineSettings) -> LoadedModel:
         # One-query-row attention without SDPA's CPU overhead (attention.py); prefill unchanged.
         if settings.cpu_native_attention and placement.dtype in (torch.bfloat16, torch.float32) and world == 1:
             kernel = build_kernel()  # None (logged) without a C compiler
+            argmax = build_row_argmax() if kernel is not None else None
         extra["attn_implementation"] = use_decode_attention(kernel)
         if kernel is None and settings.kv_cache_dtype == "auto" and placement.dtype in (torch.bfloat16, torch.float16):
             kv_dtype = torch.float32
@@ -333,6 +340,7 @@ def load_model(settings: EngineSettings) -> LoadedModel:
         media=MediaProcessor.from_folder(folder, model_type, tokenizer),
         kv_dtype=kv_dtype,
         fast_decoder=fast,
+        row_argmax=argmax.first_max if argmax is not None else None,
         tensor_parallel_size=world,
         draft=draft,
         seeds=seed_source(settings.seed),

@@ -31,7 +31,8 @@ class CpuSettings:
             docs="CPU, bfloat16 and float32 text models: build the C decode-attention kernel with the machine's C "
             "compiler (once, into `<cache>/native/`) and use it, and for Llama/Qwen2 models the one-pass RMSNorm "
             "(with the residual add before it), rotary and SiLU kernels and, where every part is native, a "
-            "decode step's layers in one call; without a compiler the engine logs it and uses PyTorch's",
+            "decode step's layers in one call, and greedy sampling's argmax; without a compiler the engine logs "
+            "it and uses PyTorch's",
         ),
     )
     # Off by default: it made no difference beyond the noise on a 2-core machine, and two model
