@@ -86,9 +86,8 @@ class LoadedModel:
     media: MediaProcessor | None = None  # a multimodal model's prompt step; None: text only
     kv_dtype: torch.dtype | None = None  # the running batch's KV storage; None: ``dtype``
     fast_decoder: FastDecoder | None = None  # the lean CPU decode step (fast_decode.py), where exact
-    row_argmax: Callable[[torch.Tensor], list[int]] | None = (
-        None  # greedy sampling's argmax kernel (cpu/argmax.py); None: PyTorch's
-    )
+    # Greedy sampling's argmax (cpu/argmax.py's kernel); None: PyTorch's max.
+    row_argmax: Callable[[torch.Tensor], list[int]] | None = None
     tensor_parallel_size: int = 1  # ranks the weights and KV heads are split over (shard.py)
     draft: DraftModel | None = None  # draft-model speculation's proposer model (draft.py)
     # Where a request without `seed` gets its seed (the engine thread draws, in admission order).

@@ -4,6 +4,7 @@ the first, every float edge case, and the rows PyTorch answers itself."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from python_backend.cpu.argmax import RowArgmax, build_row_argmax
 from python_backend.sampling.sampler import RowSampling, sample
+from tests.fixtures.engine_driver import load_on_cpu
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +81,10 @@ def test_greedy_sampling_with_the_kernel_picks_the_same_tokens(argmax: RowArgmax
     picked = [t.token_id for t in sample(logits, greedy, argmax.first_max)]
     assert picked == [t.token_id for t in sample(logits, greedy)]
     assert picked[5] != int(logits[5].float().argmax())
+
+
+def test_a_cpu_model_loads_with_the_kernel_unless_native_kernels_are_off(
+    argmax: RowArgmax, tiny_model_dir: Path
+) -> None:
+    assert load_on_cpu(tiny_model_dir, "bfloat16").row_argmax is not None
+    assert load_on_cpu(tiny_model_dir, "bfloat16", cpu_native_attention=False).row_argmax is None
