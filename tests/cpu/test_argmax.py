@@ -3,16 +3,15 @@ the first, every float edge case, and the rows PyTorch answers itself."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
 from python_backend.cpu.argmax import RowArgmax, build_row_argmax
-from python_backend.sampling.sampler import RowSampling, sample
+from python_backend.sampling.sampler import sample
 from tests.fixtures.engine_driver import load_on_cpu
+from tests.sampling.test_sampler import row
 
 
 @pytest.fixture(scope="module")
@@ -21,21 +20,6 @@ def argmax() -> RowArgmax:
     if kernel is None:
         pytest.skip("no C compiler")
     return kernel
-
-
-def row(**overrides: Any) -> RowSampling:
-    neutral = RowSampling(
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        repetition_penalty=1.0,
-        presence_penalty=0.0,
-        frequency_penalty=0.0,
-        generator=torch.Generator(),
-        top_logprobs=None,
-        prompt_ids=torch.tensor([1, 2]),
-    )
-    return replace(neutral, **overrides)
 
 
 def _torch(logits: torch.Tensor) -> list[int]:

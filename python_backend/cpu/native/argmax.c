@@ -26,45 +26,31 @@ static inline int32_t key32(uint32_t bits) {
     return (bits & 0x7fffffffu) == 0 ? 0 : (int32_t)(v ^ ((v >> 31) & 0x7fffffff));
 }
 
-static int64_t row_bf16(const uint16_t *x, int64_t cols) {
-    int16_t top = INT16_MIN;
-    int nan = 0;
-    for (int64_t c = 0; c < cols; ++c) {
-        const int16_t k = key16(x[c]);
-        top = k > top ? k : top;
-        nan |= (x[c] & 0x7fff) > 0x7f80;
+/* The first index of the row's maximum key, -1 where the row holds a NaN (``MAGNITUDE`` the bits
+ * below the sign, ``INF`` infinity's: a larger magnitude is a NaN). */
+#define ROW_ARGMAX(NAME, BITS, KEY, KEY_MIN, KEY_OF, MAGNITUDE, INF)             \
+    static int64_t NAME(const BITS *x, int64_t cols) {                           \
+        KEY top = KEY_MIN;                                                       \
+        int nan = 0;                                                             \
+        for (int64_t c = 0; c < cols; ++c) {                                     \
+            const KEY k = KEY_OF(x[c]);                                          \
+            top = k > top ? k : top;                                             \
+            nan |= (x[c] & (MAGNITUDE)) > (INF);                                 \
+        }                                                                        \
+        if (nan) return -1;                                                      \
+        for (int64_t c0 = 0; c0 < cols; c0 += CHUNK) {                           \
+            const int64_t end = cols - c0 < CHUNK ? cols : c0 + CHUNK;           \
+            int found = 0;                                                       \
+            for (int64_t c = c0; c < end; ++c) found |= KEY_OF(x[c]) == top;     \
+            if (found)                                                           \
+                for (int64_t c = c0; c < end; ++c)                               \
+                    if (KEY_OF(x[c]) == top) return c;                           \
+        }                                                                        \
+        return -1;                                                               \
     }
-    if (nan) return -1;
-    for (int64_t c0 = 0; c0 < cols; c0 += CHUNK) {
-        const int64_t end = cols - c0 < CHUNK ? cols : c0 + CHUNK;
-        int found = 0;
-        for (int64_t c = c0; c < end; ++c) found |= key16(x[c]) == top;
-        if (found)
-            for (int64_t c = c0; c < end; ++c)
-                if (key16(x[c]) == top) return c;
-    }
-    return -1;
-}
 
-static int64_t row_f32(const uint32_t *x, int64_t cols) {
-    int32_t top = INT32_MIN;
-    int nan = 0;
-    for (int64_t c = 0; c < cols; ++c) {
-        const int32_t k = key32(x[c]);
-        top = k > top ? k : top;
-        nan |= (x[c] & 0x7fffffffu) > 0x7f800000u;
-    }
-    if (nan) return -1;
-    for (int64_t c0 = 0; c0 < cols; c0 += CHUNK) {
-        const int64_t end = cols - c0 < CHUNK ? cols : c0 + CHUNK;
-        int found = 0;
-        for (int64_t c = c0; c < end; ++c) found |= key32(x[c]) == top;
-        if (found)
-            for (int64_t c = c0; c < end; ++c)
-                if (key32(x[c]) == top) return c;
-    }
-    return -1;
-}
+ROW_ARGMAX(row_bf16, uint16_t, int16_t, INT16_MIN, key16, 0x7fff, 0x7f80)
+ROW_ARGMAX(row_f32, uint32_t, int32_t, INT32_MIN, key32, 0x7fffffffu, 0x7f800000u)
 
 /* out[r] = the first index of row r's maximum (rows ``stride`` values apart), -1 where it holds a
  * NaN; ``width`` 2 (bfloat16) or 4 (float32). Returns 0, or -1 for bad sizes. */
