@@ -109,11 +109,12 @@ def model_shapes(model_dir: Path) -> list[Shape]:
 
 
 def _ours(quant: str) -> Maker:
-    """Our products: ``PackedLinear``, or for W8A8 ``QuantLinear`` with the C paths the engine builds."""
+    """Our products: ``PackedLinear`` (a plain ``nn.Linear`` where oneDNN cannot prepack the dtype, as
+    the engine keeps it), or for W8A8 ``QuantLinear`` with the C paths the engine builds."""
     import torch
 
     from python_backend.cpu.bf16_gemm import build_bf16_gemm
-    from python_backend.cpu.linear import PackedLinear
+    from python_backend.cpu.linear import PackedLinear, prepack_supported
     from python_backend.cpu.quant_linear import Int8Paths
 
     int8 = Int8Paths.build() if quant == "w8a8" else None
@@ -129,6 +130,8 @@ def _ours(quant: str) -> Maker:
             return layer.apply_unchecked, f"QuantLinear {layer.kernel}"
         linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
         linear.weight.data = weight
+        if not prepack_supported(torch.device("cpu"), weight.dtype):  # as the engine keeps it there
+            return linear.forward, "nn.Linear (unpacked)"
         packed = PackedLinear(linear, bf16 if weight.dtype == torch.bfloat16 else None)
         return packed.apply_unchecked, "PackedLinear (ours)" if packed.own is not None else "PackedLinear (oneDNN)"
 

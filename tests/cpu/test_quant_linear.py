@@ -115,18 +115,23 @@ def test_cuda_kernels_are_chosen_without_a_gpu() -> None:
     assert choose_kernel(_weight(4, 32, False, "none"), cuda) == "dequant"
 
 
-@pytest.mark.parametrize("form", ["bf16", "w8a8", "w8a8-torch", "w8a8-onednn", "w8a16", "w4a16-g32", "w4a16-g64"])
-def test_the_products_benchmark_times_correct_products(form: str) -> None:
-    # benchmarks/quant_products.py times these: each must compute the float product, within its bits.
-    from benchmarks.quant_products import FORMS, _product
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "form", ["bf16", "f32", "w8a8", "w8a8-torch", "w8a8-onednn", "w8a16", "w4a16-g32", "w4a16-g64"]
+)
+def test_the_products_benchmark_times_correct_products(form: str, dtype: torch.dtype) -> None:
+    # benchmarks/quant_products.py times these, on any x86 CPU (bfloat16 where oneDNN cannot prepack
+    # it, too): each must compute the float product, within its bits, in its rows' dtype.
+    from benchmarks.quant_products import FORMS, _product, row_dtype
 
     assert form in FORMS
     torch.manual_seed(0)
     weight = torch.randn(N, K) * 0.05
-    x = torch.randn(16, K).to(torch.bfloat16)
-    got = _product(form, weight)(x)
+    x = torch.randn(16, K).to(row_dtype(form, dtype))
+    got = _product(form, weight, dtype)(x)
+    assert got.dtype == x.dtype
     # bfloat16 rounds to ~0.4 %; int8 adds ~1 %; 4-bit levels ~8 % (measured 5-7 % here).
-    tolerance = 0.02 if form in ("bf16", "w8a16") else 0.04 if form.startswith("w8a8") else 0.12
+    tolerance = 0.02 if form in ("bf16", "f32", "w8a16") else 0.04 if form.startswith("w8a8") else 0.12
     assert _relative(got, x.float() @ weight.t()) < tolerance
 
 
