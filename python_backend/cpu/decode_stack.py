@@ -145,13 +145,13 @@ class StackProduct:
 
     @staticmethod
     def of(product: object) -> StackProduct | None:
-        """``product`` (a ``PackedBf16``, or a ``QuantLinear`` on the VNNI kernel) as the stack calls
+        """``product`` (a ``PackedBf16``, or a ``QuantLinear`` on our int8 kernel) as the stack calls
         it; None for any other product."""
         if isinstance(product, PackedBf16):
             packed, bias = product.addresses
             return StackProduct(packed, bias, product.in_features, product.out_features, (product.packed, product.bias))
-        if isinstance(product, QuantLinear) and product.vnni is not None and product.dtype == torch.bfloat16:
-            weight = product.vnni.weight
+        if isinstance(product, QuantLinear) and product.int8_gemm is not None and product.dtype == torch.bfloat16:
+            weight = product.int8_gemm.weight
             packed, compensation = weight.addresses
             scales = cast(torch.Tensor, product.weight_scale)
             wide_bias = cast(torch.Tensor | None, product.bias_f32)
@@ -370,7 +370,7 @@ def build_stack(
         )
     products = [_product_of(m) for layer in layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
     gemm = next((p.gemm for p in products if isinstance(p, PackedBf16)), None)
-    int8 = next((p.vnni.kernel for p in products if isinstance(p, QuantLinear) and p.vnni is not None), None)
+    int8 = next((p.int8_gemm.kernel for p in products if isinstance(p, QuantLinear) and p.int8_gemm is not None), None)
     return DecodeStack.build(stacked, shape, StackKernels(norms[0].kernel, gemm, rope, kernel, silu, int8))
 
 

@@ -1,10 +1,13 @@
-"""A W8A8 int8 product of our own on CPUs with AVX512-VNNI: quantize the rows, multiply, rescale.
+"""A W8A8 int8 product of our own on x86 CPUs with AVX2: quantize the rows, multiply, rescale.
 
-Owns ``Int8Gemm`` (``native/int8_gemm.c``, built and loaded as the other native kernels are),
+Owns ``Int8Gemm`` (``native/int8_gemm.c`` where the CPU has AVX512-VNNI, else
+``native/int8_gemm_avx2.c``: the same entry points, packed weight and bits; built and loaded as
+the other native kernels are),
 ``PackedInt8`` (a layer's weight packed for it), ``BoundInt8Product`` (the two paired: one
 layer's product) and ``build_int8_gemm``. ``torch._int_mm`` reaches
 about half of VNNI's int8 rate at the row counts of decode steps (no faster than bfloat16's
-products on the same CPU), so W8A8 gained memory but not time. This kernel keeps a block of rows
+products on the same CPU), so W8A8 gained memory but not time; on an AVX2-only CPU it takes a
+reference loop, 10-25 times slower than float32's products. This kernel keeps a block of rows
 by two tiles of 16 output channels in registers, takes the input as unsigned bytes (the levels
 plus 128, the shift compensated per channel) and fuses the rescale and bias into its epilogue; a merged gate/up weight can end its product in
 silu(gate) * up (``silu_product``), the bits of the product followed by ``silu.py``'s ``silu_mul``.
@@ -18,6 +21,7 @@ May import torch and ``python_backend.cpu.native`` only.
 from __future__ import annotations
 
 import ctypes
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +30,10 @@ import torch
 
 from python_backend.cpu.native.build import bind_functions, entry_address, load_kernel
 
+logger = logging.getLogger(__name__)
+
 SOURCE = Path(__file__).with_name("native") / "int8_gemm.c"
+AVX2_SOURCE = SOURCE.with_name("int8_gemm_avx2.c")
 TILE = 16  # output channels per packed tile (int8_gemm.c)
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 _GEMM = {torch.bfloat16: "triton_chat_int8_gemm_bf16", torch.float32: "triton_chat_int8_gemm_f32"}
@@ -61,6 +68,10 @@ class Int8Gemm:
         available = library.triton_chat_int8_gemm_available
         available.restype, available.argtypes = ctypes.c_int, []
         self.available = bool(available())
+        fuses_silu = library.triton_chat_int8_gemm_fuses_silu
+        fuses_silu.restype, fuses_silu.argtypes = ctypes.c_int, []
+        # Whether the gate/up product can end in SiLU (AVX-512's arithmetic: not the AVX2 build).
+        self.fuses_silu = bool(fuses_silu())
         pack = library.triton_chat_int8_pack
         pack.restype, pack.argtypes = ctypes.c_int, [_PTR, _I64, _I64, _PTR, _PTR]
         self._pack = pack
@@ -72,15 +83,15 @@ class Int8Gemm:
         return entry_address(self._gemm[dtype])
 
     @property
-    def silu_entry(self) -> int:
-        """The address of the gate/up product that ends in SiLU (``decode_stack.py`` calls it)."""
-        return entry_address(self._gemm_silu)
+    def silu_entry(self) -> int | None:
+        """The address of the gate/up product that ends in SiLU (``decode_stack.py`` calls it); None
+        where this build has none."""
+        return entry_address(self._gemm_silu) if self.fuses_silu else None
 
-    @staticmethod
-    def ends_in_silu(weight: PackedInt8, dtype: torch.dtype) -> bool:
-        """Whether this merged gate/up weight's product can end in SiLU: two halves of whole tiles,
-        bfloat16 rows."""
-        return dtype == torch.bfloat16 and weight.out_features % (2 * TILE) == 0
+    def ends_in_silu(self, weight: PackedInt8, dtype: torch.dtype) -> bool:
+        """Whether this merged gate/up weight's product can end in SiLU here: a build that fuses it,
+        two halves of whole tiles, bfloat16 rows."""
+        return self.fuses_silu and dtype == torch.bfloat16 and weight.out_features % (2 * TILE) == 0
 
     @staticmethod
     def takes(in_features: int) -> bool:
@@ -138,8 +149,9 @@ class Int8Gemm:
         ``rows`` [M, K]: the same bits as ``silu_mul`` of ``product``, the product never written out."""
         if not self.ends_in_silu(weight, rows.dtype):
             raise ValueError(
-                f"a gate/up product ending in SiLU takes bfloat16 rows and halves of whole {TILE}-channel "
-                f"tiles, got {rows.dtype} rows and {weight.out_features} channels"
+                f"a gate/up product ending in SiLU takes the AVX-512 build, bfloat16 rows and halves of whole "
+                f"{TILE}-channel tiles, got {rows.dtype} rows and {weight.out_features} channels"
+                + ("" if self.fuses_silu else " on the AVX2 build")
             )
         return self._run(self._gemm_silu, rows, weight, weight_scales, bias, static_scale, weight.out_features // 2)
 
@@ -188,10 +200,18 @@ class BoundInt8Product:
 
 
 def build_int8_gemm(cache_dir: Path | None = None) -> Int8Gemm | None:
-    """The kernel where it builds and this CPU has AVX512-VNNI; None otherwise (the reason logged)."""
+    """The kernel where it builds: VNNI's where this CPU has AVX512-VNNI, else AVX2's where it has
+    AVX2; None otherwise (the reason logged)."""
     missing = "the int8 product kernel is not available: W8A8 layers use torch._int_mm"
     # Without reassociation or fused multiply-adds the epilogue rounds alike in every block and
     # path (the compiler would fuse some inlined copies and not others), so a row's result does not
-    # depend on how many rows share its call.
-    kernel = load_kernel(Int8Gemm, SOURCE, cache_dir, missing, extra_flags=("-fno-fast-math", "-ffp-contract=off"))
-    return kernel if kernel is not None and kernel.available else None
+    # depend on how many rows share its call, nor on which of the two builds runs.
+    flags = ("-fno-fast-math", "-ffp-contract=off")
+    for source in (SOURCE, AVX2_SOURCE):
+        kernel = load_kernel(Int8Gemm, source, cache_dir, missing, extra_flags=flags)
+        if kernel is None:
+            return None
+        if kernel.available:
+            return kernel
+    logger.info("this CPU has no AVX2: W8A8 layers use torch._int_mm")
+    return None

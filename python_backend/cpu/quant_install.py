@@ -36,7 +36,7 @@ class QuantFusedProjections(FusedProjections):
         self._memo = None
         self._taken = 0
         self.own = None  # the product is ``merged``'s, not our bfloat16 kernel's
-        # A gate/up pair on the VNNI kernel ends its product in silu(gate) * up in one pass.
+        # A gate/up pair on our int8 kernel (its AVX-512 build) ends its product in silu(gate) * up in one pass.
         self.ends_in_silu = len(widths) == 2 and widths[0] == widths[1] and merged.ends_in_silu
         self.row_tile = 0
 
@@ -45,7 +45,7 @@ class QuantFusedProjections(FusedProjections):
 
     def silu_mul_unchecked(self, x: torch.Tensor) -> torch.Tensor:
         if not self.ends_in_silu:
-            raise ValueError("only a gate/up pair of whole tiles on the int8 VNNI kernel ends in SiLU")
+            raise ValueError("only a gate/up pair of whole tiles on the AVX-512 int8 kernel ends in SiLU")
         return self.product.silu_product_unchecked(x)
 
 
@@ -62,8 +62,8 @@ def _install_merged(
         return False
     weights = [parts[name][0] for name in names]
     merged = concat_weights(weights)
-    vnni = int8 is not None and int8.gemm is not None and Int8Gemm.handles_dtype(dtype)
-    if merged is None or len({choose_kernel(w, device, vnni, dtype) for w in weights}) != 1:
+    native = int8 is not None and int8.gemm is not None and Int8Gemm.handles_dtype(dtype)
+    if merged is None or len({choose_kernel(w, device, native, dtype) for w in weights}) != 1:
         return False
     biases = [parts[name][1] for name in names]
     bias = None

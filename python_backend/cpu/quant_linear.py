@@ -8,10 +8,10 @@ layers in place.
 
 Kernels (``QuantLinear.kernel`` names the one a layer runs):
 
-- ``int8_vnni`` (W8A8 on CPUs with AVX512-VNNI): our own int8 product (``int8_gemm.py``), the
-  rows quantized to unsigned bytes and the result rescaled in the same C library; the weight is
-  held only in its packed layout.
-- ``int_mm`` (W8A8 elsewhere, and float16 layers or widths not divisible by 4 beside VNNI):
+- ``int8_gemm`` (W8A8 on x86 CPUs with AVX2): our own int8 product (``int8_gemm.py``; VPDPBUSD
+  where the CPU has AVX512-VNNI, VPMADDWD on AVX2, the same bits), the rows quantized and the
+  result rescaled in the same C library; the weight is held only in its packed layout.
+- ``int_mm`` (W8A8 elsewhere, and float16 layers or widths not divisible by 4 beside our product):
   activations quantized per row (dynamic) or with the checkpoint's static scale, then
   ``torch._int_mm`` (oneDNN's int8 GEMM with VNNI/AMX on x86; cuBLASLt on CUDA), int32 results
   scaled back per row and per output channel. On CPU the two passes around the product run in C
@@ -54,9 +54,9 @@ _CUDA_MIN_ROWS = 17
 
 @dataclass(frozen=True)
 class Int8Paths:
-    """The C paths of W8A8 products on CPU: our int8 product where the CPU has AVX512-VNNI (``gemm``),
-    and ``torch._int_mm`` with the row passes in C (``rows``) for the layers it does not take (no
-    VNNI, float16, a width not divisible by 4); both None: PyTorch's passes."""
+    """The C paths of W8A8 products on CPU: our int8 product where the CPU has AVX2 (``gemm``), and
+    ``torch._int_mm`` with the row passes in C (``rows``) for the layers it does not take (no AVX2,
+    float16, a width not divisible by 4); both None: PyTorch's passes."""
 
     rows: Int8RowsKernel | None = None
     gemm: Int8Gemm | None = None
@@ -144,10 +144,10 @@ def concat_weights(weights: list[QuantWeight]) -> QuantWeight | None:
 
 
 def choose_kernel(
-    weight: QuantWeight, device: torch.device, vnni: bool = False, dtype: torch.dtype = torch.bfloat16
+    weight: QuantWeight, device: torch.device, native_int8: bool = False, dtype: torch.dtype = torch.bfloat16
 ) -> str:
     """The product that serves ``weight`` on ``device`` for ``dtype`` layers (the module docstring
-    lists them); ``vnni``: whether our int8 product (``int8_gemm.py``) is available for this dtype."""
+    lists them); ``native_int8``: whether our int8 product (``int8_gemm.py``) is available for this dtype."""
     per_channel = weight.group_size == weight.in_features
     if device.type == "npu":
         if dtype not in HALF_DTYPES or weight.bits != 8:
@@ -157,7 +157,7 @@ def choose_kernel(
         takes = weight_quant_takes(weight.in_features, weight.group_size, weight.offset is not None)
         return "npu_weight_quant" if takes else "dequant"
     if weight.activations != "none":
-        return "int8_vnni" if vnni and device.type == "cpu" and Int8Gemm.takes(weight.in_features) else "int_mm"
+        return "int8_gemm" if native_int8 and device.type == "cpu" and Int8Gemm.takes(weight.in_features) else "int_mm"
     if device.type == "cpu" and weight.bits == 8 and per_channel and weight.zero is None and weight.offset is None:
         return "int8pack"
     if (
@@ -213,13 +213,13 @@ class QuantLinear(torch.nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().to(device, dtype), persistent=False)
         rows_kernel = int8.rows if int8 is not None else None
         self._rows_kernel = rows_kernel if self.kernel == "int_mm" and device.type == "cpu" else None
-        self._vnni: BoundInt8Product | None = None
-        if self.kernel == "int8_vnni" and gemm is not None:
-            self._vnni = gemm.bind(weight.values.cpu())
-        in_c = self._rows_kernel is not None or self._vnni is not None  # the bias is added in float32 there
+        self._int8_gemm: BoundInt8Product | None = None
+        if self.kernel == "int8_gemm" and gemm is not None:
+            self._int8_gemm = gemm.bind(weight.values.cpu())
+        in_c = self._rows_kernel is not None or self._int8_gemm is not None  # the bias is added in float32 there
         f32_bias = bias.detach().float().contiguous().to(device) if bias is not None and in_c else None
         self.register_buffer("bias_f32", f32_bias, persistent=False)
-        if self.kernel in ("int_mm", "int8_vnni"):
+        if self.kernel in ("int_mm", "int8_gemm"):
             static = weight.input_scale
             self.register_buffer(
                 "input_scale", None if static is None else static.float().reshape(1, 1).to(device), persistent=False
@@ -235,9 +235,9 @@ class QuantLinear(torch.nn.Module):
                 )
             for name, tensor in self._npu.tensors().items():
                 self.register_buffer(f"npu_{name}", tensor, persistent=False)
-        elif self._vnni is not None:
-            self.register_buffer("weight_packed", self._vnni.weight.packed, persistent=False)
-            self.register_buffer("weight_compensation", self._vnni.weight.compensation, persistent=False)
+        elif self._int8_gemm is not None:
+            self.register_buffer("weight_packed", self._int8_gemm.weight.packed, persistent=False)
+            self.register_buffer("weight_compensation", self._int8_gemm.weight.compensation, persistent=False)
             self.register_buffer("weight_scale", weight.scale.reshape(-1).float().contiguous(), persistent=False)
         elif self.kernel == "int_mm":
             # cuBLASLt wants [K, N] in memory; oneDNN is faster with the transposed view of [N, K].
@@ -267,25 +267,26 @@ class QuantLinear(torch.nn.Module):
             self.register_buffer("weight_offset", offset, persistent=False)
 
     @property
-    def vnni(self) -> BoundInt8Product | None:
-        """The VNNI int8 product this layer runs, or None (another kernel)."""
-        return self._vnni
+    def int8_gemm(self) -> BoundInt8Product | None:
+        """Our int8 product this layer runs (``int8_gemm.py``), or None (another kernel)."""
+        return self._int8_gemm
 
     @property
     def ends_in_silu(self) -> bool:
-        """Whether this (merged gate/up) layer's product can end in silu(gate) * up: the VNNI kernel's,
-        on bfloat16 rows, with halves of whole tiles (``Int8Gemm.silu_product``)."""
-        return self._vnni is not None and Int8Gemm.ends_in_silu(self._vnni.weight, self.dtype)
+        """Whether this (merged gate/up) layer's product can end in silu(gate) * up: our int8 kernel's
+        AVX-512 build, on bfloat16 rows, with halves of whole tiles (``Int8Gemm.silu_product``)."""
+        gemm = self._int8_gemm
+        return gemm is not None and gemm.kernel.ends_in_silu(gemm.weight, self.dtype)
 
     def silu_product_unchecked(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of this merged gate/up layer's product, never written out: the bits of
         ``silu_mul(apply_unchecked(x))``. Only where ``ends_in_silu``."""
-        if self._vnni is None:
-            raise ValueError(f"only the int8_vnni kernel's products end in SiLU, this layer runs {self.kernel}")
+        if self._int8_gemm is None:
+            raise ValueError(f"only the int8_gemm kernel's products end in SiLU, this layer runs {self.kernel}")
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         rows = flat if flat.stride(-1) == 1 else flat.contiguous()
-        out = self._vnni.silu_product(rows, self.weight_scale, self.bias_f32, self._static)
+        out = self._int8_gemm.silu_product(rows, self.weight_scale, self.bias_f32, self._static)
         return out.reshape(*shape[:-1], self.out_features // 2)
 
     @property
@@ -301,9 +302,9 @@ class QuantLinear(torch.nn.Module):
     def apply_unchecked(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        if self._vnni is not None:
+        if self._int8_gemm is not None:
             rows = flat if flat.stride(-1) == 1 else flat.contiguous()
-            out = self._vnni(rows, self.weight_scale, self.bias_f32, self._static)
+            out = self._int8_gemm(rows, self.weight_scale, self.bias_f32, self._static)
             return out.reshape(*shape[:-1], self.out_features)
         if self._npu is not None:  # the bias is added inside the operator
             return self._npu(flat).reshape(*shape[:-1], self.out_features)

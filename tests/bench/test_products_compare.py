@@ -80,7 +80,7 @@ def test_each_round_reverses_which_side_runs_first(monkeypatch: pytest.MonkeyPat
 
 
 def _w8a8_kernel() -> str:
-    return "int8_vnni" if build_int8_gemm() is not None else "int_mm"
+    return "int8_gemm" if build_int8_gemm() is not None else "int_mm"
 
 
 def test_ours_in_w8a8_times_int8_products_and_says_so(tiny_model_dir: Path) -> None:

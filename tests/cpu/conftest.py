@@ -18,9 +18,9 @@ def int8_paths() -> Int8Paths:
 
 @pytest.fixture
 def int8_gemm(int8_paths: Int8Paths) -> Int8Gemm:
-    """The VNNI int8 product; skips without a C compiler or AVX512-VNNI."""
+    """Our int8 product (its AVX512-VNNI build, else its AVX2 one); skips without a C compiler or AVX2."""
     if int8_paths.gemm is None:
-        pytest.skip("no C compiler or no AVX512-VNNI on this CPU: W8A8 layers use torch._int_mm")
+        pytest.skip("no C compiler or no AVX2 on this CPU: W8A8 layers use torch._int_mm")
     return int8_paths.gemm
 
 

@@ -1,5 +1,6 @@
-"""The AVX512-VNNI int8 product (python_backend/cpu/int8_gemm.py): the exact integer product, rescaled,
-for every row count and width the blocks and tiles split, and its refusals."""
+"""Our int8 product (python_backend/cpu/int8_gemm.py), its AVX512-VNNI build and its AVX2 one: the exact
+integer product, rescaled, for every row count and width the blocks and tiles split, the same bits on
+either build, and its refusals."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from python_backend.cpu.int8_gemm import SOURCE, Int8Gemm
+from python_backend.cpu.int8_gemm import AVX2_SOURCE, SOURCE, Int8Gemm
 from python_backend.cpu.native.build import build_library
 from python_backend.cpu.silu import build_silu_kernel
 
@@ -62,13 +63,54 @@ def test_widths_not_divisible_by_four_are_refused(int8_gemm: Int8Gemm) -> None:
         int8_gemm.pack(torch.zeros(8, 30, dtype=torch.int8))
 
 
-def test_the_library_says_whether_this_cpu_has_vnni() -> None:
-    library = build_library(SOURCE, extra_flags=("-fno-fast-math",))
+def _build(source: Path) -> Int8Gemm:
+    library = build_library(source, extra_flags=("-fno-fast-math", "-ffp-contract=off"))
     if library is None:
         pytest.skip("no C compiler")
+    return Int8Gemm(library)
+
+
+def _as_the_kernel_rounds(
+    x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor, static: float | None
+) -> torch.Tensor:
+    """The product with the kernels' own arithmetic: levels of x * (1 / s), exact sums, then
+    (sum * s) * scale + bias in float32, rounded once to ``x``'s dtype."""
+    rows = x.float()
+    if static is None:
+        scale = (rows.abs().amax(1, keepdim=True) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    else:
+        scale = torch.full((rows.shape[0], 1), static)
+    levels = torch.round(torch.clamp(rows * (1 / scale), -128, 127))
+    sums = (levels.double() @ values.double().t()).float()
+    return ((sums * scale) * scales.reshape(1, -1) + bias).to(x.dtype)
+
+
+def test_each_build_says_whether_this_cpu_runs_it() -> None:
     flags = Path("/proc/cpuinfo").read_text()
-    kernel = Int8Gemm(library)
-    assert kernel.available == ("avx512_vnni" in flags and "avx512bw" in flags)
+    vnni, avx2 = _build(SOURCE), _build(AVX2_SOURCE)
+    assert vnni.available == ("avx512_vnni" in flags and "avx512bw" in flags)
+    assert vnni.fuses_silu == vnni.available
+    assert avx2.available == ("avx2" in flags and "f16c" in flags)
+    assert not avx2.fuses_silu and avx2.silu_entry is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_both_builds_give_the_same_bits(dtype: torch.dtype) -> None:
+    # A row's result must not depend on which CPU serves it: the sums are exact and the epilogues
+    # round alike. Where only the AVX2 build runs, it is held to the exact product instead.
+    builds = [kernel for kernel in (_build(SOURCE), _build(AVX2_SOURCE)) if kernel.available]
+    if not builds:
+        pytest.skip("neither build runs on this CPU")
+    generator = torch.Generator().manual_seed(5)
+    for n, k, rows in ((16, 4, 1), (33, 36, 2), (1000, 576, 1), (1000, 576, 7), (96, 1540, 130), (40, 8196, 2)):
+        values = torch.randint(-128, 128, (n, k), generator=generator, dtype=torch.int8)
+        scales = torch.rand(n, generator=generator) * 0.01 + 0.001
+        bias = torch.randn(n, generator=generator)
+        x = (torch.randn(rows, k, generator=generator) * 3).to(dtype)
+        for static in (None, 0.02):
+            results = [kernel.product(x, kernel.pack(values), scales, bias, static) for kernel in builds]
+            assert all(torch.equal(got.view(torch.int8), results[0].view(torch.int8)) for got in results[1:])
+            assert torch.equal(results[0], _as_the_kernel_rounds(x, values, scales, bias, static)), (n, k, rows)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -107,8 +149,8 @@ def test_a_gate_up_product_ending_in_silu_gives_the_bits_of_the_product_then_sil
     int8_gemm: Int8Gemm, bias: bool, static: float | None
 ) -> None:
     silu = build_silu_kernel()
-    if silu is None:
-        pytest.skip("no SiLU kernel on this CPU")
+    if silu is None or not int8_gemm.fuses_silu:
+        pytest.skip("no SiLU kernel on this CPU, or the AVX2 build (no fused SiLU)")
     generator = torch.Generator().manual_seed(11)
     # Halves of 1, 3 (an odd share over two threads) and 96 tiles; one or two rows stream the weight.
     for half, k in ((16, 32), (48, 128), (1536, 576)):
@@ -116,7 +158,7 @@ def test_a_gate_up_product_ending_in_silu_gives_the_bits_of_the_product_then_sil
         scales = torch.rand(2 * half, generator=generator) * 0.02 + 0.001
         offsets = torch.randn(2 * half, generator=generator) if bias else None
         packed = int8_gemm.pack(values)
-        assert Int8Gemm.ends_in_silu(packed, torch.bfloat16)
+        assert int8_gemm.ends_in_silu(packed, torch.bfloat16)
         for rows in (1, 2, 3, 6, 7, 64, 130):
             # Large inputs too: SiLU's exp overflows for the most negative gates.
             x = (torch.randn(rows, k, generator=generator) * 4).to(torch.bfloat16)
@@ -128,10 +170,14 @@ def test_a_gate_up_product_ending_in_silu_gives_the_bits_of_the_product_then_sil
 
 def test_a_gate_up_product_of_partial_tiles_or_float32_rows_is_refused_for_silu(int8_gemm: Int8Gemm) -> None:
     partial = int8_gemm.pack(torch.ones(48, 32, dtype=torch.int8))  # halves of 24 channels
-    assert not Int8Gemm.ends_in_silu(partial, torch.bfloat16)
+    assert not int8_gemm.ends_in_silu(partial, torch.bfloat16)
     with pytest.raises(ValueError, match="48 channels"):
         int8_gemm.silu_product(torch.ones(2, 32, dtype=torch.bfloat16), partial, torch.ones(48), None, None)
     whole = int8_gemm.pack(torch.ones(64, 32, dtype=torch.int8))
-    assert not Int8Gemm.ends_in_silu(whole, torch.float32)
+    assert not int8_gemm.ends_in_silu(whole, torch.float32)
+    assert int8_gemm.ends_in_silu(whole, torch.bfloat16) == int8_gemm.fuses_silu
+    if not int8_gemm.fuses_silu:
+        with pytest.raises(ValueError, match="on the AVX2 build"):
+            int8_gemm.silu_product(torch.ones(2, 32, dtype=torch.bfloat16), whole, torch.ones(64), None, None)
     with pytest.raises(ValueError, match="float32 rows"):
         int8_gemm.silu_product(torch.ones(2, 32), whole, torch.ones(64), None, None)

@@ -184,12 +184,12 @@ def test_c_passes_give_the_pytorch_product(int8_rows: Int8RowsKernel, activation
 
 @pytest.mark.parametrize("activations", ["dynamic", "static"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_vnni_product_gives_the_integer_product(int8_gemm: Int8Gemm, activations: str, dtype: torch.dtype) -> None:
+def test_our_int8_product_gives_the_integer_product(int8_gemm: Int8Gemm, activations: str, dtype: torch.dtype) -> None:
     weight = _weight(8, K, True, activations)
     bias = torch.randn(N)
     plain = QuantLinear(weight, bias, dtype, CPU)
     layer = QuantLinear(weight, bias, dtype, CPU, Int8Paths(gemm=int8_gemm))
-    assert layer.kernel == "int8_vnni" and plain.kernel == "int_mm"
+    assert layer.kernel == "int8_gemm" and plain.kernel == "int_mm"
     x = torch.randn(3, 5, K).to(dtype)
     got = layer(x)
     assert got.shape == (3, 5, N) and got.dtype == dtype
@@ -220,9 +220,9 @@ def test_c_row_passes_round_float16_as_pytorch_does(int8_rows: Int8RowsKernel) -
     assert torch.equal(got[~got.isnan()].view(torch.int16), expected[~expected.isnan()].view(torch.int16))
 
 
-@pytest.mark.usefixtures("int8_gemm")  # a CPU with the VNNI kernel, as the layers below sit beside it
+@pytest.mark.usefixtures("int8_gemm")  # a CPU with our int8 kernel, as the layers below sit beside it
 @pytest.mark.parametrize(("dtype", "width"), [(torch.float16, K), (torch.bfloat16, 30), (torch.float32, 30)])
-def test_layers_beside_the_vnni_kernel_get_the_c_row_passes(
+def test_layers_beside_our_int8_kernel_get_the_c_row_passes(
     monkeypatch: pytest.MonkeyPatch, int8_paths: Int8Paths, int8_rows: Int8RowsKernel, dtype: torch.dtype, width: int
 ) -> None:
     calls: list[int] = []

@@ -44,7 +44,7 @@ def _logits(loaded: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
 
 def _w8a8_kernel() -> str:
     """What W8A8 layers run on this CPU: our int8 product with AVX512-VNNI, else torch._int_mm."""
-    return "int8_vnni" if build_int8_gemm() is not None else "int_mm"
+    return "int8_gemm" if build_int8_gemm() is not None else "int_mm"
 
 
 def _quant_layers(loaded: LoadedModel) -> list[QuantLinear]:

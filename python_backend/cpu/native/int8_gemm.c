@@ -7,9 +7,9 @@
  * scale, narrow the rounding to bfloat16 (float32: none). The int32 sums are exact, so the result
  * is the integer product whatever the row count, the order of the sums or the split over threads.
  *
- * The weight is packed once (``triton_chat_int8_pack``): 16 output channels per tile, for each 4
- * consecutive k the 16 channels' 4 bytes, so one 64-byte load feeds one VPDPBUSD; a tile's bytes,
- * and the tiles, follow each other in memory. A block of up to ROWS rows and TILES tiles keeps its
+ * The weight is packed once (``triton_chat_int8_pack``, int8_pack.h): 16 output channels per tile,
+ * for each 4 consecutive k the 16 channels' 4 bytes, so one 64-byte load feeds one VPDPBUSD; a
+ * tile's bytes, and the tiles, follow each other in memory. A block of up to ROWS rows and TILES tiles keeps its
  * sums in registers across k; each thread takes an even, contiguous share of the tiles, walks it
  * in pairs and prefetches the next pair's weight while it works on one (ahead.h): at 3 to 16 rows
  * the wait for it was a fifth of the time. Up to STREAM_ROWS rows (a decode
@@ -20,7 +20,8 @@
  * bfloat16 rounding is followed by ``silu_mul``'s arithmetic, so the product is never written out
  * and read back and the bits are those of the two calls.
  * Built with -march=native; on a CPU without AVX512-VNNI ``triton_chat_int8_gemm_available``
- * returns 0 and the caller keeps torch._int_mm.
+ * returns 0 and the caller loads int8_gemm_avx2.c's product instead, which takes the same packed
+ * weight and gives the same bits.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -28,12 +29,12 @@
 
 #include "ahead.h"
 #include "bf16.h"
+#include "int8_pack.h"
 #include "int8_quantize.h"
 #include "silu_math.h"
 
 #define ROWS 6
 #define TILES 2
-#define TILE 16
 /* Up to STREAM_ROWS rows of up to STREAM_DEPTH bytes take the streaming path: UNROLL chains of
  * VPDPBUSD per row, and the first BURST bytes of each thread's share requested at once. */
 #define STREAM_ROWS 2
@@ -43,34 +44,12 @@
 /* Products worth a parallel region: below this many multiply-adds the team's wake-up costs more. */
 #define PARALLEL_MACS (1 << 18)
 
-/* Packs ``w`` [n, k] (k a multiple of 4) into ``packed`` [ceil(n / 16) * 16 * k] and writes
- * ``compensation`` [ceil(n / 16) * 16]: 128 times each channel's sum (0 for the padding). */
-int triton_chat_int8_pack(const int8_t *w, int64_t n, int64_t k, int8_t *packed, int32_t *compensation) {
-    if (n <= 0 || k <= 0 || k % 4 != 0) return -1;
-    const int64_t tiles = (n + TILE - 1) / TILE, groups = k / 4;
-    for (int64_t t = 0; t < tiles; ++t) {
-        for (int64_t j = 0; j < TILE; ++j) {
-            const int64_t channel = t * TILE + j;
-            int32_t sum = 0;
-            for (int64_t g = 0; g < groups; ++g) {
-                int8_t *dst = packed + (t * groups + g) * (TILE * 4) + j * 4;
-                for (int b = 0; b < 4; ++b) {
-                    const int8_t value = channel < n ? w[channel * k + g * 4 + b] : 0;
-                    dst[b] = value;
-                    sum += value;
-                }
-            }
-            compensation[channel] = 128 * sum;
-        }
-    }
-    return 0;
-}
-
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #include <omp.h>
 
 int triton_chat_int8_gemm_available(void) { return 1; }
+int triton_chat_int8_gemm_fuses_silu(void) { return 1; }
 
 typedef struct {
     const uint8_t *a; /* the levels, [m, k] */
@@ -390,6 +369,7 @@ int triton_chat_int8_gemm_silu_bf16(const void *x, int64_t x_stride, int64_t m, 
 #else
 
 int triton_chat_int8_gemm_available(void) { return 0; }
+int triton_chat_int8_gemm_fuses_silu(void) { return 0; }
 
 #define GEMM(NAME, BF16)                                                                                        \
     int NAME(const void *x, int64_t x_stride, int64_t m, int64_t k, float static_scale, const int8_t *packed, \

@@ -5,14 +5,15 @@
  *
  * stored as bytes: ``offset`` 0 gives the signed levels torch._int_mm takes, 128 the unsigned ones
  * VPDPBUSD multiplies (the shift compensated per channel by the product). Written once so that both
- * products quantize alike; each file still compiles it with its own flags, and on AVX-512 it is
- * written with vector intrinsics so that every build vectorises it.
+ * products quantize alike; each file still compiles it with its own flags, and on AVX-512 and AVX2
+ * it is written with vector intrinsics so that every build vectorises it.
  */
 #ifndef TRITON_CHAT_INT8_QUANTIZE_H
 #define TRITON_CHAT_INT8_QUANTIZE_H
 
 #include <float.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "bf16.h"
 
@@ -76,6 +77,59 @@ static inline __m512 int8_load_f16(const uint16_t *row, __mmask16 mask) {
                                                    shift);                                                 \
             _mm512_mask_cvtepi32_storeu_epi8(out + d, mask, level);                                        \
         }                                                                                                  \
+        return scale;                                                                                      \
+    }
+
+#elif defined(__AVX2__) && defined(__F16C__)
+#include <immintrin.h>
+
+/* Eight values of a row as float32. */
+static inline __m256 int8_load_bf16(const uint16_t *row) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)row));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+static inline __m256 int8_load_f32(const float *row) { return _mm256_loadu_ps(row); }
+
+static inline __m256 int8_load_f16(const uint16_t *row) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)row)); /* exact, subnormals too */
+}
+
+/* The AVX-512 path's arithmetic eight lanes at a time, the tail in the scalar loop's: the same
+ * levels and scale (MAXPS's NaN rule as above; CVTPS2DQ rounds to nearest even). */
+#define INT8_QUANTIZE_ROW(NAME, TYPE, WIDEN, LOAD)                                                        \
+    static inline float NAME(const TYPE *row, int64_t dim, float static_scale, int offset, uint8_t *out) { \
+        const int64_t whole = dim - dim % 8;                                                               \
+        float scale = static_scale;                                                                        \
+        if (scale <= 0.0f) {                                                                               \
+            const __m256 sign = _mm256_set1_ps(-0.0f);                                                     \
+            __m256 top8 = _mm256_setzero_ps();                                                             \
+            for (int64_t d = 0; d < whole; d += 8) top8 = _mm256_max_ps(_mm256_andnot_ps(sign, LOAD(row + d)), top8); \
+            float lanes[8], top = 0.0f;                                                                    \
+            _mm256_storeu_ps(lanes, top8);                                                                 \
+            for (int j = 0; j < 8; ++j) top = lanes[j] > top ? lanes[j] : top;                             \
+            for (int64_t d = whole; d < dim; ++d) {                                                        \
+                const float v = WIDEN(row[d]);                                                             \
+                const float a = v < 0 ? -v : v;                                                            \
+                top = a > top ? a : top;                                                                   \
+            }                                                                                              \
+            scale = int8_row_scale(top);                                                                   \
+        }                                                                                                  \
+        const float inverse = 1.0f / scale;                                                                \
+        const __m256 inverse8 = _mm256_set1_ps(inverse);                                                   \
+        const __m256 low = _mm256_set1_ps(-128.0f), high = _mm256_set1_ps(127.0f);                         \
+        const __m256i shift = _mm256_set1_epi32(offset);                                                   \
+        for (int64_t d = 0; d < whole; d += 8) {                                                           \
+            __m256 q = _mm256_mul_ps(LOAD(row + d), inverse8);                                             \
+            q = _mm256_min_ps(_mm256_max_ps(q, low), high);                                                \
+            const __m256i level = _mm256_add_epi32(_mm256_cvtps_epi32(q), shift);                          \
+            /* The low byte of each lane: the level's byte, signed or shifted. */                          \
+            const __m256i bytes = _mm256_shuffle_epi8(level, _mm256_set1_epi32(0x0c080400));               \
+            const int32_t first = _mm256_extract_epi32(bytes, 0), second = _mm256_extract_epi32(bytes, 4); \
+            memcpy(out + d, &first, 4);                                                                    \
+            memcpy(out + d + 4, &second, 4);                                                               \
+        }                                                                                                  \
+        for (int64_t d = whole; d < dim; ++d) out[d] = int8_level(WIDEN(row[d]), inverse, offset);        \
         return scale;                                                                                      \
     }
 
