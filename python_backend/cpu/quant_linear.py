@@ -33,6 +33,7 @@ The merged products keep the model's own forward (``ProjectionSlice``), and the 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -283,11 +284,16 @@ class QuantLinear(torch.nn.Module):
         ``silu_mul(apply_unchecked(x))``. Only where ``ends_in_silu``."""
         if self._int8_gemm is None:
             raise ValueError(f"only the int8_gemm kernel's products end in SiLU, this layer runs {self.kernel}")
+        return self._on_int8_gemm(self._int8_gemm.silu_product, x, self.out_features // 2)
+
+    def _on_int8_gemm(self, product: Callable[..., torch.Tensor], x: torch.Tensor, width: int) -> torch.Tensor:
+        """``product`` (one of our int8 kernel's, bound to this weight) on ``x``'s rows, made
+        contiguous where they are not, as ``[..., width]``."""
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         rows = flat if flat.stride(-1) == 1 else flat.contiguous()
-        out = self._int8_gemm.silu_product(rows, self.weight_scale, self.bias_f32, self._static)
-        return out.reshape(*shape[:-1], self.out_features // 2)
+        out = product(rows, self.weight_scale, self.bias_f32, self._static)
+        return out.reshape(*shape[:-1], width)
 
     @property
     def static_input_scale(self) -> float | None:
@@ -300,12 +306,10 @@ class QuantLinear(torch.nn.Module):
         return self.apply_unchecked(x)
 
     def apply_unchecked(self, x: torch.Tensor) -> torch.Tensor:
+        if self._int8_gemm is not None:
+            return self._on_int8_gemm(self._int8_gemm, x, self.out_features)
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        if self._int8_gemm is not None:
-            rows = flat if flat.stride(-1) == 1 else flat.contiguous()
-            out = self._int8_gemm(rows, self.weight_scale, self.bias_f32, self._static)
-            return out.reshape(*shape[:-1], self.out_features)
         if self._npu is not None:  # the bias is added inside the operator
             return self._npu(flat).reshape(*shape[:-1], self.out_features)
         if self._rows_kernel is not None and self._rows_kernel.handles(flat):
