@@ -4,8 +4,10 @@ At concurrency 1 a decode step reads every weight once (and the request's keys a
 its time cannot go below ``bytes read / read bandwidth``. This benchmark measures the read
 bandwidth with the engine's thread count before each variant (the best of several sums over a
 buffer far larger than the caches; the bound uses the best reading so far), counts the bytes a
-step reads from the checkpoint (every tensor at the serving dtype's width; the input embedding
-only where the output head does not share it, since a step reads one of its rows), adds the keys
+step reads from the checkpoint (every tensor at the serving dtype's width, a quantized folder's
+integer weights at theirs and, for a ``quantization=int8`` variant, the decoder's projections at one
+byte; the input embedding only where the output head does not share it, since a step reads one of
+its rows), adds the keys
 and values of the request's context, and runs ``traffic.py`` distinct prompts one at a time
 through the engine in-process for each ``--variant`` (as in ``engine_ab.py``). Prints one JSON
 line per variant: the bound, ITL p50/p99, the time per output token (which counts every token of
@@ -37,6 +39,9 @@ from python_backend.protocol.settings import SettingsError
 
 _WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2}
 _EMBEDDINGS = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight")
+# The decoder's linear layers, which ``--quantization int8`` makes int8.
+_PROJECTIONS = tuple(f"{name}_proj.weight" for name in ("q", "k", "v", "o", "gate", "up", "down"))
+_INTEGER_WIDTH = {"I8": 1, "U8": 1, "I16": 2, "I32": 4}
 
 
 @dataclass(frozen=True)
@@ -69,26 +74,35 @@ def measure_bandwidth(threads: int, megabytes: int = 1024) -> float:
         return float(pool.apply(_bandwidth_with, (threads, megabytes)))
 
 
-def step_bytes(model: Path, dtype: str, kv_width: int) -> StepBytes:
-    """What one decode step of the checkpoint in ``model`` reads, at ``dtype``'s width."""
+def step_bytes(model: Path, dtype: str, kv_width: int, quantization: str = "auto") -> StepBytes:
+    """What one decode step of the checkpoint in ``model`` reads, at ``dtype``'s width: the decoder's
+    projections at one byte under ``quantization=int8`` (made at load), a quantized folder's integer
+    tensors at their stored width (the engine keeps them so); ``gguf`` counts the widened folder."""
     config = json.loads((model / "config.json").read_text())
     text = config.get("text_config", config)
-    elements, embedding = 0, 0
+    quantized_folder = quantization == "auto" and "quantization_config" in (config.keys() | text.keys())
+    total, embedding = 0, 0
     for shard in sorted(model.glob("*.safetensors")):
         with safe_open(str(shard), framework="pt") as tensors:
             for name in tensors.keys():  # noqa: SIM118  (safe_open has keys(), no __iter__)
-                count = math.prod(tensors.get_slice(name).get_shape())
-                elements += count
+                tensor = tensors.get_slice(name)
+                width = _WIDTH[dtype]
+                if quantization == "int8" and name.endswith(_PROJECTIONS) and ".layers." in name:
+                    width = 1
+                elif quantized_folder and tensor.get_dtype() in _INTEGER_WIDTH:
+                    width = _INTEGER_WIDTH[tensor.get_dtype()]
+                size = math.prod(tensor.get_shape()) * width
+                total += size
                 if name.endswith(_EMBEDDINGS):
-                    embedding += count
-    if not elements:
+                    embedding += size
+    if not total:
         raise SystemExit(f"{model} has no .safetensors weights to count")
     tied = bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", True)))
-    read = elements if tied else elements - embedding  # untied: a step reads one embedding row
+    read = total if tied else total - embedding  # untied: a step reads one embedding row
     heads = int(text["num_attention_heads"])
     head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
     kv = 2 * int(text["num_hidden_layers"]) * int(text.get("num_key_value_heads", heads)) * head_dim * kv_width
-    return StepBytes(weights=read * _WIDTH[dtype], kv_per_token=kv)
+    return StepBytes(weights=read, kv_per_token=kv)
 
 
 def main() -> None:
@@ -114,7 +128,7 @@ def main() -> None:
         best = max(best, measure_bandwidth(chosen.torch_threads or threads, args.buffer_mb))
         bandwidth = best
         kv_width = 2 if chosen.kv_cache_dtype == "bfloat16" or args.dtype == "bfloat16" else 4
-        bytes_read = step_bytes(args.model, args.dtype, kv_width)
+        bytes_read = step_bytes(args.model, args.dtype, kv_width, chosen.quantization)
         # The mean context over a request's decode steps: its prompt (about 1.3 tokens a word
         # with the chat template) and half its output.
         context = 1.3 * args.input_len + args.output_len / 2

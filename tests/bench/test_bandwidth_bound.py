@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from benchmarks.bandwidth_bound import StepBytes, read_bandwidth, step_bytes
+from tests.fixtures.quantized_models import build_quantized
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,6 +31,25 @@ def test_step_bytes_count_each_weight_once_at_the_serving_width(tiny_model_dir: 
     expected = StepBytes(weights=elements * 4, kv_per_token=per_layer * config.num_hidden_layers * 4)
     assert step_bytes(tiny_model_dir, "float32", 4) == expected
     assert step_bytes(tiny_model_dir, "bfloat16", 2).weights == elements * 2
+
+
+def test_int8_projections_count_one_byte_each(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # --quantization int8 makes the decoder's projections int8; a W8A8 folder stores them so.
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    projections = sum(
+        m.weight.numel()
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and name.split(".")[-1].endswith("_proj")
+    )
+    assert projections > 0
+    full = step_bytes(tiny_model_dir, "float32", 4)
+    made = step_bytes(tiny_model_dir, "float32", 4, "int8")
+    assert full.weights - made.weights == projections * 3
+    assert step_bytes(tiny_model_dir, "float32", 4, "none") == full
+    folder = build_quantized(tiny_model_dir, tmp_path / "w8a8", "w8a8")
+    stored = step_bytes(folder, "float32", 4)
+    # The folder adds a float scale per output channel beside each int8 weight.
+    assert made.weights <= stored.weights < made.weights + projections // 4
 
 
 def test_read_bandwidth_is_a_rate() -> None:
