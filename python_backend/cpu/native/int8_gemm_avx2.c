@@ -8,9 +8,9 @@
  * values, exactly: the levels are widened once per call, and each 16-byte quarter of a packed
  * group (four channels by four k, int8_pack.h) is sign-extended and multiplied by VPMADDWD with
  * the row's four levels, which leaves two partial sums per channel; the block adds them up at the
- * end. A block of up to ROWS rows keeps one tile's sums in registers and reads the tile's weight
- * once for them. The weight stays int8 in memory: a decode step's product reads a quarter of the
- * bytes of a float32 layer's. Each thread takes an even, contiguous share of the tiles, and walks
+ * end. A block of up to ROWS rows keeps its sums in registers and reads its weight once for them.
+ * The weight stays int8 in memory: a decode step's product reads a quarter of the bytes of a
+ * float32 layer's. Each thread takes an even, contiguous share of the tiles, and walks
  * the rows in chunks so that a chunk's levels stay in its cache while it passes its tiles.
  * ``triton_chat_int8_gemm_silu_bf16`` is not built here (returns -2): the SiLU arithmetic it
  * shares with silu_mul is AVX-512's.
@@ -38,7 +38,7 @@ int triton_chat_int8_gemm_silu_bf16(const void *x, int64_t x_stride, int64_t m, 
 #include <immintrin.h>
 #include <omp.h>
 
-#define ROWS 3
+#define ROWS 4
 /* Rows per chunk: a chunk's widened levels (CHUNK * k * 2 bytes) stay in L2 across its tiles. */
 #define CHUNK 48
 /* Up to STREAM_ROWS rows of up to STREAM_DEPTH values take the path without an allocation. */
@@ -72,7 +72,8 @@ static inline __m256i channel_sums(__m256i low, __m256i high) {
 static inline __m128i narrow8(__m256 v) {
     const __m256i bits = _mm256_castps_si256(v);
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i bias = _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff));
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, bias), 16);
     const __m256i magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
     const __m256i nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f800000));
     const __m256i value = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7fc0), nan);
@@ -123,15 +124,19 @@ static inline void store8(const Product *p, int64_t r, int64_t c0, int64_t width
     }
 }
 
-/* Rows [r0, r0 + rows) against tile t: sums in registers (four quarters of four channels per row),
- * then rescaled and stored. */
+/* Rows [r0, r0 + rows) against ``halves`` halves of tile t from half ``half0`` (a half: 8 channels, two
+ * quarters of each packed group): sums in registers, then rescaled and stored. Up to two rows take
+ * the whole tile in one pass (8 sums, 4 weight registers); more take a half at a time, so that 4
+ * rows' sums, the half's 2 weight registers and the levels fit AVX2's 16 registers (a whole tile
+ * of 3 rows spilled 9 of its 12 sums to the stack on every step). */
 static inline __attribute__((always_inline)) void block(const Product *p, int64_t r0, const int rows, int64_t t,
-                                                        int bf16) {
+                                                        const int half0, const int halves, int bf16) {
+    const int q0 = 2 * half0, quarters = 2 * halves;
     __m256i acc[ROWS][4];
     for (int r = 0; r < rows; ++r)
-        for (int q = 0; q < 4; ++q) acc[r][q] = _mm256_setzero_si256();
+        for (int q = 0; q < quarters; ++q) acc[r][q] = _mm256_setzero_si256();
     const int64_t groups = p->k / 4;
-    const int8_t *b = p->packed + t * groups * (TILE * 4);
+    const int8_t *b = p->packed + t * groups * (TILE * 4) + q0 * 16;
     const int16_t *a = p->a + r0 * p->k;
     for (int64_t g = 0; g < groups; ++g) {
         __m256i levels[ROWS];
@@ -140,24 +145,49 @@ static inline __attribute__((always_inline)) void block(const Product *p, int64_
             memcpy(&four, a + r * p->k + g * 4, sizeof four);
             levels[r] = _mm256_set1_epi64x(four);
         }
-        for (int q = 0; q < 4; ++q) {
+        for (int q = 0; q < quarters; ++q) {
             const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + g * (TILE * 4) + q * 16)));
             for (int r = 0; r < rows; ++r) acc[r][q] = _mm256_add_epi32(acc[r][q], _mm256_madd_epi16(w, levels[r]));
         }
     }
-    const int64_t c0 = t * TILE;
-    for (int r = 0; r < rows; ++r) {
-        store8(p, r0 + r, c0, p->n - c0 < 8 ? p->n - c0 : 8, channel_sums(acc[r][0], acc[r][1]), bf16);
-        store8(p, r0 + r, c0 + 8, p->n - c0 - 8 < 8 ? p->n - c0 - 8 : 8, channel_sums(acc[r][2], acc[r][3]), bf16);
+    /* A copy for the epilogue, as int8_gemm.c's block makes: the sums stay in registers in the loop. */
+    __m256i sums[ROWS * 4];
+    for (int r = 0; r < rows; ++r)
+        for (int q = 0; q < quarters; ++q) sums[r * 4 + q] = acc[r][q];
+    for (int r = 0; r < rows; ++r)
+        for (int h = 0; h < halves; ++h) {
+            const int64_t c0 = t * TILE + (half0 + h) * 8;
+            const __m256i channels = channel_sums(sums[r * 4 + 2 * h], sums[r * 4 + 2 * h + 1]);
+            store8(p, r0 + r, c0, p->n - c0 < 8 ? p->n - c0 : 8, channels, bf16);
+        }
+}
+
+/* Rows [r0, r0 + rows) against tile t: two rows or fewer in one pass, more a half tile at a time. */
+static inline __attribute__((always_inline)) void rows_block(const Product *p, int64_t r0, const int rows, int64_t t,
+                                                             int bf16) {
+    if (rows <= 2) {
+        block(p, r0, rows, t, 0, 2, bf16);
+    } else {
+        block(p, r0, rows, t, 0, 1, bf16);
+        block(p, r0, rows, t, 1, 1, bf16);
     }
 }
 
 /* Rows [r0, r0 + count) against tile t, ROWS at a time. */
 static void rows_of_tile(const Product *p, int64_t r0, int64_t count, int64_t t, int bf16) {
     int64_t r = r0;
-    for (; r + ROWS <= r0 + count; r += ROWS) block(p, r, ROWS, t, bf16);
-    if (r0 + count - r == 2) block(p, r, 2, t, bf16);
-    if (r0 + count - r == 1) block(p, r, 1, t, bf16);
+    for (; r + ROWS <= r0 + count; r += ROWS) rows_block(p, r, ROWS, t, bf16);
+    switch (r0 + count - r) {
+        case 3:
+            rows_block(p, r, 3, t, bf16);
+            break;
+        case 2:
+            rows_block(p, r, 2, t, bf16);
+            break;
+        case 1:
+            rows_block(p, r, 1, t, bf16);
+            break;
+    }
 }
 
 /* Row ``r`` of ``x`` quantized: its signed levels widened to 16 bits into ``levels`` [k]. */
@@ -167,7 +197,8 @@ static void quantize_row(const void *x, int64_t x_stride, int64_t r, float stati
                      : int8_quantize_row_f32((const float *)x + r * x_stride, k, static_scale, 0, bytes);
     int64_t d = 0;
     for (; d + 16 <= k; d += 16)
-        _mm256_storeu_si256((__m256i *)(levels + d), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(bytes + d))));
+        _mm256_storeu_si256((__m256i *)(levels + d),
+                            _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(bytes + d))));
     for (; d < k; ++d) levels[d] = (int8_t)bytes[d];
 }
 
