@@ -10,6 +10,7 @@ project's interpreter may sit where ``nobody`` may not enter), reading what any 
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import pwd
@@ -82,23 +83,35 @@ print(json.dumps(seen))
 """
 
 
-def _other_user_python() -> str:
+def _as_other_user() -> list[str]:
+    """The command prefix that runs a program as ``nobody:nogroup`` with no other groups.
+
+    ``setpriv`` drops the ids, not ``subprocess.run(user=...)``: with ids to change, CPython
+    forks instead of vforking, so the pytest process's gRPC fork handlers run in the child,
+    where one restarted a poller that died on the descriptors the child closes (SIGABRT).
+    """
     if os.geteuid() != 0:
         pytest.skip("running a process as another user needs root")
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("no setpriv on this machine")
     try:
-        pwd.getpwnam(OTHER_USER)
+        uid = pwd.getpwnam(OTHER_USER).pw_uid
+        gid = grp.getgrnam("nogroup").gr_gid
     except KeyError:
-        pytest.skip(f"no user {OTHER_USER!r} on this machine")
+        pytest.skip(f"no user {OTHER_USER!r} or group 'nogroup' on this machine")
+    return [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
+
+
+def _other_user_python(as_other: list[str]) -> str:
     for candidate in ("/usr/bin/python3", "/usr/local/bin/python3", shutil.which("python3")):
-        if candidate and os.access(candidate, os.X_OK) and _runs_as_other_user(candidate):
+        if candidate and os.access(candidate, os.X_OK) and _runs_as_other_user(as_other, candidate):
             return candidate
     pytest.skip(f"no Python that {OTHER_USER!r} may run")
 
 
-def _runs_as_other_user(python: str) -> bool:
-    done = subprocess.run(
-        [python, "-c", "pass"], user=OTHER_USER, group="nogroup", extra_groups=[], cwd="/", capture_output=True
-    )
+def _runs_as_other_user(as_other: list[str], python: str) -> bool:
+    done = subprocess.run([*as_other, python, "-c", "import os; assert os.getuid() != 0"], cwd="/", capture_output=True)
     return done.returncode == 0
 
 
@@ -124,7 +137,8 @@ def _tcp_listen_ports(pids: list[int]) -> set[int]:
 
 @pytest.mark.parametrize("keyed", [True, False], ids=["key-in-environment", "no-key"])
 def test_another_local_user_reaches_only_the_frontend(tiny_model_dir: Path, tmp_path: Path, keyed: bool) -> None:
-    python = _other_user_python()
+    as_other = _as_other_user()
+    python = _other_user_python(as_other)
     env = {"TRITON_CHAT_API_KEY": KEY} if keyed else {}
     launcher, port = _start_launcher(tiny_model_dir, tmp_path, env=env)
     lines: list[str] = []
@@ -144,10 +158,7 @@ def test_another_local_user_reaches_only_the_frontend(tiny_model_dir: Path, tmp_
         assert shm and all(Path(path).exists() for path in shm)  # the stub's requests and responses
         job = json.dumps({"pids": pids, "shm": shm, "sockets": sockets, "ports": [], "frontend": port})
         probe = subprocess.run(
-            [python, "-c", PROBE, job],
-            user=OTHER_USER,
-            group="nogroup",
-            extra_groups=[],
+            [*as_other, python, "-c", PROBE, job],
             cwd="/",
             env={"PATH": "/usr/bin:/bin"},
             capture_output=True,
