@@ -229,7 +229,7 @@ class DecodeStack:
             kernels.gemm.gemm_address if kernels.gemm is not None else None,
             kernels.rope.entry(bf16),
             kernels.attention.entry(bf16, bf16),
-            kernels.silu.silu_mul_address,
+            kernels.silu.silu_mul_entry(bf16),
             kernels.int8.entry(bf16) if kernels.int8 is not None else None,
             kernels.gemm.gemm_silu_address if kernels.gemm is not None else None,
             kernels.int8.silu_entry if kernels.int8 is not None else None,

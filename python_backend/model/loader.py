@@ -298,7 +298,7 @@ def load_model(settings: EngineSettings) -> LoadedModel:
                 fuse_norms(base.get_decoder(), norms)
             rope = build_rope_kernel() if norms is not None else None
             prompt = build_prompt_kernel() if norms is not None else None
-            silu = build_silu_kernel() if norms is not None and placement.dtype == torch.bfloat16 else None
+            silu = build_silu_kernel(placement.dtype) if norms is not None else None
             if silu is not None:
                 fuse_silu(base.get_decoder(), silu)  # as the norms: the lean step runs the same SiLU
             # None where it would not equal the model's forward.

@@ -108,7 +108,7 @@ def test_a_bfloat16_model_loads_onto_the_kernel(bf16_gemm: Bf16Gemm, tiny_model_
 def test_a_gate_up_product_ending_in_silu_gives_the_bits_of_the_product_then_silu_mul(
     bf16_gemm: Bf16Gemm, bias: bool
 ) -> None:
-    silu = build_silu_kernel()
+    silu = build_silu_kernel(torch.bfloat16)
     if silu is None:
         pytest.skip("no SiLU kernel on this CPU")
     torch.manual_seed(5)

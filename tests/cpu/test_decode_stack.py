@@ -22,7 +22,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module", autouse=True)
 def _kernels() -> None:
-    if build_bf16_gemm() is None or build_silu_kernel() is None:
+    if build_bf16_gemm() is None or build_silu_kernel(torch.bfloat16) is None:
         pytest.skip("no C compiler, no AVX512-BF16, or an AMX CPU: decode steps keep the lean step")
 
 

@@ -148,7 +148,7 @@ def test_one_or_two_rows_equal_their_rows_of_a_larger_product(
 def test_a_gate_up_product_ending_in_silu_gives_the_bits_of_the_product_then_silu_mul(
     int8_gemm: Int8Gemm, bias: bool, static: float | None
 ) -> None:
-    silu = build_silu_kernel()
+    silu = build_silu_kernel(torch.bfloat16)
     if silu is None or not int8_gemm.fuses_silu:
         pytest.skip("no SiLU kernel on this CPU, or the AVX2 build (no fused SiLU)")
     generator = torch.Generator().manual_seed(11)

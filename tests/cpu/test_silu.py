@@ -1,5 +1,6 @@
 """The one-pass SiLU (python_backend/cpu/silu.py): PyTorch's SiLU up to its exp, ``silu_mul`` exactly
-``silu(gate) * up`` as PyTorch rounds it, rows independent, and the model's MLPs given the kernel."""
+``silu(gate) * up`` as PyTorch rounds it, rows independent, for bfloat16 rows (AVX-512) and float32
+ones (AVX2), and a model's MLPs given the kernel of its dtype."""
 
 from __future__ import annotations
 
@@ -11,13 +12,24 @@ import torch
 from python_backend.cpu.silu import NativeSiLU, SiluKernel, build_silu_kernel
 from tests.fixtures.engine_driver import load_on_cpu
 
+DTYPES = [torch.bfloat16, torch.float32]
+
+
+def _kernel(dtype: torch.dtype) -> SiluKernel:
+    kernel = build_silu_kernel(dtype)
+    if kernel is None:
+        pytest.skip(f"no C compiler, or no {dtype} build on this CPU: models keep PyTorch's SiLU")
+    return kernel
+
 
 @pytest.fixture(scope="module")
 def silu() -> SiluKernel:
-    kernel = build_silu_kernel()
-    if kernel is None:
-        pytest.skip("no C compiler or no AVX-512 on this CPU: models keep PyTorch's SiLU")
-    return kernel
+    return _kernel(torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def silu_f32() -> SiluKernel:
+    return _kernel(torch.float32)
 
 
 def test_silu_is_pytorchs_within_one_bfloat16_step(silu: SiluKernel) -> None:
@@ -32,29 +44,61 @@ def test_silu_is_pytorchs_within_one_bfloat16_step(silu: SiluKernel) -> None:
     assert got[0, :3].tolist() == [-0.0, 100.0, 0.0]
 
 
-def test_silu_mul_is_silu_times_up_rounded_as_pytorch(silu: SiluKernel) -> None:
+def test_float32_silu_is_pytorchs_within_its_exps_ulps(silu_f32: SiluKernel) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(37, 1003) * 6  # a width that is no multiple of 8
+    x[0, :6] = torch.tensor([-100.0, 100.0, 0.0, float("inf"), float("-inf"), float("nan")])
+    got, expected = silu_f32.silu(x), torch.nn.functional.silu(x)
+    # Edges as PyTorch's: exp(100) overflows (-0), inf stays, -inf/inf and NaN are NaN.
+    assert got[0, :5].tolist()[:4] == [-0.0, 100.0, 0.0, float("inf")] and got[0, 4:6].isnan().all()
+    close = (got[:, 6:] - expected[:, 6:]).abs() <= 4 * torch.finfo(torch.float32).eps * expected[:, 6:].abs()
+    assert close.all()
+    # From -120 to 120: the whole range where exp is reduced, overflows or underflows.
+    wide = torch.linspace(-120, 120, 24001)
+    exact = torch.nn.functional.silu(wide.double())
+    assert torch.allclose(silu_f32.silu(wide).double(), exact, rtol=4e-7, atol=1e-36)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_is_silu_times_up_rounded_as_pytorch(dtype: torch.dtype) -> None:
+    kernel = _kernel(dtype)
     torch.manual_seed(1)
-    gate_up = (torch.randn(5, 2 * 777) * 3).bfloat16()  # a width that is no multiple of 16
-    got = silu.silu_mul(gate_up)
-    assert got.shape == (5, 777)
-    assert torch.equal(got, silu.silu(gate_up[:, :777]) * gate_up[:, 777:])
+    gate_up = (torch.randn(5, 2 * 777) * 3).to(dtype)  # a width that is no multiple of 16
+    got = kernel.silu_mul(gate_up)
+    assert got.shape == (5, 777) and got.dtype == dtype
+    assert torch.equal(got, kernel.silu(gate_up[:, :777]) * gate_up[:, 777:])
 
 
-def test_a_row_does_not_depend_on_the_rows_beside_it(silu: SiluKernel) -> None:
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_row_does_not_depend_on_the_rows_beside_it(dtype: torch.dtype) -> None:
+    kernel = _kernel(dtype)
     torch.manual_seed(2)
-    gate_up = (torch.randn(9, 2 * 100) * 3).bfloat16()
-    together = silu.silu_mul(gate_up)
+    gate_up = (torch.randn(9, 2 * 100) * 3).to(dtype)
+    together = kernel.silu_mul(gate_up)
     for row in range(9):
-        assert torch.equal(silu.silu_mul(gate_up[row : row + 1])[0], together[row])
+        assert torch.equal(kernel.silu_mul(gate_up[row : row + 1])[0], together[row])
+    # A wide batch takes the kernel's threads: still each element on its own.
+    wide = (torch.randn(40, 2 * 2000) * 3).to(dtype)
+    assert torch.equal(kernel.silu_mul(wide)[17], kernel.silu_mul(wide[17:18])[0])
 
 
-def test_other_dtypes_keep_pytorchs_silu(silu: SiluKernel) -> None:
-    x = torch.randn(4, 8)
-    assert torch.equal(NativeSiLU(silu)(x), torch.nn.functional.silu(x))
+def test_other_dtypes_keep_pytorchs_silu() -> None:
+    kernel = build_silu_kernel(torch.float32) or build_silu_kernel(torch.bfloat16)
+    if kernel is None:
+        pytest.skip("no SiLU kernel on this CPU")
+    x = torch.randn(4, 8, dtype=torch.float16)
+    assert torch.equal(NativeSiLU(kernel)(x), torch.nn.functional.silu(x))
 
 
-def test_a_bfloat16_models_mlps_run_the_kernel(silu: SiluKernel, tiny_model_dir: Path) -> None:
-    loaded = load_on_cpu(tiny_model_dir, "bfloat16")
-    assert all(type(layer.mlp.act_fn) is NativeSiLU for layer in loaded.model.get_decoder().layers)
-    wide = load_on_cpu(tiny_model_dir, "float32")
-    assert not any(type(layer.mlp.act_fn) is NativeSiLU for layer in wide.model.get_decoder().layers)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_models_mlps_run_the_kernel_of_its_dtype(dtype: torch.dtype, tiny_model_dir: Path) -> None:
+    name = "bfloat16" if dtype == torch.bfloat16 else "float32"
+    loaded = load_on_cpu(tiny_model_dir, name)
+    acts = [layer.mlp.act_fn for layer in loaded.transformers_model.get_decoder().layers]
+    if build_silu_kernel(dtype) is None or loaded.fast_decoder is None:
+        # No kernel, or no lean step (bfloat16 without oneDNN's prepacking): PyTorch's SiLU.
+        assert not any(type(act) is NativeSiLU for act in acts)
+    else:
+        assert all(type(act) is NativeSiLU for act in acts)
+        x = torch.randn(3, 64).to(dtype)
+        assert torch.equal(acts[0](x), _kernel(dtype).silu(x))

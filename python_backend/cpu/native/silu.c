@@ -1,4 +1,5 @@
-/* SiLU for bfloat16 rows on CPUs with AVX-512, alone and times the up projection, in one pass.
+/* SiLU for bfloat16 rows on CPUs with AVX-512 and float32 rows on CPUs with AVX2 and FMA, alone
+ * and times the up projection, in one pass.
  *
  * silu(g) = round(g / (1 + exp(-g))) with g widened to float32 and ``vector_exp.h``'s exp, round()
  * to bfloat16 (nearest even): what PyTorch computes for a bfloat16 SiLU, but for its exp, within 2
@@ -7,15 +8,22 @@
  * replaced by ``silu``) and the lean decode step (``silu_mul``) agree bit for bit. Each row is done
  * 16 lanes at a time with a masked tail, so an element's result depends on nothing but its value.
  * Built with -ffp-contract=off: the division and the product are each rounded as PyTorch rounds.
+ *
+ * Float32 rows take the same arithmetic 8 lanes at a time (``vector_exp.h``'s ``exp8_ps``), with
+ * no rounding but float32's: silu(g) = g / (1 + exp(-g)), and silu_mul = silu(g) * u.
+ * ``triton_chat_silu_dtypes`` says which builds this CPU has (1: bfloat16, 2: float32).
  */
 #include <stdint.h>
+
+#define SILU_BF16 1
+#define SILU_F32 2
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 
 #include "silu_math.h"
 
-int triton_chat_silu_available(void) { return 1; }
+#define HAVE_BF16 SILU_BF16
 
 /* out[r] = silu(x[r]) for ``rows`` rows of ``dim``. Returns 0, or -1 for bad sizes. */
 int triton_chat_silu_bf16(const uint16_t *x, int64_t x_stride, uint16_t *out, int64_t out_stride, int64_t rows,
@@ -52,7 +60,7 @@ int triton_chat_silu_mul_bf16(const uint16_t *gate_up, int64_t gate_up_stride, u
 
 #else
 
-int triton_chat_silu_available(void) { return 0; }
+#define HAVE_BF16 0
 
 int triton_chat_silu_bf16(const uint16_t *x, int64_t x_stride, uint16_t *out, int64_t out_stride, int64_t rows,
                           int64_t dim) {
@@ -67,3 +75,70 @@ int triton_chat_silu_mul_bf16(const uint16_t *gate_up, int64_t gate_up_stride, u
 }
 
 #endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+#include "vector_exp.h"
+
+#define HAVE_F32 SILU_F32
+
+static inline __m256 silu8_ps(__m256 g) {
+    const __m256 e = exp8_ps(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+/* Lanes [0, count) of 8 live: the tail of a row, read and written without touching what follows. */
+static inline __m256i live8(int64_t count) {
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(count < 8 ? count : 8)), lanes);
+}
+
+int triton_chat_silu_f32(const float *x, int64_t x_stride, float *out, int64_t out_stride, int64_t rows, int64_t dim) {
+    if (rows < 0 || dim <= 0) return -1;
+#pragma omp parallel for schedule(static) if (rows * dim >= (1 << 16))
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * x_stride;
+        float *o = out + r * out_stride;
+        for (int64_t d = 0; d < dim; d += 8) {
+            const __m256i live = live8(dim - d);
+            _mm256_maskstore_ps(o + d, live, silu8_ps(_mm256_maskload_ps(xr + d, live)));
+        }
+    }
+    return 0;
+}
+
+int triton_chat_silu_mul_f32(const float *gate_up, int64_t gate_up_stride, float *out, int64_t out_stride, int64_t rows,
+                             int64_t dim) {
+    if (rows < 0 || dim <= 0) return -1;
+#pragma omp parallel for schedule(static) if (rows * dim >= (1 << 16))
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *g = gate_up + r * gate_up_stride, *u = g + dim;
+        float *o = out + r * out_stride;
+        for (int64_t d = 0; d < dim; d += 8) {
+            const __m256i live = live8(dim - d);
+            const __m256 s = silu8_ps(_mm256_maskload_ps(g + d, live));
+            _mm256_maskstore_ps(o + d, live, _mm256_mul_ps(s, _mm256_maskload_ps(u + d, live)));
+        }
+    }
+    return 0;
+}
+
+#else
+
+#define HAVE_F32 0
+
+int triton_chat_silu_f32(const float *x, int64_t x_stride, float *out, int64_t out_stride, int64_t rows, int64_t dim) {
+    (void)x, (void)x_stride, (void)out, (void)out_stride, (void)rows, (void)dim;
+    return -2;
+}
+
+int triton_chat_silu_mul_f32(const float *gate_up, int64_t gate_up_stride, float *out, int64_t out_stride, int64_t rows,
+                             int64_t dim) {
+    (void)gate_up, (void)gate_up_stride, (void)out, (void)out_stride, (void)rows, (void)dim;
+    return -2;
+}
+
+#endif
+
+int triton_chat_silu_dtypes(void) { return HAVE_BF16 | HAVE_F32; }
