@@ -1,13 +1,14 @@
-"""A decode step's decoder layers in one native call, for bfloat16 Llama/Qwen2 models on CPU.
+"""A decode step's decoder layers in one native call, for Llama/Qwen2 models on CPU.
 
 Owns ``DecodeStack``. The lean decode step (``fast_decode.py``) calls a dozen kernels and PyTorch
 operations per layer; at a few rows each costs more in Python, ctypes and allocation than in work.
 ``native/decode_stack.c`` runs the same kernels (their own entry points, taken from the libraries
 the lean step loaded) in the same order on buffers allocated once per step, so its results are bit
 for bit the lean step's, which the tests check. It is built only where every layer's products are
-our bfloat16 kernel's (``bf16_gemm.py``) or W8A8 on our int8 kernel (``int8_gemm.py``), and the
-norms, rotary embedding, attention and SiLU are the native kernels; anything else keeps the lean
-step.
+our bfloat16 kernel's (``bf16_gemm.py``, bfloat16 models) or W8A8 on our int8 kernel
+(``int8_gemm.py``, bfloat16 or float32 models: on an AVX2-only CPU, a float32 model's
+``--quantization int8``), and the norms, rotary embedding, attention and SiLU are the native
+kernels for the model's dtype; anything else keeps the lean step.
 
 May import torch and ``python_backend.cpu`` modules below it only (not the engine: a cache is
 anything whose layers claim positions, ``CacheLayer``).
@@ -144,13 +145,13 @@ class StackProduct:
     static_scale: float = 0.0
 
     @staticmethod
-    def of(product: object) -> StackProduct | None:
+    def of(product: object, dtype: torch.dtype) -> StackProduct | None:
         """``product`` (a ``PackedBf16``, or a ``QuantLinear`` on our int8 kernel) as the stack calls
-        it; None for any other product."""
-        if isinstance(product, PackedBf16):
+        it on rows of ``dtype``; None for any other product."""
+        if isinstance(product, PackedBf16) and dtype == torch.bfloat16:
             packed, bias = product.addresses
             return StackProduct(packed, bias, product.in_features, product.out_features, (product.packed, product.bias))
-        if isinstance(product, QuantLinear) and product.int8_gemm is not None and product.dtype == torch.bfloat16:
+        if isinstance(product, QuantLinear) and product.int8_gemm is not None and product.dtype == dtype:
             weight = product.int8_gemm.weight
             packed, compensation = weight.addresses
             scales = cast(torch.Tensor, product.weight_scale)
@@ -176,7 +177,7 @@ class StackProduct:
 class StackLayer:
     """One decoder layer's weights as the stack reads them."""
 
-    input_norm: torch.Tensor  # bfloat16 [hidden]
+    input_norm: torch.Tensor  # [hidden], of the rows' dtype
     input_eps: float
     qkv: StackProduct
     o: StackProduct
@@ -189,6 +190,7 @@ class StackLayer:
 
 @dataclass(frozen=True)
 class StackShape:
+    dtype: torch.dtype  # of the rows, the norms' weights and the cache: bfloat16 or float32
     hidden: int
     heads: int
     kv_heads: int
@@ -201,7 +203,7 @@ class StackKernels:
     """The kernels the stack calls, each by its entry point."""
 
     norm: NormKernel
-    gemm: Bf16Gemm | None  # for bfloat16 products; None where every product is int8
+    gemm: Bf16Gemm | None  # for bfloat16 products; None where every product is int8 (or rows are float32)
     rope: RopeKernel
     attention: DecodeAttentionKernel
     silu: SiluKernel
@@ -218,21 +220,23 @@ class DecodeStack:
         layers: Sequence[StackLayer],
         shape: StackShape,
     ) -> None:
-        self._run = library.triton_chat_decode_stack_bf16
+        self._run = library.triton_chat_decode_stack
         self._run.restype = ctypes.c_int
-        self._run.argtypes = [_PTR, _PTR, _I64, _PTR, _PTR, _PTR, ctypes.c_int, _PTR, _PTR, _PTR, _I64, _PTR]
+        self._run.argtypes = [_PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, ctypes.c_int, _PTR, _PTR, _PTR, _I64, _PTR]
         self._scratch_size = library.triton_chat_decode_stack_scratch
         self._scratch_size.restype, self._scratch_size.argtypes = _I64, [_PTR]
-        bf16 = torch.bfloat16
+        dtype = shape.dtype
+        bf16 = dtype == torch.bfloat16
+        gemm = kernels.gemm if bf16 else None  # our bfloat16 products take bfloat16 rows only
         self._kernels = _Kernels(
-            kernels.norm.entry(bf16),
-            kernels.gemm.gemm_address if kernels.gemm is not None else None,
-            kernels.rope.entry(bf16),
-            kernels.attention.entry(bf16, bf16),
-            kernels.silu.silu_mul_entry(bf16),
-            kernels.int8.entry(bf16) if kernels.int8 is not None else None,
-            kernels.gemm.gemm_silu_address if kernels.gemm is not None else None,
-            kernels.int8.silu_entry if kernels.int8 is not None else None,
+            kernels.norm.entry(dtype),
+            gemm.gemm_address if gemm is not None else None,
+            kernels.rope.entry(dtype),
+            kernels.attention.entry(dtype, dtype),
+            kernels.silu.silu_mul_entry(dtype),
+            kernels.int8.entry(dtype) if kernels.int8 is not None else None,
+            gemm.gemm_silu_address if gemm is not None else None,
+            kernels.int8.silu_entry if kernels.int8 is not None and bf16 else None,
         )
         self._weights = list(layers)  # keeps every tensor the structures point at alive
         self._layers = (_Layer * len(layers))()
@@ -249,6 +253,7 @@ class DecodeStack:
                     ),
                 )
         self.shape = shape
+        self._elem = torch.empty((), dtype=dtype).element_size()
         self._shape = _Shape(0, shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate, 0)
 
     @staticmethod
@@ -264,10 +269,11 @@ class DecodeStack:
 
     def takes(self, hidden: torch.Tensor, cache_layers: Sequence[object]) -> bool:
         """Whether a step of these rows [B, hidden] over this cache can run here."""
+        dtype = self.shape.dtype
         return (
-            hidden.dtype == torch.bfloat16
+            hidden.dtype == dtype
             and len(cache_layers) == len(self._layers)
-            and all(getattr(layer, "storage_dtype", None) == torch.bfloat16 for layer in cache_layers)
+            and all(getattr(layer, "storage_dtype", None) == dtype for layer in cache_layers)
             and all(hasattr(layer, "append_position") for layer in cache_layers)
         )
 
@@ -293,24 +299,25 @@ class DecodeStack:
                 raise ValueError(f"a keep mask of shape {tuple(keep.shape)} for {batch} rows of {length} positions")
             # One byte per position, non-zero: attend (a bool tensor's own bytes).
             keep = keep.to(torch.bool).contiguous()
+        dtype, elem = self.shape.dtype, self._elem
         rows_of = {"hidden": (hidden, self.shape.hidden), "cos": (cos, dim), "sin": (sin, dim)}
         for name, (rows, width) in rows_of.items():
-            if rows.dtype != torch.bfloat16 or rows.shape != (batch, width) or not rows.is_contiguous():
+            if rows.dtype != dtype or rows.shape != (batch, width) or not rows.is_contiguous():
                 raise ValueError(
-                    f"{name}: contiguous bfloat16 [{batch}, {width}] rows, got {rows.dtype} {list(rows.shape)}"
+                    f"{name}: contiguous {dtype} [{batch}, {width}] rows, got {rows.dtype} {list(rows.shape)}"
                 )
-        like = torch.empty((batch, self.shape.kv_heads, 1, dim), dtype=torch.bfloat16)
+        like = torch.empty((batch, self.shape.kv_heads, 1, dim), dtype=dtype)
         for slot, layer in zip(self._layers, cache_layers, strict=True):
             keys, values, start, _ = layer.append_position(like)
-            # Each position is ``dim`` elements of 2 bytes: the window's first position of row 0.
-            slot.keys = keys.data_ptr() + 2 * start * dim
-            slot.values = values.data_ptr() + 2 * start * dim
+            # Each position is ``dim`` elements: the window's first position of row 0.
+            slot.keys = keys.data_ptr() + elem * start * dim
+            slot.values = values.data_ptr() + elem * start * dim
             slot.cache_stride_b, slot.cache_stride_h = keys.stride(0), keys.stride(1)
         self._shape.batch, self._shape.length = batch, length
-        scratch = torch.empty(self._scratch_size(ctypes.byref(self._shape)), dtype=torch.bfloat16)
+        scratch = torch.empty(self._scratch_size(ctypes.byref(self._shape)), dtype=dtype)
         pending = torch.empty_like(hidden)
         status = self._run(
-            ctypes.byref(self._kernels), self._layers, len(self._layers), ctypes.byref(self._shape),
+            ctypes.byref(self._kernels), self._layers, len(self._layers), ctypes.byref(self._shape), elem,
             hidden.data_ptr(), pending.data_ptr(), 0, cos.data_ptr(), sin.data_ptr(),
             keep.data_ptr() if keep is not None else None, keep.stride(0) if keep is not None else 0,
             scratch.data_ptr(),
@@ -335,13 +342,16 @@ def build_stack(
     if len(norms) != len(modules) or len({n.kernel for n in norms}) != 1:
         return None
     first = layers[0]
+    dtype = norms[0].weight.dtype
+    if dtype not in silu.dtypes or any(n.weight.dtype != dtype for n in norms):
+        return None
     heads, dim = first.query_heads, first.head_dim
     kv_heads = first.qkv.widths[1] // dim
-    shape = StackShape(int(config.hidden_size), heads, kv_heads, dim, first.gate_up.widths[0])
+    shape = StackShape(dtype, int(config.hidden_size), heads, kv_heads, dim, first.gate_up.widths[0])
     stacked = []
     for layer in layers:
         qkv, o, gate_up, down = (
-            StackProduct.of(_product_of(m)) for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
+            StackProduct.of(_product_of(m), dtype) for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
         )
         if qkv is None or o is None or gate_up is None or down is None:
             return None

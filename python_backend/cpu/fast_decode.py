@@ -15,8 +15,9 @@ It is used only where that equality is known to hold: exactly the ``LlamaDecoder
 projection prepacked (or quantized: ``quant_linear.py``) and merged, and no LoRA adapters (the engine falls back to the model's own forward).
 
 Where every part of every layer is a native kernel of ours (bfloat16 products on CPUs with
-AVX512-BF16, W8A8 ones on our int8 kernel), a step without prompt tokens runs all the layers in one call (``decode_stack.py``): the same
-kernels in the same order, bit for bit the loop's results, without its per-layer Python.
+AVX512-BF16, W8A8 ones on our int8 kernel with bfloat16 or float32 rows), a step without prompt
+tokens runs all the layers in one call (``decode_stack.py``): the same kernels in the same order,
+bit for bit the loop's results, without its per-layer Python.
 
 ``mixed_logits`` is the same step with prompt tokens beside the decode rows, as vLLM's chunked
 prefill mixes them: every projection, norm and MLP runs once over all the step's tokens (the

@@ -1,5 +1,6 @@
 """The one-call decode layers (python_backend/cpu/decode_stack.py): bit for bit the lean step's
-logits and cache, padded rows and biases included, built only where every part is native."""
+logits and cache, padded rows and biases included, for bfloat16 models (our bfloat16 or int8
+products) and float32 ones (int8 products), built only where every part is native."""
 
 from __future__ import annotations
 
@@ -20,10 +21,16 @@ from tests.fixtures.quantized_models import build_quantized
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _kernels() -> None:
+@pytest.fixture(scope="module")
+def bf16_kernels() -> None:
     if build_bf16_gemm() is None or build_silu_kernel(torch.bfloat16) is None:
-        pytest.skip("no C compiler, no AVX512-BF16, or an AMX CPU: decode steps keep the lean step")
+        pytest.skip("no C compiler, no AVX512-BF16, or an AMX CPU: bfloat16 decode steps keep the lean step")
+
+
+@pytest.fixture(scope="module")
+def f32_silu() -> None:
+    if build_silu_kernel(torch.float32) is None:
+        pytest.skip("no C compiler or no AVX2 with FMA: float32 models keep PyTorch's SiLU")
 
 
 def _stepped(
@@ -61,14 +68,14 @@ def _assert_stack_is_the_lean_step(loaded: LoadedModel, prompts: list[list[int]]
 @pytest.mark.parametrize("family", ["qwen2", "llama"])  # qwen2's q/k/v have biases
 @pytest.mark.parametrize("rows", [1, 3])
 def test_the_stack_gives_the_lean_steps_logits_and_cache(
-    family: str, rows: int, tiny_model_dir: Path, tiny_llama_dir: Path
+    family: str, rows: int, bf16_kernels: None, tiny_model_dir: Path, tiny_llama_dir: Path
 ) -> None:
     loaded = load_on_cpu(tiny_model_dir if family == "qwen2" else tiny_llama_dir, "bfloat16")
     prompts = [list(range(3, 40)), list(range(50, 61)), list(range(7, 30, 2))][:rows]
     _assert_stack_is_the_lean_step(loaded, prompts, steps=4)
 
 
-def test_a_keep_mask_of_another_length_is_refused(tiny_model_dir: Path) -> None:
+def test_a_keep_mask_of_another_length_is_refused(bf16_kernels: None, tiny_model_dir: Path) -> None:
     loaded = load_on_cpu(tiny_model_dir, "bfloat16")
     fast = loaded.fast_decoder
     assert fast is not None and fast.stack is not None
@@ -80,7 +87,7 @@ def test_a_keep_mask_of_another_length_is_refused(tiny_model_dir: Path) -> None:
 
 @pytest.mark.parametrize("kind", ["w8a8", "w8a8-static", "int8"])
 def test_w8a8_layers_run_in_the_stack_as_in_the_lean_step(
-    kind: str, int8_gemm: Int8Gemm, tiny_model_dir: Path, tmp_path: Path
+    kind: str, bf16_kernels: None, int8_gemm: Int8Gemm, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     # W8A8 products on our int8 kernel: dynamic per-row scales, a checkpoint's static scale, and
     # a 16-bit folder quantized at load time.
@@ -94,9 +101,48 @@ def test_w8a8_layers_run_in_the_stack_as_in_the_lean_step(
     _assert_stack_is_the_lean_step(loaded, [list(range(3, 40)), list(range(50, 61))], steps=3)
 
 
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+@pytest.mark.parametrize("kind", ["w8a8", "int8"])
+def test_a_float32_models_w8a8_layers_run_in_the_stack_as_in_the_lean_step(
+    family: str, kind: str, f32_silu: None, int8_gemm: Int8Gemm, tiny_model_dir: Path, tiny_llama_dir: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    # What an AVX2-only CPU serves fastest: float32 rows (no bfloat16 kernels there) on our int8
+    # kernel's AVX2 build; on AVX-512 CPUs the same stack takes float32 rows through the VNNI build.
+    folder = tiny_model_dir if family == "qwen2" else tiny_llama_dir
+    if kind == "int8":
+        loaded = load_on_cpu(folder, "float32", quantization="int8")
+    else:
+        loaded = load_on_cpu(build_quantized(folder, tmp_path, kind), "float32")
+    assert loaded.dtype == torch.float32
+    _assert_stack_is_the_lean_step(loaded, [list(range(3, 40)), list(range(50, 61)), list(range(7, 30, 2))], steps=3)
+    _assert_stack_is_the_lean_step(loaded, [list(range(9, 33))], steps=3)
+
+
+def _stack_of(loaded: LoadedModel) -> object:
+    fast = loaded.fast_decoder
+    return fast.stack if fast is not None else None
+
+
 def test_no_stack_where_a_part_is_not_native(tiny_model_dir: Path, tmp_path: Path) -> None:
-    assert load_on_cpu(tiny_model_dir, "float32").fast_decoder.stack is None  # type: ignore[union-attr]
-    assert load_on_cpu(tiny_model_dir, "bfloat16", batch_invariant=True).fast_decoder.stack is None  # type: ignore[union-attr]
+    # Float32 products are oneDNN's, which the stack does not call.
+    assert _stack_of(load_on_cpu(tiny_model_dir, "float32")) is None
+    assert _stack_of(load_on_cpu(tiny_model_dir, "float32", batch_invariant=True)) is None
     # Weight-only int8 runs PyTorch's kernel, which the stack does not call.
-    weight_only = load_on_cpu(build_quantized(tiny_model_dir, tmp_path, "w8a16"), "bfloat16").fast_decoder
-    assert weight_only is not None and weight_only.stack is None
+    assert _stack_of(load_on_cpu(build_quantized(tiny_model_dir, tmp_path, "w8a16"), "float32")) is None
+
+
+def test_a_bfloat16_cache_under_a_float32_model_keeps_the_lean_step(
+    f32_silu: None, int8_gemm: Int8Gemm, tiny_model_dir: Path
+) -> None:
+    # The stack copies keys and values into the cache as they are: a narrower cache is the loop's.
+    loaded = load_on_cpu(tiny_model_dir, "float32", quantization="int8", kv_cache_dtype="bfloat16")
+    fast = loaded.fast_decoder
+    assert fast is not None and fast.stack is not None
+    prompts = [list(range(3, 20)), list(range(5, 9))]
+    kv = running_batch(loaded, prompts, loaded.kv_dtype)
+    hidden = torch.zeros(2, fast.stack.shape.hidden)
+    assert not fast.stack.takes(hidden, kv.cache.layers)
+    with torch.inference_mode():
+        logits = _stepped(fast, kv, [[4], [5]], prompts, 0)
+    assert logits.shape[0] == 2 and torch.isfinite(logits).all()

@@ -1,5 +1,6 @@
-/* A decode step's decoder layers in one call, for bfloat16 Llama/Qwen2 models on CPU, their
- * products bfloat16 (``bf16_gemm.c``) or W8A8 int8 (``int8_gemm.c``).
+/* A decode step's decoder layers in one call, for Llama/Qwen2 models on CPU: bfloat16 rows with
+ * bfloat16 products (``bf16_gemm.c``) or W8A8 int8 ones (``int8_gemm.c``), or float32 rows with
+ * W8A8 int8 products (``int8_gemm.c`` or ``int8_gemm_avx2.c``).
  *
  * The lean decode step (``fast_decode.py``) calls a dozen kernels and PyTorch operations per layer;
  * at one or a few rows each costs more in Python, ctypes and tensor allocation than in work (about
@@ -7,7 +8,8 @@
  * kernels in the same order on buffers allocated once per step: it adds no arithmetic of its own,
  * it only copies the new keys and values into the cache, so its results are bit-identical to the
  * lean step's. The kernels come as function pointers, taken from the libraries the lean step
- * loaded (each keeps the flags it was built with, so the roundings are theirs).
+ * loaded (each keeps the flags it was built with, so the roundings are theirs), each the entry
+ * point of the step's row dtype; the driver only needs the element's size (2 or 4 bytes).
  *
  * Per layer, for B rows of one new token each (the residual stream ``hidden`` updated in place):
  *   normed = norm(hidden += pending)            (the first layer: norm(hidden))
@@ -20,27 +22,28 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef int (*norm_fn)(const uint16_t *x, int64_t x_stride, const uint16_t *delta, int64_t delta_stride,
-                       uint16_t *sum, int64_t sum_stride, const uint16_t *weight, uint16_t *out, int64_t out_stride,
-                       int64_t rows, int64_t dim, float eps);
-typedef int (*gemm_fn)(const uint16_t *x, int64_t x_stride, int64_t m, int64_t k, const uint16_t *packed, int64_t n,
-                       const float *bias, uint16_t *out, int64_t out_stride);
-typedef int (*rope_fn)(const uint16_t *x, int64_t x_stride, const uint16_t *cos, const uint16_t *sin, uint16_t *out,
-                       int64_t tokens, int64_t heads, int64_t dim);
-typedef int (*attend_fn)(const uint16_t *q, int64_t q_stride_b, int64_t q_stride_h, const uint16_t *k,
-                         int64_t k_stride_b, int64_t k_stride_h, int64_t k_stride_l, const uint16_t *v,
-                         int64_t v_stride_b, int64_t v_stride_h, int64_t v_stride_l, const uint8_t *mask,
-                         int64_t mask_stride_b, uint16_t *out, int64_t out_stride_b, int64_t out_stride_h,
-                         int64_t batch, int64_t heads, int64_t kv_heads, int64_t length, int64_t dim, float scale);
+/* Rows, weights of norms, caches: elements of the step's dtype, which only the kernels read. */
+typedef int (*norm_fn)(const void *x, int64_t x_stride, const void *delta, int64_t delta_stride, void *sum,
+                       int64_t sum_stride, const void *weight, void *out, int64_t out_stride, int64_t rows,
+                       int64_t dim, float eps);
+typedef int (*gemm_fn)(const void *x, int64_t x_stride, int64_t m, int64_t k, const uint16_t *packed, int64_t n,
+                       const float *bias, void *out, int64_t out_stride);
+typedef int (*rope_fn)(const void *x, int64_t x_stride, const void *cos, const void *sin, void *out, int64_t tokens,
+                       int64_t heads, int64_t dim);
+typedef int (*attend_fn)(const void *q, int64_t q_stride_b, int64_t q_stride_h, const void *k, int64_t k_stride_b,
+                         int64_t k_stride_h, int64_t k_stride_l, const void *v, int64_t v_stride_b,
+                         int64_t v_stride_h, int64_t v_stride_l, const uint8_t *mask, int64_t mask_stride_b,
+                         void *out, int64_t out_stride_b, int64_t out_stride_h, int64_t batch, int64_t heads,
+                         int64_t kv_heads, int64_t length, int64_t dim, float scale);
 typedef int (*int8_gemm_fn)(const void *x, int64_t x_stride, int64_t m, int64_t k, float static_scale,
                             const int8_t *packed, const int32_t *compensation, int64_t n, const float *col_scales,
                             const float *bias, void *out, int64_t out_stride);
-typedef int (*silu_mul_fn)(const uint16_t *gate_up, int64_t gate_up_stride, uint16_t *out, int64_t out_stride,
-                           int64_t rows, int64_t dim);
+typedef int (*silu_mul_fn)(const void *gate_up, int64_t gate_up_stride, void *out, int64_t out_stride, int64_t rows,
+                           int64_t dim);
 
 typedef struct {
     norm_fn norm;
-    gemm_fn gemm;
+    gemm_fn gemm; /* bfloat16 products; NULL for float32 rows, or where every product is W8A8 */
     rope_fn rope;
     attend_fn attend;
     silu_mul_fn silu_mul;
@@ -63,14 +66,14 @@ typedef struct {
 /* One layer's weights (packed for ``gemm``) and its cache window: ``keys``/``values`` point at the
  * window's first position of row 0, kv head 0; positions are ``head_dim`` apart. */
 typedef struct {
-    const uint16_t *input_norm;
+    const void *input_norm;
     Product qkv;
     Product o;
-    const uint16_t *post_norm;
+    const void *post_norm;
     Product gate_up;
     Product down;
-    uint16_t *keys;
-    uint16_t *values;
+    char *keys;
+    char *values;
     int64_t cache_stride_b;
     int64_t cache_stride_h;
     float input_eps;
@@ -88,8 +91,8 @@ typedef struct {
     int64_t length; /* the window's positions, the new one included (the last) */
 } Shape;
 
-static inline int product(const Kernels *kn, const Product *p, const uint16_t *x, int64_t k, int64_t m, int64_t n,
-                          uint16_t *out) {
+static inline int product(const Kernels *kn, const Product *p, const void *x, int64_t k, int64_t m, int64_t n,
+                          void *out) {
     if (p->compensation == NULL && kn->gemm == NULL) return -98;
     if (p->compensation == NULL) return kn->gemm(x, k, m, k, (const uint16_t *)p->packed, n, p->bias, out, n);
     if (kn->int8_gemm == NULL) return -99;
@@ -103,17 +106,20 @@ int64_t triton_chat_decode_stack_scratch(const Shape *s) {
     return s->batch * (s->hidden + (q + 2 * kv) + (q + kv) + q + s->hidden + 2 * s->intermediate + s->intermediate);
 }
 
-/* Returns 0, or the first failing kernel's status (negative), or -100 - layer for a bad shape. */
-int triton_chat_decode_stack_bf16(const Kernels *kn, const Layer *layers, int64_t count, const Shape *s,
-                                  uint16_t *hidden, uint16_t *pending, int first_has_pending, const uint16_t *cos,
-                                  const uint16_t *sin, const uint8_t *keep, int64_t keep_stride, uint16_t *scratch) {
+/* Returns 0, or the first failing kernel's status (negative), or -100 for a bad shape or element
+ * size. ``elem``: the bytes of one element of the rows, norms' weights and caches (2 or 4). */
+int triton_chat_decode_stack(const Kernels *kn, const Layer *layers, int64_t count, const Shape *s, int64_t elem,
+                             void *hidden, void *pending, int first_has_pending, const void *cos, const void *sin,
+                             const uint8_t *keep, int64_t keep_stride, void *scratch) {
     const int64_t B = s->batch, H = s->hidden, D = s->head_dim, I = s->intermediate;
     const int64_t q_width = s->heads * D, kv_width = s->kv_heads * D, qkv_width = q_width + 2 * kv_width;
     const int64_t rotated_width = q_width + kv_width, slot = s->length - 1;
     if (B <= 0 || s->length <= 0 || H <= 0 || D <= 0 || s->kv_heads <= 0 || s->heads % s->kv_heads) return -100;
-    uint16_t *normed = scratch, *qkv = normed + B * H, *rotated = qkv + B * qkv_width;
-    uint16_t *attn = rotated + B * rotated_width, *o = attn + B * q_width, *gate_up = o + B * H;
-    uint16_t *act = gate_up + B * 2 * I;
+    if (elem != 2 && elem != 4) return -100;
+    char *normed = scratch, *qkv = normed + elem * B * H, *rotated = qkv + elem * B * qkv_width;
+    char *attn = rotated + elem * B * rotated_width, *o = attn + elem * B * q_width, *gate_up = o + elem * B * H;
+    char *act = gate_up + elem * B * 2 * I;
+    const size_t row_bytes = (size_t)(elem * D);
     int status;
 #define CALL(expr)                         \
     do {                                   \
@@ -128,9 +134,9 @@ int triton_chat_decode_stack_bf16(const Kernels *kn, const Layer *layers, int64_
         CALL(kn->rope(qkv, qkv_width, cos, sin, rotated, B, s->heads + s->kv_heads, D));
         for (int64_t b = 0; b < B; ++b)
             for (int64_t h = 0; h < s->kv_heads; ++h) {
-                const int64_t at = b * L->cache_stride_b + h * L->cache_stride_h + slot * D;
-                memcpy(L->keys + at, rotated + b * rotated_width + q_width + h * D, sizeof(uint16_t) * (size_t)D);
-                memcpy(L->values + at, qkv + b * qkv_width + q_width + kv_width + h * D, sizeof(uint16_t) * (size_t)D);
+                const int64_t at = elem * (b * L->cache_stride_b + h * L->cache_stride_h + slot * D);
+                memcpy(L->keys + at, rotated + elem * (b * rotated_width + q_width + h * D), row_bytes);
+                memcpy(L->values + at, qkv + elem * (b * qkv_width + q_width + kv_width + h * D), row_bytes);
             }
         CALL(kn->attend(rotated, rotated_width, D, L->keys, L->cache_stride_b, L->cache_stride_h, D, L->values,
                         L->cache_stride_b, L->cache_stride_h, D, keep, keep_stride, attn, q_width, D, B, s->heads,
