@@ -253,7 +253,6 @@ class DecodeStack:
                     ),
                 )
         self.shape = shape
-        self._elem = torch.empty((), dtype=dtype).element_size()
         self._shape = _Shape(0, shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate, 0)
 
     @staticmethod
@@ -299,7 +298,8 @@ class DecodeStack:
                 raise ValueError(f"a keep mask of shape {tuple(keep.shape)} for {batch} rows of {length} positions")
             # One byte per position, non-zero: attend (a bool tensor's own bytes).
             keep = keep.to(torch.bool).contiguous()
-        dtype, elem = self.shape.dtype, self._elem
+        dtype = self.shape.dtype
+        elem = dtype.itemsize  # bytes an element
         rows_of = {"hidden": (hidden, self.shape.hidden), "cos": (cos, dim), "sin": (sin, dim)}
         for name, (rows, width) in rows_of.items():
             if rows.dtype != dtype or rows.shape != (batch, width) or not rows.is_contiguous():
