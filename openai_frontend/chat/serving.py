@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import anyio
 
+from openai_frontend.aio import within
 from openai_frontend.chat.accumulate import ChoiceAccumulator
 from openai_frontend.chat.echo import with_echo
 from openai_frontend.chat.responses import completion_body
@@ -69,11 +70,11 @@ async def _next_within(stream: AsyncGenerator[ChoiceDelta, None], timeout_s: flo
     # the backend stream is cancelled at its await (its cleanup cancels the request in Triton) and
     # no cancellation is left pending in the task, whichever task iterates (the request's, then
     # the response's: start_stream). asyncio.timeout does that with one timer per delta;
-    # wait_for, before Python 3.11, also runs each delta in a task of its own, a cost per token.
+    # ``within``, before Python 3.11, also runs each delta in a task of its own, a cost per token.
     if sys.version_info >= (3, 11):
         async with asyncio.timeout(timeout_s):
             return await anext(stream)
-    return await asyncio.wait_for(anext(stream), timeout_s)
+    return await within(anext(stream), timeout_s)
 
 
 def new_request_id(prefix: str = "chatcmpl") -> str:

@@ -31,6 +31,7 @@ from typing import Any
 import grpc
 from tritonclient.utils import InferenceServerException
 
+from openai_frontend.aio import within
 from openai_frontend.client.reads import GuardedReads
 from openai_frontend.client.results import contract_input, outputs_by_name
 from python_backend.protocol import contract
@@ -140,7 +141,7 @@ class ResponseChannel:
             return
         try:
             close = control_request(self._client, self._model_name, contract.CANCEL_REQUEST, channel.name, CLOSE_WAIT_S)
-            await asyncio.wait_for(close, CLOSE_WAIT_S)
+            await within(close, CLOSE_WAIT_S)
             await asyncio.wait({reader}, timeout=CLOSE_WAIT_S)
         except (InferenceServerException, grpc.RpcError, OSError, asyncio.TimeoutError) as exc:
             logger.info("closing response channel %s through the model failed: %r", channel.name, exc)
@@ -164,7 +165,7 @@ class ResponseChannel:
             self._refuse(f"the stream could not start: {exc}", UNREACHABLE_RETRY_S)
             return
         try:
-            _result, error = await asyncio.wait_for(reads.__anext__(), OPEN_TIMEOUT_S)
+            _result, error = await within(reads.__anext__(), OPEN_TIMEOUT_S)
         except (StopAsyncIteration, asyncio.TimeoutError, grpc.RpcError, InferenceServerException) as exc:
             await reads.cancel_when_idle(lambda _item: False)
             self._refuse(repr(exc), UNREACHABLE_RETRY_S)

@@ -26,6 +26,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from openai_frontend.aio import within
+
 logger = logging.getLogger(__name__)
 
 # Past the probe's own gRPC deadline, for the call to give up: the deadline is the gRPC core's.
@@ -90,16 +92,18 @@ class BackendHealth:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.wait({task})  # a cancel of the caller propagates (suppressing it would not)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("the backend's probe loop had failed", exc_info=task.exception())
 
     async def check(self) -> None:
         """One probe, and the state it says with the probes before it."""
         started = time.monotonic()
         try:
-            problem = await asyncio.wait_for(self._probe(self._interval_s), self._interval_s + PROBE_SLACK_S)
+            problem = await within(self._probe(self._interval_s), self._interval_s + PROBE_SLACK_S)
         except asyncio.TimeoutError:
             problem = f"no answer within {self._interval_s:g} s"
         if problem is not None and self._heard >= started:
@@ -114,7 +118,7 @@ class BackendHealth:
             await self.check()
             if not (self._up and self._misses):  # after a miss while up: the next probe at once
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self._interval_s)
+                    await within(self._wake.wait(), self._interval_s)
             self._wake.clear()
             await asyncio.sleep(MIN_PROBE_GAP_S)
 

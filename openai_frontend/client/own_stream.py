@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 
+from openai_frontend.aio import within
 from openai_frontend.client.base import BackendError, backend_unavailable
 from openai_frontend.client.channel import ChannelLost
 from openai_frontend.client.connection import is_unreachable, rpc_summary
@@ -74,6 +75,6 @@ class OwnStream:
         """The next item once the stream ended: the model flushed the channel before it sent the
         final flag, so the last entry is at most a message behind; if it never comes, the answer is lost."""
         try:
-            return await asyncio.wait_for(self._queue.get(), LAST_ENTRY_WAIT_S)
+            return await within(self._queue.get(), LAST_ENTRY_WAIT_S)
         except asyncio.TimeoutError:
             return ChannelLost("the request's stream ended without its last entry on the channel")

@@ -31,6 +31,7 @@ from tritonclient.grpc import InferInput
 from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
+from openai_frontend.aio import within
 from openai_frontend.client.base import BackendError, BackendRequest, backend_unavailable
 from openai_frontend.client.channel import ChannelLost, ResponseChannel, control_request
 from openai_frontend.client.connection import channel_args, live_probe, rpc_summary
@@ -283,7 +284,7 @@ class TritonBackend:
                 cancel = control_request(
                     self._client, self._model_name, contract.CANCEL_REQUEST, request_id, CANCEL_WAIT_S
                 )
-                await asyncio.wait_for(cancel, CANCEL_WAIT_S)
+                await within(cancel, CANCEL_WAIT_S)
                 await asyncio.wait({own.task}, timeout=CANCEL_WAIT_S)
             except (InferenceServerException, grpc.RpcError, OSError, asyncio.TimeoutError) as exc:
                 logger.info("cancelling %s through the model failed: %r", request_id, exc)
@@ -334,7 +335,7 @@ class TritonBackend:
 
     async def _ask_ready(self) -> bool:
         try:
-            problem = await asyncio.wait_for(self._probe(), READY_TIMEOUT_S + 0.5)
+            problem = await within(self._probe(), READY_TIMEOUT_S + 0.5)
         except (InferenceServerException, grpc.RpcError, OSError, asyncio.TimeoutError) as exc:
             problem = repr(exc) if isinstance(exc, asyncio.TimeoutError) else str(exc)
         if problem is not None:

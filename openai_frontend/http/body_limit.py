@@ -14,6 +14,7 @@ import asyncio
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from openai_frontend.aio import within
 from openai_frontend.http.errors import BodyTimedOut, BodyTooLarge, error_response
 from python_backend.protocol.errors import body_too_large, invalid_content_length
 
@@ -61,7 +62,7 @@ class BodySizeLimitMiddleware:
                 now = asyncio.get_running_loop().time()
                 deadline = now + self._timeout_s if deadline is None else deadline
                 try:
-                    message = await asyncio.wait_for(receive(), max(deadline - now, 0.0))
+                    message = await within(receive(), max(deadline - now, 0.0))
                 except TimeoutError as exc:
                     raise BodyTimedOut(self._timeout_s) from exc
             if message["type"] == "http.request":

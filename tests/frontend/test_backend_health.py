@@ -270,3 +270,24 @@ async def test_a_response_read_on_a_stream_counts_as_an_answer() -> None:
         with pytest.raises(BackendError):
             await asyncio.wait_for(answered, WAIT_S)
     assert health.up and len(client.streams) == MISSES_TO_DOWN
+
+
+async def test_closing_as_a_probe_answers_stops_the_probe_loop() -> None:
+    # The launcher's shutdown closes the health while probes run. A close whose cancel landed in
+    # the loop turn in which a probe answered was swallowed by Python 3.10/3.11's wait_for: the
+    # loop probed on and the shutdown waited for it forever (the launcher never exited).
+    answered = asyncio.get_running_loop().create_future()
+    asked = asyncio.Event()
+
+    async def probe(timeout_s: float) -> str | None:
+        asked.set()
+        return await answered
+
+    health = BackendHealth(probe, 60.0)
+    health.start()
+    await asyncio.wait_for(asked.wait(), WAIT_S)
+    answered.set_result(None)  # the probe ends in the next loop turn, as the close's cancel lands
+    closing = asyncio.ensure_future(health.close())
+    done, _ = await asyncio.wait({closing}, timeout=WAIT_S)  # asyncio.wait cancels nothing
+    assert done == {closing}, "the probe loop ran on after its close"
+    closing.result()
