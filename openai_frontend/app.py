@@ -4,13 +4,15 @@ Owns: ``create_app``: routes, error handlers, middlewares (the request id outerm
 when configured, metrics, drain, the API key and the body size limit), and the backend's
 lifetime. A backend passed in (tests, embedding) belongs to the caller; without one, a
 ``TritonBackend`` is created in the lifespan (inside the event loop, where grpc.aio needs it) and
-closed on shutdown. ``media_network`` replaces the media fetcher's resolver and dialer (tests);
+closed on shutdown, for at most ``BACKEND_CLOSE_S``. ``media_network`` replaces the media fetcher's resolver and dialer (tests);
 ``docs_assets`` is the folder of Swagger UI's files for ``/docs`` (default: the installed
 ``swagger-ui-bundle``'s); ``engine_metrics`` is the launcher's reader of Triton's ``/metrics``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -35,6 +37,12 @@ from openai_frontend.routes import chat, completions, health, load, metrics, mod
 from openai_frontend.routes.docs import docs_router, swagger_assets
 from openai_frontend.settings import FrontendSettings
 from openai_frontend.state import FrontendState
+
+# The shutdown's wait for the Triton client's close (its own steps are bounded by seconds): past
+# it the process stops without it, since a stop that never ends is worse than an unclean close.
+BACKEND_CLOSE_S = 15.0
+
+logger = logging.getLogger(__name__)
 
 
 def create_app(
@@ -63,7 +71,7 @@ def create_app(
         finally:
             if created is not None:
                 state.backend = None
-                await created.close()
+                await _close_within(created, BACKEND_CLOSE_S)
 
     app = FastAPI(
         title="triton-chat",
@@ -104,3 +112,18 @@ def create_app(
         )
     app.add_middleware(RequestIdMiddleware)  # outermost: every answer carries the request's id
     return app
+
+
+async def _close_within(backend: TritonBackend, timeout_s: float) -> None:
+    """``backend.close()``, left behind (cancelled, not awaited) if it has not ended in ``timeout_s``."""
+    closing = asyncio.ensure_future(backend.close())
+    try:
+        await asyncio.wait({closing}, timeout=timeout_s)
+    except BaseException:  # the shutdown itself was cancelled: so is the close
+        closing.cancel()
+        raise
+    if closing.done():
+        closing.result()
+        return
+    logger.warning("closing the Triton client took over %g s: stopping without waiting for it", timeout_s)
+    closing.cancel()

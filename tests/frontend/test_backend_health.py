@@ -20,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
+from openai_frontend import app as app_module
 from openai_frontend.app import create_app
 from openai_frontend.client.base import BackendError, BackendRequest
 from openai_frontend.client.channel import ResponseChannel
@@ -291,3 +292,28 @@ async def test_closing_as_a_probe_answers_stops_the_probe_loop() -> None:
     done, _ = await asyncio.wait({closing}, timeout=WAIT_S)  # asyncio.wait cancels nothing
     assert done == {closing}, "the probe loop ran on after its close"
     closing.result()
+
+
+async def test_a_close_that_never_ends_does_not_hold_the_shutdown(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The app's own Triton client is closed on shutdown; however that close gets stuck, the
+    # process must still stop (the launcher once hung there forever, killed by its supervisor).
+    closing, cancelled = asyncio.Event(), asyncio.Event()
+
+    class StuckBackend:
+        async def close(self) -> None:
+            closing.set()
+            try:
+                await asyncio.Event().wait()
+            finally:
+                cancelled.set()
+
+    monkeypatch.setattr(TritonBackend, "from_settings", staticmethod(lambda *args, **kwargs: StuckBackend()))
+    monkeypatch.setattr(app_module, "BACKEND_CLOSE_S", 0.05)
+    app = create_app(settings())
+    async with app.router.lifespan_context(app):
+        assert app.state.frontend.backend is not None
+    assert closing.is_set() and app.state.frontend.backend is None
+    await asyncio.wait_for(cancelled.wait(), WAIT_S)  # left behind, cancelled
+    assert any("closing the Triton client took over 0.05 s" in m for m in _warnings(caplog))
