@@ -38,9 +38,10 @@ from openai_frontend.routes.docs import docs_router, swagger_assets
 from openai_frontend.settings import FrontendSettings
 from openai_frontend.state import FrontendState
 
-# The shutdown's wait for the Triton client's close (its own steps are bounded by seconds): past
-# it the process stops without it, since a stop that never ends is worse than an unclean close.
-BACKEND_CLOSE_S = 15.0
+# The shutdown's wait for the Triton client's close (milliseconds, a few seconds when tritonserver
+# does not answer the channels' close): past it the process stops without it, since a stop that
+# never ends is worse than an unclean close. Part of the stop that deploy/'s grace periods cover.
+BACKEND_CLOSE_S = 5.0
 
 logger = logging.getLogger(__name__)
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from openai_frontend.app import BACKEND_CLOSE_S
 from openai_frontend.launcher.cache import cache_root
 from openai_frontend.launcher.cli import parse_args, parse_serve_args
 from openai_frontend.launcher.http_flags import DEFAULT_DRAIN_TIMEOUT_S
@@ -96,7 +97,8 @@ def test_the_grace_period_covers_the_drain_and_tritonservers_stop(container: Con
     assert "--drain-timeout" not in container.argv
     assert options.drain_timeout_s == DEFAULT_DRAIN_TIMEOUT_S
     pause = container.body["lifecycle"]["preStop"]["sleep"]["seconds"]
-    needed = pause + options.drain_timeout_s + STOP_TIMEOUT_S
+    # The preStop pause, the drain, the frontend's close of its Triton client, tritonserver's stop.
+    needed = pause + options.drain_timeout_s + BACKEND_CLOSE_S + STOP_TIMEOUT_S
     assert container.pod["terminationGracePeriodSeconds"] >= needed
 
 
