@@ -4,9 +4,10 @@ Owns: ``create_app``: routes, error handlers, middlewares (the request id outerm
 when configured, metrics, drain, the API key and the body size limit), and the backend's
 lifetime. A backend passed in (tests, embedding) belongs to the caller; without one, a
 ``TritonBackend`` is created in the lifespan (inside the event loop, where grpc.aio needs it) and
-closed on shutdown, for at most ``BACKEND_CLOSE_S``. ``media_network`` replaces the media fetcher's resolver and dialer (tests);
-``docs_assets`` is the folder of Swagger UI's files for ``/docs`` (default: the installed
-``swagger-ui-bundle``'s); ``engine_metrics`` is the launcher's reader of Triton's ``/metrics``.
+closed on shutdown, for at most ``BACKEND_CLOSE_S``. ``media_network`` replaces the media
+fetcher's resolver and dialer (tests); ``docs_assets`` is the folder of Swagger UI's files for
+``/docs`` (default: the installed ``swagger-ui-bundle``'s); ``engine_metrics`` is the launcher's
+reader of Triton's ``/metrics``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """``openai_frontend.aio.within``: a bounded wait whose caller's cancellation always propagates,
-which ``asyncio.wait_for`` before Python 3.12 does not (the launcher once hung at shutdown on it)."""
+which ``asyncio.wait_for`` before Python 3.12 does not (the launcher once hung at shutdown on
+it)."""
 
 from __future__ import annotations
 
