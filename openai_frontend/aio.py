@@ -4,6 +4,7 @@ Owns ``within``, the frontend's one bounded wait, in place of ``asyncio.wait_for
 3.12, ``wait_for`` returns the awaited result when the caller is cancelled in the same loop turn
 in which that result arrives, and so swallows the cancellation. A loop stopped by cancelling its
 task (the backend's health probes) then ran on, and the shutdown that waited for it never ended.
+Also ``retrieve_outcome``, the done callback for work left behind (here and in ``client.reads``).
 Every frontend package may import this module; it imports the standard library only.
 """
 
@@ -40,11 +41,12 @@ async def within(awaitable: Awaitable[T], timeout_s: float) -> T:
 async def _cancel_and_wait(task: asyncio.Future[T]) -> None:
     """Cancel ``task`` and wait for it to end; what it raised is left to the caller (or dropped)."""
     task.cancel()
-    task.add_done_callback(_retrieve)
+    task.add_done_callback(retrieve_outcome)
     await asyncio.wait({task})
 
 
-def _retrieve(task: asyncio.Future[T]) -> None:
-    """Mark the outcome of a task nobody reads as read, so asyncio does not log it as lost."""
+def retrieve_outcome(task: asyncio.Future[T]) -> None:
+    """Mark the outcome of a task nobody reads as read, so asyncio does not log it as lost (a
+    done callback)."""
     if not task.cancelled():
         task.exception()

@@ -22,6 +22,8 @@ from typing import Any
 
 import anyio
 
+from openai_frontend.aio import retrieve_outcome
+
 # How long a leaving consumer waits for the read in flight before cancelling under it anyway
 # (a request still queued sends nothing for a while): one engine step or two, well inside the
 # 200 ms within which a gone client's slot must be freed.
@@ -76,10 +78,4 @@ class GuardedReads:
                 return
         self._responses.cancel()
         if pending is not None and not pending.done():
-            pending.add_done_callback(_consume_outcome)
-
-
-def _consume_outcome(read: asyncio.Future[Any]) -> None:
-    """The cancelled read fails as expected: take its error so asyncio does not log it."""
-    if not read.cancelled():
-        read.exception()
+            pending.add_done_callback(retrieve_outcome)  # the cancelled read fails, as expected
