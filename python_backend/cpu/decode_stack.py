@@ -8,7 +8,9 @@ for bit the lean step's, which the tests check. It is built only where every lay
 our bfloat16 kernel's (``bf16_gemm.py``, bfloat16 models) or W8A8 on our int8 kernel
 (``int8_gemm.py``, bfloat16 or float32 models: on an AVX2-only CPU, a float32 model's
 ``--quantization int8``), and the norms, rotary embedding, attention and SiLU are the native
-kernels for the model's dtype; anything else keeps the lean step.
+kernels for the model's dtype; anything else keeps the lean step. A float32 model's cache may be
+bfloat16 (``--kv-cache-dtype bfloat16``): the stack rounds the new keys and values into it as
+PyTorch's copy does, and attention reads it through the kernel's bfloat16-cache entry.
 
 May import torch and ``python_backend.cpu`` modules below it only (not the engine: a cache is
 anything whose layers claim positions, ``CacheLayer``).
@@ -37,6 +39,11 @@ from python_backend.cpu.silu import SiluKernel
 
 SOURCE = Path(__file__).with_name("native") / "decode_stack.c"
 _I64, _PTR, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+# The caches the stack writes and reads under rows of each dtype (decode_stack.c's ``store``).
+_CACHE_DTYPES = {
+    torch.bfloat16: (torch.bfloat16,),
+    torch.float32: (torch.float32, torch.bfloat16),
+}
 
 
 class _Kernels(ctypes.Structure):
@@ -190,7 +197,7 @@ class StackLayer:
 
 @dataclass(frozen=True)
 class StackShape:
-    dtype: torch.dtype  # of the rows, the norms' weights and the cache: bfloat16 or float32
+    dtype: torch.dtype  # of the rows and the norms' weights, bfloat16 or float32 (the cache: _CACHE_DTYPES)
     hidden: int
     heads: int
     kv_heads: int
@@ -222,22 +229,30 @@ class DecodeStack:
     ) -> None:
         self._run = library.triton_chat_decode_stack
         self._run.restype = ctypes.c_int
-        self._run.argtypes = [_PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, ctypes.c_int, _PTR, _PTR, _PTR, _I64, _PTR]
+        self._run.argtypes = [
+            _PTR, _PTR, _I64, _PTR, _I64, _I64,  # kernels, layers, count, shape, elem, cache_elem
+            _PTR, _PTR, ctypes.c_int, _PTR, _PTR,  # hidden, pending, first_has_pending, cos, sin
+            _PTR, _I64, _PTR,  # keep, keep_stride, scratch
+        ]  # fmt: skip
         self._scratch_size = library.triton_chat_decode_stack_scratch
         self._scratch_size.restype, self._scratch_size.argtypes = _I64, [_PTR]
         dtype = shape.dtype
         bf16 = dtype == torch.bfloat16
         gemm = kernels.gemm if bf16 else None  # our bfloat16 products take bfloat16 rows only
-        self._kernels = _Kernels(
-            kernels.norm.entry(dtype),
-            gemm.gemm_address if gemm is not None else None,
-            kernels.rope.entry(dtype),
-            kernels.attention.entry(dtype, dtype),
-            kernels.silu.silu_mul_entry(dtype),
-            kernels.int8.entry(dtype) if kernels.int8 is not None else None,
-            gemm.gemm_silu_address if gemm is not None else None,
-            kernels.int8.silu_entry if kernels.int8 is not None and bf16 else None,
-        )
+        # One set per cache dtype the stack takes: they differ in the attention's entry only.
+        self._kernels = {
+            cache: _Kernels(
+                kernels.norm.entry(dtype),
+                gemm.gemm_address if gemm is not None else None,
+                kernels.rope.entry(dtype),
+                kernels.attention.entry(dtype, cache),
+                kernels.silu.silu_mul_entry(dtype),
+                kernels.int8.entry(dtype) if kernels.int8 is not None else None,
+                gemm.gemm_silu_address if gemm is not None else None,
+                kernels.int8.silu_entry if kernels.int8 is not None and bf16 else None,
+            )
+            for cache in _CACHE_DTYPES[dtype]
+        }
         self._weights = list(layers)  # keeps every tensor the structures point at alive
         self._layers = (_Layer * len(layers))()
         for slot, layer in zip(self._layers, layers, strict=True):
@@ -269,10 +284,12 @@ class DecodeStack:
     def takes(self, hidden: torch.Tensor, cache_layers: Sequence[object]) -> bool:
         """Whether a step of these rows [B, hidden] over this cache can run here."""
         dtype = self.shape.dtype
+        caches = {getattr(layer, "storage_dtype", None) for layer in cache_layers}
         return (
             hidden.dtype == dtype
             and len(cache_layers) == len(self._layers)
-            and all(getattr(layer, "storage_dtype", None) == dtype for layer in cache_layers)
+            and len(caches) == 1
+            and caches <= self._kernels.keys()
             and all(hasattr(layer, "append_position") for layer in cache_layers)
         )
 
@@ -300,24 +317,28 @@ class DecodeStack:
             keep = keep.to(torch.bool).contiguous()
         dtype = self.shape.dtype
         elem = dtype.itemsize  # bytes an element
+        cache_dtype = cache_layers[0].storage_dtype
+        if cache_dtype is None or cache_dtype not in self._kernels:
+            raise ValueError(f"a {cache_dtype} cache under {dtype} rows: the stack takes {list(self._kernels)}")
+        kernels, cache_elem = self._kernels[cache_dtype], cache_dtype.itemsize
         rows_of = {"hidden": (hidden, self.shape.hidden), "cos": (cos, dim), "sin": (sin, dim)}
         for name, (rows, width) in rows_of.items():
             if rows.dtype != dtype or rows.shape != (batch, width) or not rows.is_contiguous():
                 raise ValueError(
                     f"{name}: contiguous {dtype} [{batch}, {width}] rows, got {rows.dtype} {list(rows.shape)}"
                 )
-        like = torch.empty((batch, self.shape.kv_heads, 1, dim), dtype=dtype)
+        like = torch.empty((batch, self.shape.kv_heads, 1, dim), dtype=cache_dtype)
         for slot, layer in zip(self._layers, cache_layers, strict=True):
             keys, values, start, _ = layer.append_position(like)
             # Each position is ``dim`` elements: the window's first position of row 0.
-            slot.keys = keys.data_ptr() + elem * start * dim
-            slot.values = values.data_ptr() + elem * start * dim
+            slot.keys = keys.data_ptr() + cache_elem * start * dim
+            slot.values = values.data_ptr() + cache_elem * start * dim
             slot.cache_stride_b, slot.cache_stride_h = keys.stride(0), keys.stride(1)
         self._shape.batch, self._shape.length = batch, length
         scratch = torch.empty(self._scratch_size(ctypes.byref(self._shape)), dtype=dtype)
         pending = torch.empty_like(hidden)
         status = self._run(
-            ctypes.byref(self._kernels), self._layers, len(self._layers), ctypes.byref(self._shape), elem,
+            ctypes.byref(kernels), self._layers, len(self._layers), ctypes.byref(self._shape), elem, cache_elem,
             hidden.data_ptr(), pending.data_ptr(), 0, cos.data_ptr(), sin.data_ptr(),
             keep.data_ptr() if keep is not None else None, keep.stride(0) if keep is not None else 0,
             scratch.data_ptr(),

@@ -5,11 +5,13 @@ products) and float32 ones (int8 products), built only where every part is nativ
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
 
 from python_backend.cpu.bf16_gemm import build_bf16_gemm
+from python_backend.cpu.decode_stack import CacheLayer
 from python_backend.cpu.fast_decode import FastDecoder
 from python_backend.cpu.int8_gemm import Int8Gemm
 from python_backend.cpu.silu import build_silu_kernel
@@ -132,17 +134,39 @@ def test_no_stack_where_a_part_is_not_native(tiny_model_dir: Path, tmp_path: Pat
     assert _stack_of(load_on_cpu(build_quantized(tiny_model_dir, tmp_path, "w8a16"), "float32")) is None
 
 
-def test_a_bfloat16_cache_under_a_float32_model_keeps_the_lean_step(
+@pytest.mark.parametrize("kind", ["int8", "w8a8"])
+def test_a_bfloat16_cache_under_a_float32_model_runs_in_the_stack_as_in_the_lean_step(
+    kind: str, f32_silu: None, int8_gemm: Int8Gemm, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # --kv-cache-dtype bfloat16 under float32 rows: the stack rounds each new key and value into
+    # the cache as the lean step's copy does, so both read the same bfloat16 cache.
+    if kind == "int8":
+        loaded = load_on_cpu(tiny_model_dir, "float32", quantization="int8", kv_cache_dtype="bfloat16")
+    else:
+        loaded = load_on_cpu(build_quantized(tiny_model_dir, tmp_path, kind), "float32", kv_cache_dtype="bfloat16")
+    assert loaded.kv_dtype == torch.bfloat16
+    fast = loaded.fast_decoder
+    assert fast is not None and fast.stack is not None
+    kv = running_batch(loaded, [list(range(3, 20))], loaded.kv_dtype)
+    assert fast.stack.takes(torch.zeros(1, fast.stack.shape.hidden), kv.cache.layers)
+    _assert_stack_is_the_lean_step(loaded, [list(range(3, 40)), list(range(50, 61)), list(range(7, 30, 2))], steps=3)
+
+
+def test_a_cache_of_another_dtype_keeps_the_lean_step(
     f32_silu: None, int8_gemm: Int8Gemm, tiny_model_dir: Path
 ) -> None:
-    # The stack copies keys and values into the cache as they are: a narrower cache is the loop's.
-    loaded = load_on_cpu(tiny_model_dir, "float32", quantization="int8", kv_cache_dtype="bfloat16")
+    # A float16 cache under float32 rows has no kernel of the stack's: the loop's step runs it.
+    loaded = load_on_cpu(tiny_model_dir, "float32", quantization="int8")
     fast = loaded.fast_decoder
     assert fast is not None and fast.stack is not None
     prompts = [list(range(3, 20)), list(range(5, 9))]
-    kv = running_batch(loaded, prompts, loaded.kv_dtype)
-    hidden = torch.zeros(2, fast.stack.shape.hidden)
-    assert not fast.stack.takes(hidden, kv.cache.layers)
-    with torch.inference_mode():
-        logits = _stepped(fast, kv, [[4], [5]], prompts, 0)
-    assert logits.shape[0] == 2 and torch.isfinite(logits).all()
+    kv = running_batch(loaded, prompts, torch.float16)
+    assert not fast.stack.takes(torch.zeros(2, fast.stack.shape.hidden), kv.cache.layers)
+    with pytest.raises(ValueError, match="float16 cache under torch.float32 rows"):
+        fast.stack.run(
+            torch.zeros(2, fast.stack.shape.hidden),
+            torch.zeros(2, fast.stack.shape.head_dim),
+            torch.zeros(2, fast.stack.shape.head_dim),
+            None,
+            cast("list[CacheLayer]", kv.cache.layers),
+        )

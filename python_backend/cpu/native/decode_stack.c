@@ -1,13 +1,15 @@
 /* A decode step's decoder layers in one call, for Llama/Qwen2 models on CPU: bfloat16 rows with
  * bfloat16 products (``bf16_gemm.c``) or W8A8 int8 ones (``int8_gemm.c``), or float32 rows with
- * W8A8 int8 products (``int8_gemm.c`` or ``int8_gemm_avx2.c``).
+ * W8A8 int8 products (``int8_gemm.c`` or ``int8_gemm_avx2.c``) over a float32 cache or a bfloat16
+ * one (``--kv-cache-dtype bfloat16``).
  *
  * The lean decode step (``fast_decode.py``) calls a dozen kernels and PyTorch operations per layer;
  * at one or a few rows each costs more in Python, ctypes and tensor allocation than in work (about
  * 0.2 ms a layer, 6 ms of a 15 ms one-user step of the demo model). This driver runs the same
  * kernels in the same order on buffers allocated once per step: it adds no arithmetic of its own,
- * it only copies the new keys and values into the cache, so its results are bit-identical to the
- * lean step's. The kernels come as function pointers, taken from the libraries the lean step
+ * it only copies the new keys and values into the cache (rounded to nearest even into a bfloat16
+ * cache under float32 rows, as PyTorch's copy into it rounds), so its results are bit-identical to
+ * the lean step's. The kernels come as function pointers, taken from the libraries the lean step
  * loaded (each keeps the flags it was built with, so the roundings are theirs), each the entry
  * point of the step's row dtype; the driver only needs the element's size (2 or 4 bytes).
  *
@@ -22,7 +24,10 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Rows, weights of norms, caches: elements of the step's dtype, which only the kernels read. */
+#include "bf16.h"
+
+/* Rows and weights of norms: elements of the step's dtype; caches: of that dtype or bfloat16. Only
+ * the kernels read them. */
 typedef int (*norm_fn)(const void *x, int64_t x_stride, const void *delta, int64_t delta_stride, void *sum,
                        int64_t sum_stride, const void *weight, void *out, int64_t out_stride, int64_t rows,
                        int64_t dim, float eps);
@@ -106,20 +111,35 @@ int64_t triton_chat_decode_stack_scratch(const Shape *s) {
     return s->batch * (s->hidden + (q + 2 * kv) + (q + kv) + q + s->hidden + 2 * s->intermediate + s->intermediate);
 }
 
+/* ``count`` elements of ``from`` (``elem`` bytes each) into the cache at ``to`` (``cache_elem`` bytes
+ * each): as they are, or float32 rounded to bfloat16. */
+static inline void store(char *to, const char *from, int64_t count, int64_t elem, int64_t cache_elem) {
+    if (cache_elem == elem) {
+        memcpy(to, from, (size_t)(count * elem));
+        return;
+    }
+    uint16_t *narrow = (uint16_t *)to;
+    for (int64_t d = 0; d < count; ++d) {
+        float value;
+        memcpy(&value, from + d * elem, sizeof value);
+        narrow[d] = float_to_bf16(value);
+    }
+}
+
 /* Returns 0, or the first failing kernel's status (negative), or -100 for a bad shape or element
- * size. ``elem``: the bytes of one element of the rows, norms' weights and caches (2 or 4). */
+ * size. ``elem``: the bytes of one element of the rows and norms' weights (2 or 4); ``cache_elem``:
+ * of the caches (``elem``, or 2 under float32 rows: ``kn->attend`` then reads a bfloat16 cache). */
 int triton_chat_decode_stack(const Kernels *kn, const Layer *layers, int64_t count, const Shape *s, int64_t elem,
-                             void *hidden, void *pending, int first_has_pending, const void *cos, const void *sin,
+                             int64_t cache_elem, void *hidden, void *pending, int first_has_pending, const void *cos, const void *sin,
                              const uint8_t *keep, int64_t keep_stride, void *scratch) {
     const int64_t B = s->batch, H = s->hidden, D = s->head_dim, I = s->intermediate;
     const int64_t q_width = s->heads * D, kv_width = s->kv_heads * D, qkv_width = q_width + 2 * kv_width;
     const int64_t rotated_width = q_width + kv_width, slot = s->length - 1;
     if (B <= 0 || s->length <= 0 || H <= 0 || D <= 0 || s->kv_heads <= 0 || s->heads % s->kv_heads) return -100;
-    if (elem != 2 && elem != 4) return -100;
+    if ((elem != 2 && elem != 4) || (cache_elem != elem && !(elem == 4 && cache_elem == 2))) return -100;
     char *normed = scratch, *qkv = normed + elem * B * H, *rotated = qkv + elem * B * qkv_width;
     char *attn = rotated + elem * B * rotated_width, *o = attn + elem * B * q_width, *gate_up = o + elem * B * H;
     char *act = gate_up + elem * B * 2 * I;
-    const size_t row_bytes = (size_t)(elem * D);
     int status;
 #define CALL(expr)                         \
     do {                                   \
@@ -134,9 +154,9 @@ int triton_chat_decode_stack(const Kernels *kn, const Layer *layers, int64_t cou
         CALL(kn->rope(qkv, qkv_width, cos, sin, rotated, B, s->heads + s->kv_heads, D));
         for (int64_t b = 0; b < B; ++b)
             for (int64_t h = 0; h < s->kv_heads; ++h) {
-                const int64_t at = elem * (b * L->cache_stride_b + h * L->cache_stride_h + slot * D);
-                memcpy(L->keys + at, rotated + elem * (b * rotated_width + q_width + h * D), row_bytes);
-                memcpy(L->values + at, qkv + elem * (b * qkv_width + q_width + kv_width + h * D), row_bytes);
+                const int64_t at = cache_elem * (b * L->cache_stride_b + h * L->cache_stride_h + slot * D);
+                store(L->keys + at, rotated + elem * (b * rotated_width + q_width + h * D), D, elem, cache_elem);
+                store(L->values + at, qkv + elem * (b * qkv_width + q_width + kv_width + h * D), D, elem, cache_elem);
             }
         CALL(kn->attend(rotated, rotated_width, D, L->keys, L->cache_stride_b, L->cache_stride_h, D, L->values,
                         L->cache_stride_b, L->cache_stride_h, D, keep, keep_stride, attn, q_width, D, B, s->heads,
