@@ -215,6 +215,15 @@ class BatchCache(Cache):
         self.storage_dtype = storage_dtype
         self.reserve_rows = reserve_rows  # each layer's first buffer's rows (GrowableLayer)
 
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # transformers' Cache adds the layers a forward reaches as ``layer_class_to_replicate()``,
+        # without arguments: a prefill's cache would store the model's dtype whatever it was given.
+        while len(self.layers) <= layer_idx:
+            self.layers.append(GrowableLayer(self.storage_dtype, self.reserve_rows))
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
     def layer_states(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         out = []
         for layer in self.layers:

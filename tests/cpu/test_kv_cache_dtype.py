@@ -37,6 +37,11 @@ def test_a_float32_model_stores_bfloat16_and_budgets_twice_the_tokens(
     assert full.kv_bytes_per_token == 2 * half.kv_bytes_per_token
     assert half.kv_budget_tokens == pytest.approx(2 * full.kv_budget_tokens, abs=2)
     assert half.prefix_cache_tokens == pytest.approx(2 * full.prefix_cache_tokens, abs=2)
+    # A cold prefill's cache, filled by the model's forward, stores bfloat16 from its first token.
+    prefill = BatchCache(narrow.prompt_kv_dtype)
+    with torch.inference_mode():
+        narrow.model(input_ids=torch.tensor([list(range(5, 40))]), cache=prefill, use_cache=True)
+    assert {keys.dtype for keys, _ in prefill.layer_states()} == {torch.bfloat16}
 
 
 def _decode_error(loaded: LoadedModel, reference: torch.Tensor, prompt: list[int], token: int) -> float:
@@ -78,6 +83,12 @@ def test_requests_finish_and_a_second_turn_reuses_the_bfloat16_prefix(narrow: Lo
             assert run.error is None and run.last().finish_reason == "length"
             assert run.usage().completion_tokens == 20
         assert max(max(run.usage().batch_size) for run in runs) > 1
+        driver.wait_idle()
+        # What the prefix cache kept is bfloat16: half a float32 token's bytes.
+        stats = engine.stats()
+        assert stats.prefix_cache_tokens > 0
+        per_token = Limits.resolve(EngineSettings(model_path="unused"), narrow).kv_bytes_per_token
+        assert stats.prefix_cache_bytes == stats.prefix_cache_tokens * per_token
         history = [{"role": "user", "content": prompts[0]}, {"role": "assistant", "content": runs[0].text()}]
         driver.wait_idle()
         follow_up = driver.submit("and then?", history=history, temperature=0, max_tokens=8).wait()

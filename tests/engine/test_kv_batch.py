@@ -165,3 +165,21 @@ def test_a_batch_does_not_adopt_a_cache_of_several_rows_or_another_dtype() -> No
     assert not KVBatch().adopt(two)
     assert not KVBatch(torch.bfloat16).adopt(_prefill_cache([1.0, 2.0]))
     assert not KVBatch().adopt(BatchCache())  # no layers
+
+
+def test_layers_a_forward_adds_keep_the_caches_dtype_and_reserve() -> None:
+    # The model's forward adds a layer per update; a prefill's bfloat16 cache (--kv-cache-dtype
+    # bfloat16 under a float32 model) must store bfloat16 from its first token, cold or not.
+    cache = BatchCache(torch.bfloat16, reserve_rows=4)
+    keys = torch.full((1, HEADS, 2, DIM), 1.0 + 2.0**-10)  # not a bfloat16 value
+    for layer in range(2):
+        stored, _ = cache.update(keys, -keys, layer)
+        assert stored.dtype == torch.bfloat16 and torch.equal(stored, keys.to(torch.bfloat16))
+    assert [type(layer) for layer in cache.layers] == [GrowableLayer, GrowableLayer]
+    kv = KVBatch(torch.bfloat16, reserve_rows=4)
+    assert kv.adopt(cache)  # a prefill in the batch's dtype joins without a copy
+    buffer = _buffer(kv)
+    for _ in range(3):
+        kv.add_states(_row([5.0]), 1)
+    _step(kv, [1.0] * 4)
+    assert kv.rows == 4 and _buffer(kv) == buffer  # the first buffer had room for the reserve
