@@ -48,6 +48,18 @@ class QuantPlan:
     def quantized(self) -> bool:
         return self.mode != "none"
 
+    @property
+    def int8_activations(self) -> bool:
+        """Whether every quantized layer rounds its input to int8 before its product (W8A8)."""
+        if self.mode == "int8":
+            return True
+        if self.mode != "compressed-tensors":
+            return False
+        schemes = list(self.config.config_groups.values())
+        return bool(schemes) and all(
+            s.input_activations is not None and s.input_activations.num_bits == 8 for s in schemes
+        )
+
 
 def _describe(config: Any) -> str:
     parts = []

@@ -111,12 +111,13 @@ def test_a_float32_models_w8a8_layers_run_in_the_stack_as_in_the_lean_step(
 ) -> None:  # fmt: skip
     # What an AVX2-only CPU serves fastest: float32 rows (no bfloat16 kernels there) on our int8
     # kernel's AVX2 build; on AVX-512 CPUs the same stack takes float32 rows through the VNNI build.
+    # A float32 cache here (``model``); auto's bfloat16 one is the test below's.
     folder = tiny_model_dir if family == "qwen2" else tiny_llama_dir
     if kind == "int8":
-        loaded = load_on_cpu(folder, "float32", quantization="int8")
+        loaded = load_on_cpu(folder, "float32", quantization="int8", kv_cache_dtype="model")
     else:
-        loaded = load_on_cpu(build_quantized(folder, tmp_path, kind), "float32")
-    assert loaded.dtype == torch.float32
+        loaded = load_on_cpu(build_quantized(folder, tmp_path, kind), "float32", kv_cache_dtype="model")
+    assert loaded.dtype == torch.float32 and loaded.kv_dtype is None
     _assert_stack_is_the_lean_step(loaded, [list(range(3, 40)), list(range(50, 61)), list(range(7, 30, 2))], steps=3)
     _assert_stack_is_the_lean_step(loaded, [list(range(9, 33))], steps=3)
 

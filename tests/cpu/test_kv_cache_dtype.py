@@ -16,6 +16,7 @@ from python_backend.protocol.settings import EngineSettings, SettingsError
 from tests.fixtures.device import engine_test_device
 from tests.fixtures.engine_driver import Driver, load_on_cpu, make_engine
 from tests.fixtures.native import built_or_skip
+from tests.fixtures.quantized_models import build_quantized
 
 pytestmark = pytest.mark.skipif(engine_test_device() != "cpu", reason="kv_cache_dtype bfloat16 is a CPU setting")
 
@@ -103,6 +104,21 @@ def test_the_setting_is_refused_where_it_cannot_work(tiny_model_dir: Path) -> No
         EngineSettings(kv_cache_dtype="bfloat16", batch_invariant=True)
     with pytest.raises(ModelLoadError, match="kv_cache_dtype 'bfloat16' needs a float32 or bfloat16 model"):
         load_on_cpu(tiny_model_dir, "float16", kv_cache_dtype="bfloat16")
+
+
+def test_auto_keeps_bfloat16_keys_under_w8a8_layers_only(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # W8A8 rounds every product's input to 8 bits; bfloat16 keys cost nothing measurable on top.
+    built_or_skip(build_kernel())
+    int8 = load_on_cpu(tiny_model_dir, "float32", quantization="int8")
+    assert int8.kv_dtype == int8.prompt_kv_dtype == torch.bfloat16
+    folder = build_quantized(tiny_model_dir, tmp_path, "w8a8")
+    assert load_on_cpu(folder, "float32").kv_dtype == torch.bfloat16
+    # Asked for the model's dtype, or float32 products, or weight-only int8: float32 keys.
+    assert load_on_cpu(tiny_model_dir, "float32", quantization="int8", kv_cache_dtype="model").kv_dtype is None
+    assert load_on_cpu(tiny_model_dir, "float32").kv_dtype is None
+    assert load_on_cpu(build_quantized(tiny_model_dir, tmp_path, "w8a16"), "float32").kv_dtype is None
+    # A bfloat16 model's W8A8 layers keep its own bfloat16 cache.
+    assert load_on_cpu(tiny_model_dir, "bfloat16", quantization="int8").kv_dtype is None
 
 
 def test_a_bfloat16_model_keeps_its_own_cache(tiny_model_dir: Path) -> None:

@@ -94,16 +94,21 @@ class CpuSettings:
     )
     # auto keeps float32 keys/values for a 16-bit text model on CPU without the C kernel:
     # PyTorch's decode attention is 2-5x faster that way, for twice the KV memory. bfloat16 halves
-    # a float32 model's KV bytes, which decode attention reads from DRAM every step.
+    # a float32 model's KV bytes, which decode attention reads from DRAM every step; auto takes it
+    # where the products are W8A8, whose 8-bit inputs lose far more than bfloat16 keys do.
     kv_cache_dtype: str = setting(
         "auto",
         SettingInfo(
-            "auto: the model's dtype, or float32 for a 16-bit model on CPU without the C kernel; model: its "
-            "dtype; bfloat16: CPU, keys/values of a float32 model stored in bfloat16",
+            "auto: the model's dtype, or float32 for a 16-bit model on CPU without the C kernel, or bfloat16 for "
+            "a float32 model with W8A8 layers on CPU; model: its dtype; bfloat16: CPU, keys/values of a float32 "
+            "model stored in bfloat16",
             flag="--kv-cache-dtype",
             choices=KV_CACHE_DTYPE_CHOICES,
             docs="`auto`: the model's dtype, except that a 16-bit text model on CPU without the C attention "
-            "kernel keeps float32 keys/values (faster PyTorch attention, twice the memory); `model`: always "
+            "kernel keeps float32 keys/values (faster PyTorch attention, twice the memory), and a float32 text "
+            "model on CPU whose layers are W8A8 (a W8A8 folder, `--quantization int8`) keeps them in bfloat16, "
+            "as `bfloat16` below (its products round every input to 8 bits, which costs far more than "
+            "bfloat16 keys and values, [quantization.md](quantization.md#quality)); `model`: always "
             "the model's dtype; `bfloat16` (text models on CPU): a float32 model's keys and values are "
             "rounded to bfloat16 when they are stored, prompts and prefix cache included, and attention reads "
             "them widened back: half the KV memory and half the bytes each decode step reads, for outputs "
