@@ -130,8 +130,8 @@ static inline void store(char *to, const char *from, int64_t count, int64_t elem
  * size. ``elem``: the bytes of one element of the rows and norms' weights (2 or 4); ``cache_elem``:
  * of the caches (``elem``, or 2 under float32 rows: ``kn->attend`` then reads a bfloat16 cache). */
 int triton_chat_decode_stack(const Kernels *kn, const Layer *layers, int64_t count, const Shape *s, int64_t elem,
-                             int64_t cache_elem, void *hidden, void *pending, int first_has_pending, const void *cos, const void *sin,
-                             const uint8_t *keep, int64_t keep_stride, void *scratch) {
+                             int64_t cache_elem, void *hidden, void *pending, int first_has_pending, const void *cos,
+                             const void *sin, const uint8_t *keep, int64_t keep_stride, void *scratch) {
     const int64_t B = s->batch, H = s->hidden, D = s->head_dim, I = s->intermediate;
     const int64_t q_width = s->heads * D, kv_width = s->kv_heads * D, qkv_width = q_width + 2 * kv_width;
     const int64_t rotated_width = q_width + kv_width, slot = s->length - 1;
