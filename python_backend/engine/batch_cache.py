@@ -215,13 +215,17 @@ class BatchCache(Cache):
         self.storage_dtype = storage_dtype
         self.reserve_rows = reserve_rows  # each layer's first buffer's rows (GrowableLayer)
 
+    def _add_layers(self, count: int) -> None:
+        """Layers up to ``count``, each with this cache's dtype and reserve."""
+        while len(self.layers) < count:
+            self.layers.append(GrowableLayer(self.storage_dtype, self.reserve_rows))
+
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # transformers' Cache adds the layers a forward reaches as ``layer_class_to_replicate()``,
         # without arguments: a prefill's cache would store the model's dtype whatever it was given.
-        while len(self.layers) <= layer_idx:
-            self.layers.append(GrowableLayer(self.storage_dtype, self.reserve_rows))
+        self._add_layers(layer_idx + 1)
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def layer_states(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -233,8 +237,7 @@ class BatchCache(Cache):
         return out
 
     def set_layer_states(self, states: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        while len(self.layers) < len(states):
-            self.layers.append(GrowableLayer(self.storage_dtype, self.reserve_rows))
+        self._add_layers(len(states))
         for layer, (keys, values) in zip(self.layers, states, strict=True):
             if not isinstance(layer, GrowableLayer):
                 raise TypeError(f"unsupported cache layer {type(layer).__name__}")

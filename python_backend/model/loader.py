@@ -180,11 +180,6 @@ def _narrow_kv_dtype(cpu_text: bool, dtype: torch.dtype) -> torch.dtype | None:
     return torch.bfloat16 if dtype == torch.float32 else None  # a bfloat16 model's own dtype
 
 
-def _w8a8_float32(quant: QuantPlan, dtype: torch.dtype) -> bool:
-    """Whether ``kv_cache_dtype`` auto stores bfloat16 keys/values: float32 rows, W8A8 products."""
-    return dtype == torch.float32 and quant.int8_activations
-
-
 def _weight_bytes(model: torch.nn.Module) -> int:
     """What the model's parameters and buffers take in memory."""
     tensors = [*model.parameters(), *model.buffers()]
@@ -267,11 +262,16 @@ def load_model(settings: EngineSettings) -> LoadedModel:
         extra["attn_implementation"] = use_decode_attention(kernel)
         if kernel is None and settings.kv_cache_dtype == "auto" and placement.dtype in (torch.bfloat16, torch.float16):
             kv_dtype = torch.float32
-        elif kernel is not None and settings.kv_cache_dtype == "auto" and _w8a8_float32(quant, placement.dtype):
+        elif (
+            kernel is not None
+            and settings.kv_cache_dtype == "auto"
+            and placement.dtype == torch.float32
+            and quant.int8_activations
+        ):
             # W8A8 rounds every product's input to 8 bits; keys and values kept to bfloat16's 8
             # bits of mantissa cost nothing measurable on top (docs/quantization.md) and halve
             # what decode attention reads a step.
-            kv_dtype = _narrow_kv_dtype(cpu_text, placement.dtype)
+            kv_dtype = torch.bfloat16
     if settings.kv_cache_dtype == "bfloat16":
         kv_dtype = _narrow_kv_dtype(cpu_text, placement.dtype)
     weights = StageReporter(WEIGHTS)

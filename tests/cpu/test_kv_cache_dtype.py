@@ -84,14 +84,13 @@ def test_requests_finish_and_a_second_turn_reuses_the_bfloat16_prefix(narrow: Lo
             assert run.error is None and run.last().finish_reason == "length"
             assert run.usage().completion_tokens == 20
         assert max(max(run.usage().batch_size) for run in runs) > 1
+        history = [{"role": "user", "content": prompts[0]}, {"role": "assistant", "content": runs[0].text()}]
         driver.wait_idle()
         # What the prefix cache kept is bfloat16: half a float32 token's bytes.
         stats = engine.stats()
         assert stats.prefix_cache_tokens > 0
         per_token = Limits.resolve(EngineSettings(model_path="unused"), narrow).kv_bytes_per_token
         assert stats.prefix_cache_bytes == stats.prefix_cache_tokens * per_token
-        history = [{"role": "user", "content": prompts[0]}, {"role": "assistant", "content": runs[0].text()}]
-        driver.wait_idle()
         follow_up = driver.submit("and then?", history=history, temperature=0, max_tokens=8).wait()
         assert follow_up.error is None
         assert follow_up.usage().cached_tokens > 0
