@@ -40,7 +40,7 @@ from transformers.cache_utils import Cache
 from transformers.models.llama.modeling_llama import rotate_half
 
 from python_backend.cpu.attention import one_row_attention
-from python_backend.cpu.decode_stack import CacheLayer, DecodeStack, build_stack
+from python_backend.cpu.decode_stack import CacheLayer, DecodeStack
 from python_backend.cpu.fused_norm import FusedRMSNorm
 from python_backend.cpu.fused_projections import FusedProjections, ProjectionSlice, merge_eligible_layer_types
 from python_backend.cpu.fused_rope import RopeKernel
@@ -49,6 +49,7 @@ from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel
 from python_backend.cpu.prompt_attention import PromptAttentionKernel
 from python_backend.cpu.quant_linear import QuantLinear
 from python_backend.cpu.silu import NativeSiLU, SiluKernel
+from python_backend.cpu.stack_build import build_stack
 
 # (query [B, H, 1, D], keys, values [B, KV, L, D], keep [B, L] or None, scale) -> [B, 1, H, D]
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float], torch.Tensor]
