@@ -202,17 +202,18 @@ def _quantization(
 ) -> QuantPlan:
     """The folder's quantization plan (quantization.py), or why this model cannot run quantized."""
     try:
-        plan = plan_quantization(settings.quantization, config)
+        plan = plan_quantization(settings.quantization, config, settings.quantize_lm_head)
     except QuantizationError as exc:
         raise ModelLoadError(str(exc)) from exc
     if plan.quantized:
+        field = "quantization" if plan.mode != "none" else "quantize_lm_head"
         if device.type not in ("cpu", "cuda", "npu"):
-            raise ModelLoadError(f"quantization ({plan.summary}) runs on CPU, CUDA and Ascend NPUs, not on '{device}'")
+            raise ModelLoadError(f"{field} ({plan.summary}) runs on CPU, CUDA and Ascend NPUs, not on '{device}'")
         if not text:
-            raise ModelLoadError("quantization serves text models only; this folder is a vision/audio model")
+            raise ModelLoadError(f"{field} serves text models only; this folder is a vision/audio model")
         if settings.tensor_parallel_size > 1 or adapters or settings.batch_invariant:
             raise ModelLoadError(
-                f"quantization ({plan.summary}) does not run with tensor_parallel_size > 1, lora_modules or batch_invariant"
+                f"{field} ({plan.summary}) does not run with tensor_parallel_size > 1, lora_modules or batch_invariant"
             )
     return plan
 

@@ -9,7 +9,8 @@ levels stay int8 or packed 4-bit). Supported: compressed-tensors ``int-quantized
 activations (dynamic per token, or a static per-tensor scale), and weight-only 8/4-bit weights per
 channel or per group, symmetric or asymmetric; and ``gguf``: a folder converted from a GGUF file
 served from the GGUF's own Q4_0/Q4_1 blocks (``gguf_blocks.py``) instead of its widened weights.
-See docs/quantization.md.
+With ``--quantize-lm-head`` the output head, whatever the decoder's mode, becomes W8A8 too. See
+docs/quantization.md.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from python_backend.cpu.quant_install import install_quantized
-from python_backend.cpu.quant_linear import Int8Paths, QuantWeight, quantize_per_channel
+from python_backend.cpu.quant_linear import Int8Paths, QuantLinear, QuantWeight, quantize_per_channel
 from python_backend.model.gguf_blocks import BLOCKS_FILE, GGUFBlocksError, read_gguf_weights
 
 logger = logging.getLogger(__name__)
@@ -37,16 +38,18 @@ class QuantizationError(ValueError):
 
 @dataclass(frozen=True)
 class QuantPlan:
-    """How the folder's weights load: ``none``, ``compressed-tensors``, ``int8`` (made at load time) or
-    ``gguf`` (the blocks of the GGUF file the folder was converted from)."""
+    """How the folder's weights load: the decoder's ``mode`` (``none``, ``compressed-tensors``, ``int8``
+    made at load time, or ``gguf``: the blocks of the GGUF file the folder was converted from), and
+    whether the output head is made W8A8 at load time (``head``)."""
 
     mode: str
     config: Any = None  # compressed_tensors.QuantizationConfig for a compressed-tensors folder
     summary: str = ""  # for the log and the start-up stage: "W8A8 int8", "W4A16 g32 asym", ...
+    head: bool = False
 
     @property
     def quantized(self) -> bool:
-        return self.mode != "none"
+        return self.mode != "none" or self.head
 
     @property
     def int8_activations(self) -> bool:
@@ -144,8 +147,17 @@ def read_config(raw: Any) -> Any:
     return config
 
 
-def plan_quantization(setting: str, folder_config: dict[str, Any]) -> QuantPlan:
-    """``--quantization`` (``auto``, ``none``, ``int8``, ``gguf``) against the folder's ``config.json``."""
+def plan_quantization(setting: str, folder_config: dict[str, Any], head: bool = False) -> QuantPlan:
+    """``--quantization`` (``auto``, ``none``, ``int8``, ``gguf``) against the folder's ``config.json``;
+    ``head``: ``--quantize-lm-head``."""
+    plan = _decoder_plan(setting, folder_config)
+    if not head:
+        return plan
+    summary = f"{plan.summary}, output head W8A8 int8" if plan.summary else "output head W8A8 int8"
+    return QuantPlan(plan.mode, plan.config, summary, head=True)
+
+
+def _decoder_plan(setting: str, folder_config: dict[str, Any]) -> QuantPlan:
     raw = folder_config.get(_FIELD)
     if setting == "auto":
         if raw is None:
@@ -274,7 +286,8 @@ def _decoder_prefix(base: Any, decoder: Any) -> str:
 def quantize_model(
     base: Any, plan: QuantPlan, folder: Path, info: dict[str, Any], dtype: torch.dtype, device: torch.device
 ) -> int:
-    """Replace the quantized (or, for ``int8``, every decoder) linear layer of ``base``; returns how many.
+    """Replace the quantized (or, for ``int8``, every decoder) linear layer of ``base``, and with
+    ``plan.head`` its output head; returns how many.
 
     q/k/v and gate/up of Llama and Qwen2 layers become one quantized product each.
     """
@@ -310,8 +323,23 @@ def quantize_model(
             del base.ct_decompress_hook
         if not parts:
             raise QuantizationError(f"{_FIELD}: no linear layer of the model matches its targets")
-    dynamic = any(weight.activations != "none" for weight, _ in parts.values())
+    dynamic = plan.head or any(weight.activations != "none" for weight, _ in parts.values())
     int8 = Int8Paths.build() if dynamic and device.type == "cpu" else None
     install_quantized(decoder, parts, dtype, device, int8)
-    logger.info("quantized weights (%s): %d linear layers", plan.summary, len(parts))
-    return len(parts)
+    count = len(parts)
+    if plan.head:
+        _quantize_head(base, dtype, device, int8)
+        count += 1
+    logger.info("quantized weights (%s): %d linear layers", plan.summary, count)
+    return count
+
+
+def _quantize_head(base: Any, dtype: torch.dtype, device: torch.device, int8: Int8Paths | None) -> None:
+    """``base``'s output head as a W8A8 ``QuantLinear``. A head tied to the input embeddings gets
+    levels of its own: the embeddings' lookup keeps the float weight."""
+    head = base.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:
+        raise QuantizationError(
+            f"quantize_lm_head: this model's output head is a {type(head).__name__}, not a linear layer"
+        )
+    base.set_output_embeddings(QuantLinear(quantize_per_channel(head.weight), head.bias, dtype, device, int8))

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from python_backend.cpu.quant_linear import QuantLinear
 from python_backend.model.loader import LoadedModel
 from tests.fixtures.engine_driver import copy_batch, load_on_cpu, running_batch
 from tests.fixtures.onednn import BF16_PACK_SKIP
@@ -30,14 +31,19 @@ def test_fast_decode_logits_equal_the_model_forward(
     _assert_steps_equal_the_model_forward(loaded)
 
 
-@pytest.mark.parametrize("kind", ["w8a8", "w8a8-static", "w8a16", "w4a16-asym", "int8"])
+@pytest.mark.parametrize("kind", ["w8a8", "w8a8-static", "w8a16", "w4a16-asym", "int8", "int8+head", "head"])
 @pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=BF16_PACK_SKIP)])
 def test_fast_decode_runs_quantized_products_as_the_model_does(
     kind: str, dtype: str, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    # A quantized model's lean step calls the same quantized products as its forward pass.
+    # A quantized model's lean step calls the same quantized products as its forward pass, the
+    # output head's included (--quantize-lm-head, over int8 layers or float ones).
     if kind == "int8":
         loaded = load_on_cpu(tiny_model_dir, dtype, quantization="int8")
+    elif kind in ("int8+head", "head"):
+        quantization = "int8" if kind == "int8+head" else "none"
+        loaded = load_on_cpu(tiny_model_dir, dtype, quantization=quantization, quantize_lm_head=True)
+        assert type(loaded.transformers_model.get_output_embeddings()) is QuantLinear
     else:
         loaded = load_on_cpu(build_quantized(tiny_model_dir, tmp_path, kind), dtype)
     _assert_steps_equal_the_model_forward(loaded)

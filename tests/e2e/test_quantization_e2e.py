@@ -1,6 +1,7 @@
 """Quantized weights through the real tritonserver, asked with the openai client (docs/quantization.md):
-``triton-chat serve --model <compressed-tensors W8A8 folder>`` and ``serve --quantization int8`` on
-the tiny model trained to think, streamed and not, answer as the float model does."""
+``triton-chat serve --model <compressed-tensors W8A8 folder>`` and ``serve --quantization int8`` (with
+``--quantize-lm-head`` too) on the tiny model trained to think, streamed and not, answer as the float
+model does."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def _ask_both_ways(port: int) -> tuple[str, str]:
     return _reasoning(message) + (message.content or ""), "".join(deltas)
 
 
-def _serve_and_ask(folder: Path, tmp_path: Path, *flags: str) -> tuple[str, str]:
+def _serve_and_ask(folder: Path, tmp_path: Path, *flags: str) -> tuple[str, str, str]:
+    """The whole reply, the streamed one, and tritonserver's log (the model's load is logged there)."""
     # The whole trained reply: more output tokens than the smoke launcher's default allows.
     launcher, port = _start_launcher(folder, tmp_path, "--max-iter-times", "256", *flags)
     lines: list[str] = []
@@ -47,18 +49,24 @@ def _serve_and_ask(folder: Path, tmp_path: Path, *flags: str) -> tuple[str, str]
     finally:
         code = _finish(launcher, signal.SIGINT, lines)
     assert code == 0, "".join(lines)
-    return whole, streamed
+    return whole, streamed, (tmp_path / "tritonserver.log").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("kind", ["w8a8-folder", "int8-at-load"])
+@pytest.mark.parametrize("kind", ["w8a8-folder", "int8-at-load", "int8-with-head"])
 def test_quantized_model_answers_as_trained(
     kind: str, trained_model_dir: Path, trained_w8a8_dir: Path, tmp_path: Path
 ) -> None:
     if kind == "w8a8-folder":
-        whole, streamed = _serve_and_ask(trained_w8a8_dir, tmp_path)
+        whole, streamed, log = _serve_and_ask(trained_w8a8_dir, tmp_path)
+    elif kind == "int8-at-load":
+        whole, streamed, log = _serve_and_ask(trained_model_dir, tmp_path, "--quantization", "int8")
     else:
-        whole, streamed = _serve_and_ask(trained_model_dir, tmp_path, "--quantization", "int8")
-    # The trained reply, word for word: int8 weights and activations keep every greedy choice.
+        whole, streamed, log = _serve_and_ask(
+            trained_model_dir, tmp_path, "--quantization", "int8", "--quantize-lm-head"
+        )
+    assert ("output head W8A8 int8" in log) == (kind == "int8-with-head"), log
+    # The trained reply, word for word: int8 weights and activations (the head's too) keep every
+    # greedy choice.
     for text in (whole, streamed):
         assert THOUGHT in text and text.rstrip().endswith(ANSWER), text
     assert whole == streamed

@@ -25,7 +25,7 @@ def test_serve_help_lists_every_setting_flag(capsys: pytest.CaptureFixture[str])
     ]
     missing = [flag for flag in flags if flag and flag not in shown]
     assert not missing
-    assert len([flag for flag in flags if flag]) == 68  # 49 engine settings, 19 frontend ones
+    assert len([flag for flag in flags if flag]) == 69  # 50 engine settings, 19 frontend ones
 
 
 def test_every_model_config_key_reaches_the_engine_settings(tmp_path: Path, tiny_model_dir: Path) -> None:

@@ -174,6 +174,41 @@ def test_bad_quantization_config_names_the_field(
     assert field in str(caught.value)
 
 
+@pytest.mark.parametrize("quantization", ["int8", "none"])
+def test_quantize_lm_head_makes_the_head_w8a8_and_keeps_the_embeddings(
+    tiny_model_dir: Path, prompt_ids: torch.Tensor, quantization: str
+) -> None:
+    reference = _load(tiny_model_dir, quantization=quantization)
+    loaded = _load(tiny_model_dir, quantization=quantization, quantize_lm_head=True)
+    base = loaded.transformers_model
+    head = base.get_output_embeddings()
+    assert isinstance(head, QuantLinear) and head.bits == 8 and head.kernel == _w8a8_kernel()
+    assert head.static_input_scale is None  # per-token dynamic activations
+    # The tiny model ties its head to the embeddings: the lookup keeps the float weight, and the
+    # head holds int8 levels of it (a quarter of its bytes, and a scale and sum per channel: under a
+    # third at the tiny model's 64 columns).
+    embeddings = base.get_input_embeddings().weight
+    assert isinstance(embeddings, torch.Tensor) and embeddings.dtype == torch.float32
+    unchanged = reference.transformers_model.get_input_embeddings().weight
+    assert isinstance(unchanged, torch.Tensor) and torch.equal(embeddings, unchanged)
+    assert head.weight_bytes() < embeddings.numel() * embeddings.element_size() / 3
+    with torch.inference_mode():
+        rows = torch.randn(4, embeddings.shape[1], generator=torch.Generator().manual_seed(3))
+        exact = rows @ embeddings.T
+        error = (head(rows) - exact).abs().mean() / exact.abs().mean()
+    assert 0 < float(error) < 0.02  # int8 weights and activations: about 1 % of the product
+    assert len(_quant_layers(loaded)) == len(_quant_layers(reference))  # the decoder as --quantization says
+    expected, got = _logits(reference, prompt_ids), _logits(loaded, prompt_ids)
+    assert not torch.equal(got, expected)
+    assert float((got - expected).abs().mean()) < 0.1
+    assert float((got.argmax(-1) == expected.argmax(-1)).float().mean()) >= 0.7
+
+
+def test_quantize_lm_head_is_refused_where_quantization_is(tiny_model_dir: Path, tiny_lora_dir: Path) -> None:
+    with pytest.raises(ModelLoadError, match="quantize_lm_head .* lora_modules"):
+        _load(tiny_model_dir, quantize_lm_head=True, lora_modules=json.dumps({"a": str(tiny_lora_dir)}))
+
+
 def test_none_and_int8_refuse_a_quantized_folder(quantized_dirs: dict[str, Path]) -> None:
     for value in ("none", "int8"):
         with pytest.raises(ModelLoadError, match=f"quantization '{value}' needs a 16/32-bit folder"):

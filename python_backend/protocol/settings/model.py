@@ -71,6 +71,20 @@ class ModelSettings:
             "[quantization](quantization.md)",
         ),
     )
+    # Off by default: vLLM and llm-compressor keep the head 16-bit, and the demo model's perplexity
+    # rises by another point with it in int8 (docs/quantization.md); llama.cpp's Q8_0 quantizes it.
+    quantize_lm_head: bool = setting(
+        False,
+        SettingInfo(
+            "also make the output head (lm_head) W8A8 int8 at load time: per-channel weights, per-token "
+            "dynamic activations",
+            flag="--quantize-lm-head",
+            docs="make the output head (`lm_head`; for tied embeddings a copy, the embeddings stay) W8A8 int8 at "
+            "load time, per-channel weights and per-token dynamic activations, with any `quantization`: on CPU "
+            "it reads a quarter of a float32 head's bytes a step, the decode step's largest product, at a cost "
+            "in quality; see [quantization](quantization.md#the-output-head)",
+        ),
+    )
     device: str = setting(
         "auto",
         SettingInfo(
