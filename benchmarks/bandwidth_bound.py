@@ -6,9 +6,9 @@ bandwidth with the engine's thread count before each variant (the best of severa
 buffer far larger than the caches; the bound uses the best reading so far), counts the bytes a
 step reads from the checkpoint (every tensor at the serving dtype's width, a quantized folder's
 integer weights at theirs and, for a ``quantization=int8`` variant, the decoder's projections at one
-byte; the input embedding only where the output head does not share it, since a step reads one of
-its rows), adds the keys
-and values of the request's context, and runs ``traffic.py`` distinct prompts one at a time
+byte, as the output head under ``quantize_lm_head``; the input embedding only where the output head
+does not share it, since a step reads one of its rows), adds the keys and values of the request's
+context (at the width the engine keeps them), and runs ``traffic.py`` distinct prompts one at a time
 through the engine in-process for each ``--variant`` (as in ``engine_ab.py``). Prints one JSON
 line per variant: the bound, ITL p50/p99, the time per output token (which counts every token of
 a speculative step) and its ratio to the bound: at most 1.2 is the target, below 1 only with
@@ -28,6 +28,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -35,13 +36,15 @@ from safetensors import safe_open
 from benchmarks.engine_ab import parse_variant, variant_settings
 from benchmarks.engine_runs import add_in_process_workload_arguments, run_engine
 from benchmarks.traffic import build_requests, workload_from
-from python_backend.protocol.settings import SettingsError
+from python_backend.model.quantization import plan_quantization
+from python_backend.protocol.settings import EngineSettings, SettingsError
 
 _WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2}
 _EMBEDDINGS = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight")
 # The decoder's linear layers, which ``--quantization int8`` makes int8.
 _PROJECTIONS = tuple(f"{name}_proj.weight" for name in ("q", "k", "v", "o", "gate", "up", "down"))
 _INTEGER_WIDTH = {"I8": 1, "U8": 1, "I16": 2, "I32": 4}
+_HEAD = "lm_head.weight"
 
 
 @dataclass(frozen=True)
@@ -74,10 +77,13 @@ def measure_bandwidth(threads: int, megabytes: int = 1024) -> float:
         return float(pool.apply(_bandwidth_with, (threads, megabytes)))
 
 
-def step_bytes(model: Path, dtype: str, kv_width: int, quantization: str = "auto") -> StepBytes:
+def step_bytes(
+    model: Path, dtype: str, kv_width: int, quantization: str = "auto", head_int8: bool = False
+) -> StepBytes:
     """What one decode step of the checkpoint in ``model`` reads, at ``dtype``'s width: the decoder's
     projections at one byte under ``quantization=int8`` (made at load), a quantized folder's integer
-    tensors at their stored width (the engine keeps them so); ``gguf`` counts the widened folder."""
+    tensors at their stored width (the engine keeps them so), and with ``head_int8``
+    (``quantize_lm_head``) the output head at one byte; ``gguf`` counts the widened folder."""
     config = json.loads((model / "config.json").read_text())
     text = config.get("text_config", config)
     quantized_folder = quantization == "auto" and "quantization_config" in (config.keys() | text.keys())
@@ -89,6 +95,8 @@ def step_bytes(model: Path, dtype: str, kv_width: int, quantization: str = "auto
                 width = _WIDTH[dtype]
                 if quantization == "int8" and name.endswith(_PROJECTIONS) and ".layers." in name:
                     width = 1
+                elif head_int8 and name.endswith((_HEAD, *_EMBEDDINGS)):
+                    width = 1  # a tied head's int8 copy is what a step reads; the lookup reads one row
                 elif quantized_folder and tensor.get_dtype() in _INTEGER_WIDTH:
                     width = _INTEGER_WIDTH[tensor.get_dtype()]
                 size = math.prod(tensor.get_shape()) * width
@@ -103,6 +111,16 @@ def step_bytes(model: Path, dtype: str, kv_width: int, quantization: str = "auto
     head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
     kv = 2 * int(text["num_hidden_layers"]) * int(text.get("num_key_value_heads", heads)) * head_dim * kv_width
     return StepBytes(weights=read, kv_per_token=kv)
+
+
+def _kv_width(chosen: EngineSettings, dtype: str, config: dict[str, Any]) -> int:
+    """Bytes per key or value element as the loader keeps them: bfloat16 when asked, in a bfloat16
+    model, and by default under W8A8 layers of a float32 model (where the C attention kernel builds)."""
+    if chosen.kv_cache_dtype == "bfloat16" or dtype == "bfloat16":
+        return 2
+    if chosen.kv_cache_dtype == "auto" and plan_quantization(chosen.quantization, config).int8_activations:
+        return 2
+    return 4
 
 
 def main() -> None:
@@ -121,14 +139,16 @@ def main() -> None:
         settings = {v.name: variant_settings(v, str(args.model), args.dtype, 1) for v in args.variant}
     except SettingsError as exc:
         parser.error(str(exc))
+    config = json.loads((args.model / "config.json").read_text())
     best = 0.0
     for variant in args.variant:
         chosen = settings[variant.name]
         # Measured before each variant, the bound from the best reading so far: the strictest.
         best = max(best, measure_bandwidth(chosen.torch_threads or threads, args.buffer_mb))
         bandwidth = best
-        kv_width = 2 if chosen.kv_cache_dtype == "bfloat16" or args.dtype == "bfloat16" else 4
-        bytes_read = step_bytes(args.model, args.dtype, kv_width, chosen.quantization)
+        bytes_read = step_bytes(
+            args.model, args.dtype, _kv_width(chosen, args.dtype, config), chosen.quantization, chosen.quantize_lm_head
+        )
         # The mean context over a request's decode steps: its prompt (about 1.3 tokens a word
         # with the chat template) and half its output.
         context = 1.3 * args.input_len + args.output_len / 2

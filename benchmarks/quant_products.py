@@ -21,6 +21,9 @@ can run them:
 - ``w4a16-g32`` / ``w4a16-g64``: ``QuantLinear`` ``int4pack`` (``aten._weight_int4pack_mm_for_cpu``;
   the demo model's width, 576, takes no group of 128).
 
+With ``--head`` it times the output head instead (``vocab_size`` x ``hidden_size``, once a pass), as
+``--quantize-lm-head`` makes it ``w8a8``.
+
 Weights are random (the kernels' speed does not depend on the values). The quantized forms take
 and give rows of ``--dtype`` (default: bfloat16 where oneDNN has bfloat16 kernels, else float32, as
 ``--dtype auto`` serves). Prints a table: milliseconds per model pass for each form and row count,
@@ -28,6 +31,7 @@ and each form's time over the base form's (``bf16``, or ``f32`` where oneDNN has
 machine: every figure is the median of ``--repeats`` passes after ``--warmup`` ones.
 
     python -m benchmarks.quant_products --model ~/.cache/triton-chat/models/SmolLM2-135M-Instruct
+    python -m benchmarks.quant_products --head --forms f32,w8a8 --rows 1,4,16,64
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ _DEMO = {
     "num_attention_heads": 9,
     "num_key_value_heads": 3,
     "num_hidden_layers": 30,
+    "vocab_size": 49152,
 }
 FORMS = (
     "bf16",
@@ -84,6 +89,11 @@ def model_shapes(config: dict[str, Any]) -> tuple[list[Shape], int]:
         Shape("down", hidden, intermediate),
     ]
     return shapes, int(config["num_hidden_layers"])
+
+
+def head_shape(config: dict[str, Any]) -> Shape:
+    """The output head's product: [vocab_size, hidden_size]."""
+    return Shape("head", int(config["vocab_size"]), int(config["hidden_size"]))
 
 
 def _product(form: str, weight: Any, dtype: Any) -> Callable[[Any], Any]:
@@ -192,6 +202,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rows", default="1,16,64,576", help="comma-separated row counts (default: 1,16,64,576)")
     parser.add_argument("--forms", default=",".join(FORMS), help=f"comma-separated forms (default: {','.join(FORMS)})")
     parser.add_argument("--layers", type=int, default=0, help="layers to time (default: the model's)")
+    parser.add_argument("--head", action="store_true", help="time the output head instead of the decoder layers")
     parser.add_argument("--warmup", type=int, default=3, help="untimed passes first (default: 3)")
     parser.add_argument("--repeats", type=int, default=15, help="timed passes; the median is reported (default: 15)")
     parser.add_argument(
@@ -212,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     config = json.loads((args.model / "config.json").read_text()) if args.model else _DEMO
     shapes, layers = model_shapes(config)
     layers = args.layers or layers
+    if args.head:
+        shapes, layers = [head_shape(config)], 1
     rows = [int(r) for r in args.rows.split(",")]
     forms = args.forms.split(",")
     import torch
@@ -222,7 +235,8 @@ def main(argv: list[str] | None = None) -> None:
     for (form, count), ms in table.items():
         print(json.dumps({"form": form, "rows": count, "ms_per_pass": round(ms, 3)}))
     width = max(len(f) for f in forms)
-    print(f"\nms per model pass ({layers} layers: {', '.join(f'{s.name} {s.n}x{s.k}' for s in shapes)}), {dtype} rows")
+    products = ", ".join(f"{s.name} {s.n}x{s.k}" for s in shapes)
+    print(f"\nms per model pass ({products if args.head else f'{layers} layers: {products}'}), {dtype} rows")
     print(f"(time over {base_form}'s)")
     print(f"{'form':<{width}} " + " ".join(f"{f'rows {r}':>16}" for r in rows))
     for form in forms:

@@ -52,6 +52,18 @@ def test_int8_projections_count_one_byte_each(tiny_model_dir: Path, tmp_path: Pa
     assert made.weights <= stored.weights < made.weights + projections // 4
 
 
+def test_an_int8_head_counts_one_byte_an_element(tiny_model_dir: Path) -> None:
+    # quantize_lm_head: a step reads the head's int8 copy, not the tied float embeddings.
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    assert model.config.tie_word_embeddings
+    head = model.get_output_embeddings()
+    assert isinstance(head, torch.nn.Linear)
+    made = step_bytes(tiny_model_dir, "float32", 4, "int8")
+    both = step_bytes(tiny_model_dir, "float32", 4, "int8", head_int8=True)
+    assert made.weights - both.weights == head.weight.numel() * 3
+    assert both.kv_per_token == made.kv_per_token
+
+
 def test_read_bandwidth_is_a_rate() -> None:
     assert read_bandwidth(megabytes=16, repeats=2) > 1e8  # bytes/s: any machine reads 100 MB/s
 
@@ -59,15 +71,19 @@ def test_read_bandwidth_is_a_rate() -> None:
 def test_the_benchmark_reports_the_bound_and_the_ratio_per_variant(tiny_model_dir: Path) -> None:
     command = [
         sys.executable, "-m", "benchmarks.bandwidth_bound", "--model", str(tiny_model_dir), "--dtype", "float32",
-        "--variant", "auto:", "--variant", "bf16kv:kv_cache_dtype=bfloat16", "-n", "1", "--input-len", "20",
+        "--variant", "auto:", "--variant", "bf16kv:kv_cache_dtype=bfloat16",
+        "--variant", "int8head:quantization=int8,quantize_lm_head=true", "-n", "1", "--input-len", "20",
         "--input-range", "5", "--output-len", "12", "--buffer-mb", "32",
     ]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(line) for line in done.stdout.strip().splitlines()]
-    assert [line["variant"] for line in lines] == ["auto", "bf16kv"]
-    auto, narrow = lines
+    assert [line["variant"] for line in lines] == ["auto", "bf16kv", "int8head"]
+    auto, narrow, int8 = lines
     assert narrow["kv_bytes_per_token"] * 2 == auto["kv_bytes_per_token"]
+    # W8A8 layers keep a float32 model's keys and values in bfloat16 by default.
+    assert int8["kv_bytes_per_token"] == narrow["kv_bytes_per_token"]
+    assert int8["weight_bytes"] < auto["weight_bytes"] / 3
     for line in lines:
         assert line["bound_ms"] > 0 and line["tpot_ms_p50"] > 0
         assert line["ratio"] == pytest.approx(line["tpot_ms_p50"] / line["bound_ms"], rel=0.05)
