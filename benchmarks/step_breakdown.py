@@ -129,10 +129,10 @@ def instrumented(timers: Timers) -> Iterator[None]:
 
     patches: list[tuple[Any, str, Callable[..., Any]]] = [
         (engine_runs, "load_model", marking_the_head),
-        # PackedLinear's and FusedProjections' product (only the head is ever marked).
+        # PackedLinear's, FusedProjections' and QuantLinear's product (only the head is ever marked).
         (PackedProduct, "apply_unchecked", head_or_product),
         (PackedLinear, "forward", head_or_product),
-        (QuantLinear, "apply_unchecked", lambda f: timers.wrap("products", f)),
+        (QuantLinear, "apply_unchecked", head_or_product),  # the head too, under --quantize-lm-head
         (QuantFusedProjections, "apply_unchecked", lambda f: timers.wrap("products", f)),
         # The gate/up product that ends in SiLU (a product, its SiLU inside).
         (FusedProjections, "silu_mul_unchecked", lambda f: timers.wrap("products", f)),

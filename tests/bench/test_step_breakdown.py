@@ -65,12 +65,17 @@ def test_patches_are_put_back() -> None:
 def test_an_engine_run_is_split_into_parts(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     step_breakdown.main(
         ["--model", str(tiny_model_dir), "--dtype", "float32", "-c", "2", "-n", "2", "--output-len", "6",
-         "--output-range", "0", "--input-len", "20", "--input-range", "0", "--variant", "f32:"]
+         "--output-range", "0", "--input-len", "20", "--input-range", "0", "--variant", "f32:",
+         "--variant", "int8head:quantization=int8,quantize_lm_head=true"]
     )  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
-    row = json.loads(lines[0])
+    row, head = json.loads(lines[0]), json.loads(lines[1])
     assert row["variant"] == "f32" and row["concurrency"] == 2 and row["steps"] >= 6
     # A step of the tiny model runs products, attention, norms and sampling: each was timed.
     for part in ("products", "output head", "attention", "norms", "sampling", "rest of step"):
         assert row["ms_per_step"][part] > 0, part
-    assert lines[1].startswith("| part | f32, C=2 |") and any(line.startswith("| products |") for line in lines)
+    # An int8 head (a QuantLinear, as the int8 layers are) is still timed as the head.
+    assert head["variant"] == "int8head"
+    assert head["ms_per_step"]["output head"] > 0 and head["ms_per_step"]["products"] > 0
+    assert lines[2].startswith("| part | f32, C=2 | int8head, C=2 |")
+    assert any(line.startswith("| products |") for line in lines)
