@@ -124,9 +124,9 @@ static inline __attribute__((always_inline)) void block(const Product *p, int64_
         for (int r = 0; r < rows; ++r) {
             const __m512 g = p->bias ? _mm512_add_ps(acc[r][t], gate_bias) : acc[r][t];
             const __m512 u = p->bias ? _mm512_add_ps(acc[r][t + half], up_bias) : acc[r][t + half];
-            const __m512 s = widen_narrowed(silu_ps(widen((__m256i)_mm512_cvtneps_pbh(g))));
-            const __m512 v = _mm512_mul_ps(s, widen((__m256i)_mm512_cvtneps_pbh(u)));
-            _mm256_storeu_si256((__m256i *)(p->out + (r0 + r) * p->out_stride + c0), narrow(v));
+            const __m256i v =
+                silu_mul_ps(widen((__m256i)_mm512_cvtneps_pbh(g)), widen((__m256i)_mm512_cvtneps_pbh(u)));
+            _mm256_storeu_si256((__m256i *)(p->out + (r0 + r) * p->out_stride + c0), v);
         }
     }
 #undef AT

@@ -116,9 +116,8 @@ static inline __attribute__((always_inline)) void silu_epilogue(const Product *p
     for (int r = 0; r < rows; ++r) {
         const __m512 g = rescaled(p, r0 + r, acc[r * stride], gate_comp, gate_cols, gate_bias);
         const __m512 u = rescaled(p, r0 + r, acc[r * stride + 1], up_comp, up_cols, up_bias);
-        const __m512 s = widen_narrowed(silu_ps(widen_narrowed(g)));
         _mm256_storeu_si256((__m256i *)((uint16_t *)p->out + (r0 + r) * p->out_stride + c0),
-                            narrow(_mm512_mul_ps(s, widen_narrowed(u))));
+                            silu_mul_ps(widen_narrowed(g), widen_narrowed(u)));
     }
 }
 

@@ -51,8 +51,7 @@ int triton_chat_silu_mul_bf16(const uint16_t *gate_up, int64_t gate_up_stride, u
         uint16_t *o = out + r * out_stride;
         for (int64_t d = 0; d < dim; d += 16) {
             const __mmask16 live = dim - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (dim - d)) - 1);
-            const __m512 s = widen_narrowed(silu_ps(load_bf16(g + d, live)));
-            _mm256_mask_storeu_epi16(o + d, live, narrow(_mm512_mul_ps(s, load_bf16(u + d, live))));
+            _mm256_mask_storeu_epi16(o + d, live, silu_mul_ps(load_bf16(g + d, live), load_bf16(u + d, live)));
         }
     }
     return 0;

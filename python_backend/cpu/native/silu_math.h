@@ -38,5 +38,9 @@ static inline __m512 silu_ps(__m512 g) {
 
 static inline __m512 widen_narrowed(__m512 v) { return widen(narrow(v)); }
 
+/* round(round(silu(g)) * u), for gate and up already bfloat16 values (widened): the roundings and
+ * order of PyTorch's ``silu(gate) * up`` on bfloat16 tensors. */
+static inline __m256i silu_mul_ps(__m512 g, __m512 u) { return narrow(_mm512_mul_ps(widen_narrowed(silu_ps(g)), u)); }
+
 #endif
 #endif
