@@ -344,22 +344,16 @@ static int product(const void *x, int64_t x_stride, int64_t m, float static_scal
     return 0;
 }
 
-/* out [m, n] = the W8A8 product of x [m, k] (rows ``x_stride`` apart) with the packed weight;
- * ``static_scale`` > 0: the checkpoint's input scale for every row, else one per row. */
-#define GEMM(NAME, BF16)                                                                                        \
-    int NAME(const void *x, int64_t x_stride, int64_t m, int64_t k, float static_scale, const int8_t *packed, \
-             const int32_t *compensation, int64_t n, const float *col_scales, const float *bias, void *out,   \
-             int64_t out_stride) {                                                                            \
-        Product p = {NULL, k, packed, compensation, n, NULL, 1, col_scales, bias, out, out_stride};           \
-        return product(x, x_stride, m, static_scale, &p, BF16, 0);                                            \
+#define GEMM(NAME, BF16)                                                                            \
+    INT8_GEMM_ENTRY(NAME) {                                                                         \
+        Product p = {NULL, k, packed, compensation, n, NULL, 1, col_scales, bias, out, out_stride}; \
+        return product(x, x_stride, m, static_scale, &p, BF16, 0);                                  \
     }
 
 /* out [m, n / 2] (bfloat16) = silu(gate) * up, where [gate | up] [m, n] would be the bfloat16
  * product of a merged gate/up weight (n / 2 a multiple of 16): the bits of that product followed by
  * ``silu_mul``. Returns -1 for a bad shape. */
-int triton_chat_int8_gemm_silu_bf16(const void *x, int64_t x_stride, int64_t m, int64_t k, float static_scale,
-                                    const int8_t *packed, const int32_t *compensation, int64_t n,
-                                    const float *col_scales, const float *bias, void *out, int64_t out_stride) {
+INT8_GEMM_ENTRY(triton_chat_int8_gemm_silu_bf16) {
     if (n <= 0 || n % (2 * TILE) != 0) return -1;
     Product p = {NULL, k, packed, compensation, n, NULL, 1, col_scales, bias, out, out_stride};
     return product(x, x_stride, m, static_scale, &p, 1, n / 2 / TILE);
@@ -370,22 +364,8 @@ int triton_chat_int8_gemm_silu_bf16(const void *x, int64_t x_stride, int64_t m, 
 int triton_chat_int8_gemm_available(void) { return 0; }
 int triton_chat_int8_gemm_fuses_silu(void) { return 0; }
 
-#define GEMM(NAME, BF16)                                                                                        \
-    int NAME(const void *x, int64_t x_stride, int64_t m, int64_t k, float static_scale, const int8_t *packed, \
-             const int32_t *compensation, int64_t n, const float *col_scales, const float *bias, void *out,   \
-             int64_t out_stride) {                                                                            \
-        (void)x, (void)x_stride, (void)m, (void)k, (void)static_scale, (void)packed, (void)compensation;      \
-        (void)n, (void)col_scales, (void)bias, (void)out, (void)out_stride;                                   \
-        return -2;                                                                                            \
-    }
-
-int triton_chat_int8_gemm_silu_bf16(const void *x, int64_t x_stride, int64_t m, int64_t k, float static_scale,
-                                    const int8_t *packed, const int32_t *compensation, int64_t n,
-                                    const float *col_scales, const float *bias, void *out, int64_t out_stride) {
-    (void)x, (void)x_stride, (void)m, (void)k, (void)static_scale, (void)packed, (void)compensation;
-    (void)n, (void)col_scales, (void)bias, (void)out, (void)out_stride;
-    return -2;
-}
+#define GEMM(NAME, BF16) INT8_GEMM_ABSENT(NAME)
+INT8_GEMM_ABSENT(triton_chat_int8_gemm_silu_bf16)
 
 #endif
 

@@ -261,27 +261,18 @@ static int product(const void *x, int64_t x_stride, int64_t m, float static_scal
     return 0;
 }
 
-#define GEMM(NAME, BF16)                                                                                        \
-    int NAME(const void *x, int64_t x_stride, int64_t m, int64_t k, float static_scale, const int8_t *packed, \
-             const int32_t *compensation, int64_t n, const float *col_scales, const float *bias, void *out,   \
-             int64_t out_stride) {                                                                            \
-        (void)compensation; /* the levels are signed here: nothing to compensate */                          \
-        Product p = {NULL, k, packed, n, NULL, col_scales, bias, out, out_stride};                            \
-        return product(x, x_stride, m, static_scale, &p, BF16);                                               \
+#define GEMM(NAME, BF16)                                                            \
+    INT8_GEMM_ENTRY(NAME) {                                                         \
+        (void)compensation; /* the levels are signed here: nothing to compensate */ \
+        Product p = {NULL, k, packed, n, NULL, col_scales, bias, out, out_stride};  \
+        return product(x, x_stride, m, static_scale, &p, BF16);                     \
     }
 
 #else
 
 int triton_chat_int8_gemm_available(void) { return 0; }
 
-#define GEMM(NAME, BF16)                                                                                        \
-    int NAME(const void *x, int64_t x_stride, int64_t m, int64_t k, float static_scale, const int8_t *packed, \
-             const int32_t *compensation, int64_t n, const float *col_scales, const float *bias, void *out,   \
-             int64_t out_stride) {                                                                            \
-        (void)x, (void)x_stride, (void)m, (void)k, (void)static_scale, (void)packed, (void)compensation;      \
-        (void)n, (void)col_scales, (void)bias, (void)out, (void)out_stride;                                   \
-        return -2;                                                                                            \
-    }
+#define GEMM(NAME, BF16) INT8_GEMM_ABSENT(NAME)
 
 #endif
 

@@ -2,7 +2,7 @@
  * (VPMADDWD): 16 output channels per tile, for each 4 consecutive k the 16 channels' 4 bytes (one
  * 64-byte load feeds one VPDPBUSD; four 16-byte quarters, four channels each, feed VPMADDWD), a
  * tile's bytes, and the tiles, one after another. Each including file is its own library, so the
- * packing function is defined here once for both.
+ * packing function is defined here once for both, with the products' common signature.
  */
 #ifndef TRITON_CHAT_INT8_PACK_H
 #define TRITON_CHAT_INT8_PACK_H
@@ -33,5 +33,21 @@ int triton_chat_int8_pack(const int8_t *w, int64_t n, int64_t k, int8_t *packed,
     }
     return 0;
 }
+
+/* A product's entry: out [m, n] = the W8A8 product of x [m, k] (rows ``x_stride`` apart) with the
+ * packed weight and its ``compensation``; ``static_scale`` > 0: the checkpoint's input scale for
+ * every row, else one per row. Returns 0, -1 for a bad shape, -3 when out of memory. */
+#define INT8_GEMM_ENTRY(NAME)                                                                                 \
+    int NAME(const void *x, int64_t x_stride, int64_t m, int64_t k, float static_scale, const int8_t *packed, \
+             const int32_t *compensation, int64_t n, const float *col_scales, const float *bias, void *out,   \
+             int64_t out_stride)
+
+/* The entry in a library built for a CPU without the file's instructions: -2, read as absent. */
+#define INT8_GEMM_ABSENT(NAME)                                                                           \
+    INT8_GEMM_ENTRY(NAME) {                                                                              \
+        (void)x, (void)x_stride, (void)m, (void)k, (void)static_scale, (void)packed, (void)compensation; \
+        (void)n, (void)col_scales, (void)bias, (void)out, (void)out_stride;                              \
+        return -2;                                                                                       \
+    }
 
 #endif
