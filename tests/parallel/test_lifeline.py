@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from python_backend.cpu.native.build import build_library
@@ -83,3 +84,62 @@ def test_the_native_lifeline_ends_a_process_whose_gil_is_held(tmp_path: Path) ->
 
 def start_native_lifeline_unavailable() -> bool:
     return build_library(NATIVE_SOURCE, extra_flags=("-pthread",)) is None
+
+
+# The native lifeline's exit() half alone (the watching thread not started): Triton's stub ends
+# itself with exit(1) once its tritonserver is gone, and on a busy host that can come before the
+# thread runs. ``{wait}`` is the child's code between arming and exiting.
+AT_EXIT_CHILD = """
+import ctypes, os, sys, time
+from pathlib import Path
+from python_backend.cpu.native.build import build_library
+from python_backend.triton.orphan import NATIVE_SOURCE
+marker = Path(sys.argv[1])
+parent = os.getppid()
+library = build_library(NATIVE_SOURCE, extra_flags=("-pthread",))
+paths = (ctypes.c_char_p * 1)(os.fsencode(marker))
+if library.triton_chat_remove_at_exit_if_orphaned(parent, paths, 1) != 0:
+    sys.exit(7)
+marker.write_text("alive")
+{wait}
+sys.exit(1)
+"""
+UNTIL_ORPHANED = """
+deadline = time.monotonic() + 10
+while os.getppid() == parent:
+    if time.monotonic() > deadline:
+        sys.exit(8)
+    time.sleep(0.02)
+"""
+
+
+def _armed(marker: Path) -> None:
+    deadline = time.monotonic() + EXIT_WAIT_S
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the child never armed its exit() clean-up"
+        time.sleep(0.05)
+
+
+def test_an_exit_after_the_parent_is_gone_removes_the_regions(tmp_path: Path) -> None:
+    if start_native_lifeline_unavailable():
+        pytest.skip("no C compiler: the stub keeps Python's lifeline")
+    marker = tmp_path / "alive"
+    with parent_and_child(PARENT, AT_EXIT_CHILD.format(wait=UNTIL_ORPHANED), str(marker)) as (parent, child):
+        _armed(marker)
+        kill_outright(parent)
+        child.wait(EXIT_WAIT_S)  # raises psutil.TimeoutExpired if it stays
+        assert not marker.exists()
+
+
+def test_an_exit_while_the_parent_lives_keeps_them(tmp_path: Path) -> None:
+    if start_native_lifeline_unavailable():
+        pytest.skip("no C compiler: the stub keeps Python's lifeline")
+    marker = tmp_path / "alive"
+    with parent_and_child(PARENT, AT_EXIT_CHILD.format(wait=""), str(marker)) as (parent, child):
+        deadline = time.monotonic() + EXIT_WAIT_S
+        # Its parent does not reap it: an ended child stays a zombie until the parent goes.
+        while child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the child did not exit"
+            time.sleep(0.05)
+        assert parent.poll() is None  # the parent lived through the child's exit()
+        assert marker.exists()  # tritonserver's to remove on an orderly stop

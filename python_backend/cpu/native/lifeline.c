@@ -7,6 +7,11 @@
  * reads) then never ends, or Triton's own watchdog ends it first and the regions stay. Here
  * nothing waits on the interpreter. Linux pidfds (5.3+) wake the thread at once; older kernels
  * poll the parent's pid every 200 ms.
+ *
+ * The files are also removed at exit() when the parent is gone by then: Triton's stub has a
+ * watchdog of its own that calls exit(1) once its tritonserver is gone, and on a busy host it can
+ * run before this thread does (a region was left so under a full test run on 2 cores). An exit()
+ * while the parent lives (an orderly stop) leaves them: tritonserver owns them then.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -52,22 +57,45 @@ static void *watch(void *arg) {
     return NULL;
 }
 
-/* Starts the watch; 0 on success, else an errno value (the caller keeps its own lifeline). The
- * strings are copied: the caller's may go. */
-int triton_chat_exit_with_parent(int parent, const char *const *paths, int count, const char *message, int status) {
-    if (parent <= 1 || count < 0) return EINVAL;
+/* At exit(): the files go if the process was reparented, that is if its parent has exited. */
+static void remove_if_orphaned(int exit_status, void *arg) {
+    (void)exit_status;
+    const Watch *w = arg;
+    if (getppid() == w->parent) return;
+    for (int i = 0; i < w->count; ++i) unlink(w->paths[i]);
+}
+
+/* A watch of ``parent`` removing copies of ``paths`` (never freed: it lives as long as the
+ * process), registered to run at exit(); NULL when out of memory or registering failed. */
+static Watch *watch_at_exit(int parent, const char *const *paths, int count, const char *message, int status) {
     Watch *w = calloc(1, sizeof *w);
-    if (w == NULL) return ENOMEM;
+    if (w == NULL) return NULL;
     w->parent = parent;
     w->status = status;
     w->count = count;
     w->paths = calloc((size_t)(count > 0 ? count : 1), sizeof *w->paths);
     w->message = message != NULL ? strdup(message) : NULL;
-    if (w->paths == NULL) return ENOMEM;
+    if (w->paths == NULL) return NULL;
     for (int i = 0; i < count; ++i) {
         w->paths[i] = strdup(paths[i]);
-        if (w->paths[i] == NULL) return ENOMEM;
+        if (w->paths[i] == NULL) return NULL;
     }
+    return on_exit(remove_if_orphaned, w) == 0 ? w : NULL;
+}
+
+/* Only the exit() half: the files go at exit() if ``parent`` is gone by then. 0, or an errno
+ * value. */
+int triton_chat_remove_at_exit_if_orphaned(int parent, const char *const *paths, int count) {
+    if (parent <= 1 || count < 0) return EINVAL;
+    return watch_at_exit(parent, paths, count, NULL, 0) != NULL ? 0 : ENOMEM;
+}
+
+/* Starts the watch (and its exit() half); 0 on success, else an errno value (the caller keeps its
+ * own lifeline). The strings are copied: the caller's may go. */
+int triton_chat_exit_with_parent(int parent, const char *const *paths, int count, const char *message, int status) {
+    if (parent <= 1 || count < 0) return EINVAL;
+    Watch *w = watch_at_exit(parent, paths, count, message, status);
+    if (w == NULL) return ENOMEM;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
