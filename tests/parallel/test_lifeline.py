@@ -32,13 +32,18 @@ threading.Event().wait()
 """
 
 
+def _armed(child: psutil.Process, marker: Path) -> None:
+    """Wait until the child has written its marker; fail if it ends or takes too long first."""
+    deadline = time.monotonic() + EXIT_WAIT_S
+    while not marker.exists():
+        assert time.monotonic() < deadline and child.is_running(), "the child never started"
+        time.sleep(0.05)
+
+
 def test_the_child_cleans_up_and_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
     marker = tmp_path / "alive"
     with parent_and_child(PARENT, CHILD, str(marker)) as (parent, child):
-        deadline = time.monotonic() + EXIT_WAIT_S
-        while not marker.exists():  # the lifeline is armed once the marker is written
-            assert time.monotonic() < deadline and child.is_running(), "the child never started"
-            time.sleep(0.05)
+        _armed(child, marker)
         kill_outright(parent)
         # The child is the parent's: reparented, its exit status goes to init; psutil sees it end.
         child.wait(EXIT_WAIT_S)  # raises psutil.TimeoutExpired if it stays
@@ -71,10 +76,7 @@ def test_the_native_lifeline_ends_a_process_whose_gil_is_held(tmp_path: Path) ->
         pytest.skip("no C compiler: the stub keeps Python's lifeline")
     marker = tmp_path / "alive"
     with parent_and_child(PARENT, NATIVE_CHILD, str(marker)) as (parent, child):
-        deadline = time.monotonic() + EXIT_WAIT_S
-        while not marker.exists():
-            assert time.monotonic() < deadline and child.is_running(), "the child never started"
-            time.sleep(0.05)
+        _armed(child, marker)
         time.sleep(0.5)  # the child reaches its GIL-holding sleep (no event to wait on there)
         assert child.is_running()
         kill_outright(parent)
@@ -113,19 +115,12 @@ while os.getppid() == parent:
 """
 
 
-def _armed(marker: Path) -> None:
-    deadline = time.monotonic() + EXIT_WAIT_S
-    while not marker.exists():
-        assert time.monotonic() < deadline, "the child never armed its exit() clean-up"
-        time.sleep(0.05)
-
-
 def test_an_exit_after_the_parent_is_gone_removes_the_regions(tmp_path: Path) -> None:
     if start_native_lifeline_unavailable():
         pytest.skip("no C compiler: the stub keeps Python's lifeline")
     marker = tmp_path / "alive"
     with parent_and_child(PARENT, AT_EXIT_CHILD.format(wait=UNTIL_ORPHANED), str(marker)) as (parent, child):
-        _armed(marker)
+        _armed(child, marker)
         kill_outright(parent)
         child.wait(EXIT_WAIT_S)  # raises psutil.TimeoutExpired if it stays
         assert not marker.exists()
