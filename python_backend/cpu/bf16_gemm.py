@@ -7,9 +7,10 @@ about half the memory's rate: a one-user decode step of the demo model spent 14 
 whose weights take about 6 ms to read. This kernel keeps a block of rows by four tiles of 16
 output channels in registers and sums every row in one fixed order, so a row's result does not
 depend on the rows beside it (the batch-invariant mode's property, at no cost). On AMX CPUs
-oneDNN's tile products are kept: they are far faster on prompts.
+oneDNN's tile products are kept: they are far faster on prompts. Packed weights live in the
+kernel's ``WeightArena`` (2 MiB pages where Linux gives them).
 
-May import torch and ``python_backend.cpu.native`` only.
+May import torch, ``python_backend.cpu.native`` and ``python_backend.cpu.weight_arena`` only.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 
 from python_backend.cpu.native.build import entry_address, load_kernel
+from python_backend.cpu.weight_arena import WeightArena
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +68,7 @@ class Bf16Gemm:
     """``pack(weight, bias)`` once per layer, then ``product(x, packed)`` per call."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
+        self._arena = WeightArena()  # the packed weights, streamed once per decode step
         available = library.triton_chat_bf16_gemm_available
         available.restype, available.argtypes = ctypes.c_int, []
         self.available = bool(available())
@@ -102,7 +105,7 @@ class Bf16Gemm:
         if not self.takes(weight):
             raise ValueError(f"bfloat16 CPU weights of even width are packed, got {weight.dtype} {list(weight.shape)}")
         n, k = weight.shape
-        packed = torch.empty(-(-n // TILE) * TILE * k, dtype=torch.bfloat16)
+        packed = self._arena.empty(-(-n // TILE) * TILE * k, torch.bfloat16)
         source = weight.detach().contiguous()
         if self._pack(source.data_ptr(), n, k, packed.data_ptr()) != 0:
             raise RuntimeError(f"packing a bfloat16 weight of shape [{n}, {k}] failed")

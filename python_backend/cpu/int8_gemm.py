@@ -12,10 +12,10 @@ by two tiles of 16 output channels in registers, takes the input as unsigned byt
 plus 128, the shift compensated per channel) and fuses the rescale and bias into its epilogue; a merged gate/up weight can end its product in
 silu(gate) * up (``silu_product``), the bits of the product followed by ``silu.py``'s ``silu_mul``.
 One or two rows (a decode step) stream the weight instead: each thread reads an even share of the
-tiles in memory order. Its int32 sums are exact: a row's result does not depend on the rows beside
-it.
+tiles in memory order, from the kernel's ``WeightArena`` (2 MiB pages where Linux gives them). Its
+int32 sums are exact: a row's result does not depend on the rows beside it.
 
-May import torch and ``python_backend.cpu.native`` only.
+May import torch, ``python_backend.cpu.native`` and ``python_backend.cpu.weight_arena`` only.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from python_backend.cpu.native.build import bind_functions, entry_address, load_kernel
+from python_backend.cpu.weight_arena import WeightArena
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class Int8Gemm:
     """``pack(values)`` once per layer, then ``product(x, packed, ...)`` per call."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
+        self._arena = WeightArena()  # the packed weights, streamed once per decode step
         available = library.triton_chat_int8_gemm_available
         available.restype, available.argtypes = ctypes.c_int, []
         self.available = bool(available())
@@ -104,7 +106,7 @@ class Int8Gemm:
         if values.dtype != torch.int8 or not self.takes(k):
             raise ValueError(f"int8 weights with a width divisible by 4 are packed, got {values.dtype} [{n}, {k}]")
         padded = -(-n // TILE) * TILE
-        packed = torch.empty(padded * k, dtype=torch.int8)
+        packed = self._arena.empty(padded * k, torch.int8)
         compensation = torch.empty(padded, dtype=torch.int32)
         source = values.contiguous()
         if self._pack(source.data_ptr(), n, k, packed.data_ptr(), compensation.data_ptr()) != 0:
