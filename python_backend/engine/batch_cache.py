@@ -101,10 +101,40 @@ class GrowableLayer(DynamicLayer):
         self._start, self._end = new_start, new_start + length
         return True
 
+    # ``keys``/``values`` are views of the live window. ``append_position`` only marks them stale and
+    # they are remade when read: a decode step's one-call layers append to every layer and read no
+    # view, and making two per layer was half of that call's Python.
+    _stale = False
+
+    @property  # type: ignore[override]
+    def keys(self) -> torch.Tensor | None:
+        if self._stale:
+            self._views()
+        return self._keys
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:  # transformers' own writes (reset: None)
+        if self._stale:  # the other view is made before this one is replaced
+            self._views()
+        self._keys = value
+
+    @property  # type: ignore[override]
+    def values(self) -> torch.Tensor | None:
+        if self._stale:
+            self._views()
+        return self._values
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        if self._stale:
+            self._views()
+        self._values = value
+
     def _views(self) -> None:
         assert self._buf_k is not None and self._buf_v is not None  # invariant after _reserve, not input
-        self.keys = self._buf_k[: self._rows, :, self._start : self._end]
-        self.values = self._buf_v[: self._rows, :, self._start : self._end]
+        self._keys = self._buf_k[: self._rows, :, self._start : self._end]
+        self._values = self._buf_v[: self._rows, :, self._start : self._end]
+        self._stale = False
 
     def set_states(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Replace the whole content (used when rows join or leave)."""
@@ -145,7 +175,7 @@ class GrowableLayer(DynamicLayer):
             raise ValueError("a cache layer takes positions only after its first states")
         self._reserve(like, self._rows, 0, 1)
         self._end += 1
-        self._views()
+        self._stale = True
         assert self._buf_k is not None and self._buf_v is not None  # invariant after _reserve, not input
         return self._buf_k, self._buf_v, self._start, self.length
 
@@ -204,6 +234,7 @@ class GrowableLayer(DynamicLayer):
     def reset(self) -> None:
         self._buf_k = self._buf_v = None
         self._rows = self._start = self._end = 0
+        self._stale = False
         super().reset()
 
 

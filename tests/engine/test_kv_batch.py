@@ -183,3 +183,24 @@ def test_layers_a_forward_adds_keep_the_caches_dtype_and_reserve() -> None:
         kv.add_states(_row([5.0]), 1)
     _step(kv, [1.0] * 4)
     assert kv.rows == 4 and _buffer(kv) == buffer  # the first buffer had room for the reserve
+
+
+def test_a_claimed_position_shows_in_the_views_read_after_it() -> None:
+    # The one-call decode layers claim a position and write it themselves; the views are remade
+    # when read, after any number of claims, and a reset is not undone by a stale view.
+    layer = GrowableLayer()
+    first = torch.arange(2 * HEADS * 4 * DIM, dtype=torch.float32).view(2, HEADS, 4, DIM)
+    layer.set_states(first, -first)
+    like = torch.empty(2, HEADS, 1, DIM)
+    for written in (7.0, 8.0):
+        keys, values, start, length = layer.append_position(like)
+        keys[:2, :, start + length - 1] = written
+        values[:2, :, start + length - 1] = -written
+    assert layer.keys is not None and layer.values is not None
+    assert layer.keys.shape == (2, HEADS, 6, DIM) and layer.get_seq_length() == 6
+    assert torch.equal(layer.keys[:, :, :4], first) and torch.equal(layer.values[:, :, :4], -first)
+    assert layer.keys[:, :, 4:, 0].unique().tolist() == [7.0, 8.0]
+    assert layer.values[:, :, 5].unique().tolist() == [-8.0]
+    layer.append_position(like)
+    layer.reset()
+    assert layer.keys is None and layer.values is None
