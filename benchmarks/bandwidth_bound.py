@@ -1,18 +1,23 @@
 """One request at a time against the memory-bandwidth bound measured in the same run.
 
 At concurrency 1 a decode step reads every weight once (and the request's keys and values), so
-its time cannot go below ``bytes read / read bandwidth``. This benchmark measures the read
-bandwidth with the engine's thread count before each variant (the best of several sums over a
-buffer far larger than the caches; the bound uses the best reading so far), counts the bytes a
-step reads from the checkpoint (every tensor at the serving dtype's width, a quantized folder's
-integer weights at theirs and, for a ``quantization=int8`` variant, the decoder's projections at one
-byte, as the output head under ``quantize_lm_head``; the input embedding only where the output head
-does not share it, since a step reads one of its rows), adds the keys and values of the request's
-context (at the width the engine keeps them), and runs ``traffic.py`` distinct prompts one at a time
-through the engine in-process for each ``--variant`` (as in ``engine_ab.py``). Prints one JSON
-line per variant: the bound, ITL p50/p99, the time per output token (which counts every token of
-a speculative step) and its ratio to the bound: at most 1.2 is the target, below 1 only with
-speculative decoding.
+its time cannot go below ``bytes read / read bandwidth``. This benchmark counts the bytes a step
+reads from the checkpoint (every tensor at the serving dtype's width, a quantized folder's integer
+weights at theirs and, for a ``quantization=int8`` variant, the decoder's projections at one byte,
+as the output head under ``quantize_lm_head``; the input embedding only where the output head does
+not share it, since a step reads one of its rows), adds the keys and values of the request's context
+(at the width the engine keeps them), and runs ``traffic.py`` distinct prompts one at a time through
+the engine in-process for each ``--variant`` (as in ``engine_ab.py``).
+
+The read bandwidth is measured with the engine's thread count in a process of its own (sums over
+a buffer far larger than the caches) before every request, with the engine idle, and once after
+the last: a shared host's bandwidth moves by half within a minute, so each request's time per
+output token is set against the bound from the readings on either side of it (the median of each
+reading's sums), and ``ratio`` is the median of those per-request ratios. ``ratio_at_best`` sets the
+median time per token against the best sum of the whole run instead: the strictest reading.
+
+Prints one JSON line per variant: the bound, ITL p50/p99, the time per output token (which counts
+every token of a speculative step) and both ratios; below 1 only with speculative decoding.
 
     python -m benchmarks.bandwidth_bound --model ~/.cache/triton-chat/models/SmolLM2-135M-Instruct --dtype float32 \\
         --variant auto: --variant bf16kv:kv_cache_dtype=bfloat16
@@ -24,9 +29,11 @@ import argparse
 import json
 import math
 import multiprocessing
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +41,8 @@ import torch
 from safetensors import safe_open
 
 from benchmarks.engine_ab import parse_variant, variant_settings
-from benchmarks.engine_runs import add_in_process_workload_arguments, run_engine
-from benchmarks.traffic import build_requests, workload_from
+from benchmarks.engine_runs import EngineRun, add_in_process_workload_arguments, run_engine
+from benchmarks.traffic import TrafficRequest, build_requests, workload_from
 from python_backend.model.quantization import plan_quantization
 from python_backend.protocol.settings import EngineSettings, SettingsError
 
@@ -53,28 +60,54 @@ class StepBytes:
     kv_per_token: int  # bytes of keys and values per context position, all layers
 
 
+def _sum_rates(buffer: torch.Tensor, repeats: int) -> list[float]:
+    """Bytes/s of each of ``repeats`` sums over ``buffer``, with torch's current threads."""
+    rates = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        buffer.sum()
+        rates.append(buffer.numel() * buffer.element_size() / (time.perf_counter() - started))
+    return rates
+
+
 def read_bandwidth(megabytes: int = 1024, repeats: int = 5) -> float:
     """Bytes/s of the best of ``repeats`` sums over a float32 buffer, with torch's current threads."""
     buffer = torch.ones(megabytes * (1 << 20) // 4, dtype=torch.float32)
     buffer.sum()  # pages touched before timing
-    best = math.inf
-    for _ in range(repeats):
-        started = time.perf_counter()
-        buffer.sum()
-        best = min(best, time.perf_counter() - started)
-    return buffer.numel() * 4 / best
+    return max(_sum_rates(buffer, repeats))
 
 
-def _bandwidth_with(threads: int, megabytes: int) -> float:
+def _serve_readings(connection: Connection, threads: int, megabytes: int) -> None:
+    """The reader process: one buffer, then five sums' rates per request, until None."""
     torch.set_num_threads(threads)
-    return read_bandwidth(megabytes)
+    buffer = torch.ones(megabytes * (1 << 20) // 4, dtype=torch.float32)
+    buffer.sum()
+    while connection.recv() is not None:
+        connection.send(_sum_rates(buffer, 5))
 
 
-def measure_bandwidth(threads: int, megabytes: int = 1024) -> float:
-    """``read_bandwidth`` with ``threads`` threads in a process of its own: an OpenMP team started
-    here would share the cores with the engine's afterwards (measured: 48-50 ms a token became 70)."""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return float(pool.apply(_bandwidth_with, (threads, megabytes)))
+class BandwidthReader:
+    """Read bandwidth on demand from a process of its own, its buffer allocated once: an OpenMP team
+    started in the engine's process would share the cores with the engine's afterwards (measured:
+    48-50 ms a token became 70). ``read()`` returns one reading's sums (bytes/s each)."""
+
+    def __init__(self, threads: int, megabytes: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._connection, child = context.Pipe()
+        self._process = context.Process(target=_serve_readings, args=(child, threads, megabytes), daemon=True)
+        self._process.start()
+        child.close()
+
+    def read(self) -> list[float]:
+        self._connection.send(True)
+        return list(self._connection.recv())
+
+    def close(self) -> None:
+        self._connection.send(None)
+        self._process.join(timeout=30)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
 
 
 def step_bytes(
@@ -123,6 +156,20 @@ def _kv_width(chosen: EngineSettings, dtype: str, config: dict[str, Any]) -> int
     return 4
 
 
+def _run_between_readings(
+    settings: EngineSettings, requests: list[TrafficRequest], threads: int, megabytes: int
+) -> tuple[EngineRun, list[list[float]]]:
+    """The requests one at a time, a bandwidth reading before each and one after the last."""
+    reader = BandwidthReader(threads, megabytes)
+    readings: list[list[float]] = []
+    try:
+        run = run_engine(settings, requests, concurrency=1, before_each=lambda _: readings.append(reader.read()))
+        readings.append(reader.read())
+    finally:
+        reader.close()
+    return run, readings
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, type=lambda text: Path(text).expanduser())
@@ -140,31 +187,37 @@ def main() -> None:
     except SettingsError as exc:
         parser.error(str(exc))
     config = json.loads((args.model / "config.json").read_text())
-    best = 0.0
     for variant in args.variant:
         chosen = settings[variant.name]
-        # Measured before each variant, the bound from the best reading so far: the strictest.
-        best = max(best, measure_bandwidth(chosen.torch_threads or threads, args.buffer_mb))
-        bandwidth = best
         bytes_read = step_bytes(
             args.model, args.dtype, _kv_width(chosen, args.dtype, config), chosen.quantization, chosen.quantize_lm_head
         )
         # The mean context over a request's decode steps: its prompt (about 1.3 tokens a word
         # with the chat template) and half its output.
         context = 1.3 * args.input_len + args.output_len / 2
-        bound_ms = (bytes_read.weights + bytes_read.kv_per_token * context) / bandwidth * 1e3
-        run = run_engine(chosen, requests, concurrency=1)
+        step = bytes_read.weights + bytes_read.kv_per_token * context
+        run, readings = _run_between_readings(chosen, requests, chosen.torch_threads or threads, args.buffer_mb)
+        around = [
+            (statistics.median(before) + statistics.median(after)) / 2
+            for before, after in zip(readings, readings[1:], strict=False)
+        ]
+        ratios = [tpot / (step / rate * 1e3) for tpot, rate in zip(run.tpot_ms, around, strict=True) if tpot > 0]
+        typical = statistics.median(around)
+        best = max(max(reading) for reading in readings)
         record = {
             "variant": variant.name,
             "workload": asdict(workload),
-            "read_bandwidth_gb_s": round(bandwidth / 1e9, 2),
+            "read_bandwidth_gb_s": round(typical / 1e9, 2),
+            "read_bandwidth_gb_s_range": [round(min(around) / 1e9, 2), round(max(around) / 1e9, 2)],
+            "best_read_gb_s": round(best / 1e9, 2),
             "weight_bytes": bytes_read.weights,
             "kv_bytes_per_token": bytes_read.kv_per_token,
-            "bound_ms": float(f"{bound_ms:.4g}"),
+            "bound_ms": float(f"{step / typical * 1e3:.4g}"),
             "itl_ms_p50": run.itl_ms_p50,
             "itl_ms_p99": run.itl_ms_p99,
             "tpot_ms_p50": run.tpot_ms_p50,
-            "ratio": round(run.tpot_ms_p50 / bound_ms, 3),
+            "ratio": round(statistics.median(ratios), 3),
+            "ratio_at_best": round(run.tpot_ms_p50 / (step / best * 1e3), 3),
             "output_tokens_per_s": run.output_tokens_per_s,
         }
         sys.stdout.write(json.dumps(record) + "\n")

@@ -43,6 +43,8 @@ class EngineRun:
     # counts every token of a speculative step (ITL counts the step once).
     tpot_ms_p50: float
     answers: list[str] = field(repr=False)
+    # Per request, in the order given (0: fewer than 2 tokens).
+    tpot_ms: list[float] = field(default_factory=list, repr=False)
 
 
 def add_in_process_workload_arguments(parser: argparse.ArgumentParser, output_range: int = 64) -> None:
@@ -62,9 +64,12 @@ def run_engine(
     requests: list[TrafficRequest],
     concurrency: int,
     on_started: Callable[[], None] | None = None,
+    before_each: Callable[[int], None] | None = None,
 ) -> EngineRun:
     """``requests`` through a fresh engine loaded with ``settings``, at most ``concurrency`` in flight;
-    ``on_started`` is called when the timed part begins (after the load and the warm-up request)."""
+    ``on_started`` is called when the timed part begins (after the load and the warm-up request);
+    ``before_each(index)`` before a request is submitted, once it has a slot (at concurrency 1: with
+    the engine idle), and the time it takes is not counted in the wall time."""
     threads = serialize_current_thread()  # only the engine thread runs torch in parallel, as served
     if not settings.torch_threads:
         settings = replace(settings, torch_threads=threads)
@@ -114,25 +119,30 @@ def run_engine(
         tokens[0] = 0
         if on_started is not None:
             on_started()
-        started = time.perf_counter()
+        started, paused = time.perf_counter(), 0.0
         for index, request in enumerate(requests):
             slots.acquire()
+            if before_each is not None:
+                pause = time.perf_counter()
+                before_each(index)
+                paused += time.perf_counter() - pause
             submitted[index] = time.perf_counter()
             engine.submit(make(index, request))
         for _ in requests:
             finished.acquire()
-        wall = time.perf_counter() - started
+        wall = time.perf_counter() - started - paused
     finally:
         engine.stop()
         gc.unfreeze()
         torch.set_num_threads(threads)
     ttft = [(stamps[i][0] - submitted[i]) * 1e3 for i in submitted if stamps.get(i)]
     itl = [(b - a) * 1e3 for i in submitted for a, b in pairwise(stamps.get(i, []))]
-    tpot = [
-        (stamps[i][-1] - stamps[i][0]) * 1e3 / (per_request[i] - 1)
+    per_token = {
+        i: (stamps[i][-1] - stamps[i][0]) * 1e3 / (per_request[i] - 1)
         for i in submitted
         if len(stamps.get(i, [])) > 1 and per_request.get(i, 0) > 1
-    ]
+    }
+    tpot = list(per_token.values())
     return EngineRun(
         concurrency=concurrency,
         requests=len(requests),
@@ -145,4 +155,5 @@ def run_engine(
         itl_ms_p99=round(_percentile(itl, 0.99), 1),
         tpot_ms_p50=round(_percentile(tpot, 0.5), 2),
         answers=["".join(texts.get(i, [])) for i in range(len(requests))],
+        tpot_ms=[round(per_token.get(i, 0.0), 3) for i in range(len(requests))],
     )

@@ -86,4 +86,11 @@ def test_the_benchmark_reports_the_bound_and_the_ratio_per_variant(tiny_model_di
     assert int8["weight_bytes"] < auto["weight_bytes"] / 3
     for line in lines:
         assert line["bound_ms"] > 0 and line["tpot_ms_p50"] > 0
+        low, high = line["read_bandwidth_gb_s_range"]
+        assert 0 < low <= line["read_bandwidth_gb_s"] <= high <= line["best_read_gb_s"]
+        # One request: its ratio is against the bound from the readings on either side of it.
         assert line["ratio"] == pytest.approx(line["tpot_ms_p50"] / line["bound_ms"], rel=0.05)
+        # The best sum of the run gives the smallest bound, so the larger ratio.
+        at_best = line["tpot_ms_p50"] / (line["bound_ms"] * line["read_bandwidth_gb_s"] / line["best_read_gb_s"])
+        assert line["ratio_at_best"] == pytest.approx(at_best, rel=0.05)
+        assert line["ratio_at_best"] >= line["ratio"] * 0.95
