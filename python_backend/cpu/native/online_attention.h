@@ -45,24 +45,28 @@ static inline void prefetch_row(const uint16_t *row, int64_t dim) {
 }
 
 /* scale * q . k for positions [l, l + count) (count <= 16; lanes past it are 0), dim a multiple
- * of 32. The next block's key and value rows are asked for early. */
+ * of 32. The next block's key and value rows are asked for early. Each position's products are
+ * summed over the head dimension in order, as one chain per position; the positions' chains run
+ * side by side (the loop over positions inside the one over dimensions, unrolled), so that the
+ * bfloat16 dot products' latency is hidden: one chain at a time left the core waiting on each. */
 static inline __m512 scores_block(const uint16_t *qrow, const uint16_t *kbase, int64_t k_stride_l,
                                   const uint16_t *vbase, int64_t v_stride_l, int64_t l, int64_t count, int64_t dim,
                                   float scale, int fetch) {
     __m512 acc[16];
-    for (int64_t j = 0; j < 16; ++j) {
-        __m512 a = _mm512_setzero_ps();
-        if (j < count) {
-            const uint16_t *kr = kbase + (l + j) * k_stride_l;
-            if (fetch) {
-                prefetch_row(kr + PREFETCH_ROWS * k_stride_l, dim);
-                prefetch_row(vbase + (l + j + PREFETCH_ROWS) * v_stride_l, dim);
-            }
-            for (int64_t d = 0; d < dim; d += 32)
-                a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(qrow + d)),
-                                     (__m512bh)_mm512_loadu_si512((const void *)(kr + d)));
+    const uint16_t *krows = kbase + l * k_stride_l;
+    if (fetch)
+        for (int64_t j = 0; j < count; ++j) {
+            prefetch_row(krows + (j + PREFETCH_ROWS) * k_stride_l, dim);
+            prefetch_row(vbase + (l + j + PREFETCH_ROWS) * v_stride_l, dim);
         }
-        acc[j] = a;
+    for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dim; d += 32) {
+        const __m512bh q = (__m512bh)_mm512_loadu_si512((const void *)(qrow + d));
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; ++j)
+            if (j < count)
+                acc[j] = _mm512_dpbf16_ps(acc[j], q,
+                                          (__m512bh)_mm512_loadu_si512((const void *)(krows + j * k_stride_l + d)));
     }
     return _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(scale));
 }
