@@ -6,9 +6,9 @@ weight needs a new translation every 64 cache lines, and a step's ~100 MB of wei
 pages than the TLB holds, so every page starts with a page walk. The kernels' packed weights are
 therefore placed in private anonymous mappings advised ``MADV_HUGEPAGE``: under transparent huge
 pages' ``always`` or ``madvise`` mode (most distributions' default) they are backed by 2 MiB pages
-(docs/performance.md gives the gain). Small weights share chunks (a weight's tail page would
-otherwise cost up to 2 MiB each); large ones get a mapping of their own. Where the system has no
-``MADV_HUGEPAGE`` (not Linux) or refuses it, the memory is the same, in 4 KiB pages.
+(docs/design.md, "CPU speed paths", gives the gain). Small weights share chunks (a weight's tail
+page would otherwise cost up to 2 MiB each); large ones get a mapping of their own. Where the
+system has no ``MADV_HUGEPAGE`` (not Linux) or refuses it, the memory is the same, in 4 KiB pages.
 
 May import torch only.
 """
