@@ -46,31 +46,29 @@ class WeightArena:
         """An uninitialized tensor of ``numel`` elements, its start aligned to ``ALIGNMENT`` bytes."""
         if numel < 0:
             raise ValueError(f"numel must be at least 0, got {numel}")
-        nbytes = numel * dtype.itemsize
-        if self._advice is None or nbytes == 0:
+        nbytes, advice = numel * dtype.itemsize, self._advice
+        if advice is None or nbytes == 0:
             return torch.empty(numel, dtype=dtype)
         if nbytes > self._chunk_bytes // 2:
-            region, start = self._map(nbytes)
+            region, start = self._map(nbytes, advice)
             return torch.frombuffer(region, dtype=dtype, count=numel, offset=start)
         if self._chunk is None or self._next + nbytes > self._end:
-            self._chunk, self._next = self._map(self._chunk_bytes)
+            self._chunk, self._next = self._map(self._chunk_bytes, advice)
             self._end = self._next + self._chunk_bytes
         start = self._next
         self._next = start + -(-nbytes // ALIGNMENT) * ALIGNMENT
         return torch.frombuffer(self._chunk, dtype=dtype, count=numel, offset=start)
 
-    def _map(self, nbytes: int) -> tuple[mmap.mmap, int]:
+    def _map(self, nbytes: int, advice: int) -> tuple[mmap.mmap, int]:
         """A private anonymous mapping with whole 2 MiB pages of ``nbytes`` or more at the returned
-        offset, advised for huge pages. The bytes before that offset are never touched, so they
-        take no memory."""
+        offset, given ``advice`` (``MADV_HUGEPAGE``). The bytes before that offset are never
+        touched, so they take no memory."""
         size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
         region = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE)
         address = torch.frombuffer(region, dtype=torch.uint8, count=1).data_ptr()
         start = -address % HUGE_PAGE  # a multiple of the page size: the mapping starts on a page
-        if self._advice is None:  # refused by an earlier mapping
-            return region, start
         try:
-            region.madvise(self._advice, start, size)
+            region.madvise(advice, start, size)
         except OSError as exc:  # a kernel without transparent huge pages: 4 KiB pages, as malloc's
             logger.info("weights stay in 4 KiB pages: madvise(MADV_HUGEPAGE) failed (%s)", exc)
             self._advice = None
