@@ -60,7 +60,14 @@ class StepBytes:
     kv_per_token: int  # bytes of keys and values per context position, all layers
 
 
-def _sum_rates(buffer: torch.Tensor, repeats: int) -> list[float]:
+def read_buffer(megabytes: int) -> torch.Tensor:
+    """A float32 buffer of ``megabytes``, its pages touched, to time sums over."""
+    buffer = torch.ones(megabytes * (1 << 20) // 4, dtype=torch.float32)
+    buffer.sum()
+    return buffer
+
+
+def sum_rates(buffer: torch.Tensor, repeats: int) -> list[float]:
     """Bytes/s of each of ``repeats`` sums over ``buffer``, with torch's current threads."""
     rates = []
     for _ in range(repeats):
@@ -70,20 +77,12 @@ def _sum_rates(buffer: torch.Tensor, repeats: int) -> list[float]:
     return rates
 
 
-def read_bandwidth(megabytes: int = 1024, repeats: int = 5) -> float:
-    """Bytes/s of the best of ``repeats`` sums over a float32 buffer, with torch's current threads."""
-    buffer = torch.ones(megabytes * (1 << 20) // 4, dtype=torch.float32)
-    buffer.sum()  # pages touched before timing
-    return max(_sum_rates(buffer, repeats))
-
-
 def _serve_readings(connection: Connection, threads: int, megabytes: int) -> None:
     """The reader process: one buffer, then five sums' rates per request, until None."""
     torch.set_num_threads(threads)
-    buffer = torch.ones(megabytes * (1 << 20) // 4, dtype=torch.float32)
-    buffer.sum()
+    buffer = read_buffer(megabytes)
     while connection.recv() is not None:
-        connection.send(_sum_rates(buffer, 5))
+        connection.send(sum_rates(buffer, 5))
 
 
 class BandwidthReader:
