@@ -108,27 +108,27 @@ class GrowableLayer(DynamicLayer):
 
     @property  # type: ignore[override]
     def keys(self) -> torch.Tensor | None:
-        if self._stale:
-            self._views()
+        self._current_views()
         return self._keys
 
     @keys.setter
     def keys(self, value: torch.Tensor | None) -> None:  # transformers' own writes (reset: None)
-        if self._stale:  # the other view is made before this one is replaced
-            self._views()
+        self._current_views()  # the other view is made before this one is replaced
         self._keys = value
 
     @property  # type: ignore[override]
     def values(self) -> torch.Tensor | None:
-        if self._stale:
-            self._views()
+        self._current_views()
         return self._values
 
     @values.setter
     def values(self, value: torch.Tensor | None) -> None:
+        self._current_views()
+        self._values = value
+
+    def _current_views(self) -> None:
         if self._stale:
             self._views()
-        self._values = value
 
     def _views(self) -> None:
         assert self._buf_k is not None and self._buf_v is not None  # invariant after _reserve, not input
