@@ -12,10 +12,8 @@ or when its prefix comes from the prefix cache. In the mode:
   ``ROW_TILE`` rows (``row_tiles.py``), prepacked or not;
 - attention is one C kernel for prefill and decode (``native/invariant_attention.c``) whose
   reduction for a query runs over that query's visible keys in ascending order;
-- rotary embeddings come from a table computed in fixed blocks of positions (``TabulatedRotary``):
-  PyTorch computes ``cos``/``sin`` with vector code and the tensor's last few elements with the
-  C library's functions, which can differ in the last bit, and which elements are last depends on
-  the batch's shape;
+- rotary embeddings come from a table computed in fixed blocks of positions (``rotary_table.py``),
+  whose values do not depend on the batch's shape;
 - the rest is per row already: embedding lookups, RMSNorm (a row's mean over its own features),
   the MLP's activation (element-wise over rows whose width is a multiple of the vector width),
   greedy sampling (an argmax per row).
@@ -35,6 +33,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from python_backend.cpu.native.invariant_attention import InvariantAttentionKernel
+from python_backend.cpu.rotary_table import TabulatedRotary, tabulable
 from python_backend.cpu.row_tiles import PackedProduct, TiledLinear
 
 logger = logging.getLogger(__name__)
@@ -42,11 +41,6 @@ logger = logging.getLogger(__name__)
 NAME = "triton_chat_batch_invariant"
 # Rows per matrix product: one AMX tile, and little padding at decode batches up to 16.
 ROW_TILE = 16
-# Positions per block of the rotary table: a position is always computed at the same place of a
-# tensor of the same shape, and the block stays below PyTorch's threshold for splitting it over threads.
-ROTARY_BLOCK = 128
-# Rope types whose frequencies change with the sequence length: a table would freeze them.
-_LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 
 
 class UnsupportedAttention(TypeError):
@@ -105,32 +99,6 @@ def use_invariant_attention(kernel: InvariantAttentionKernel) -> str:
     return NAME
 
 
-class TabulatedRotary(torch.nn.Module):
-    """The model's rotary embedding module, read from a table of its own results per position."""
-
-    def __init__(self, rotary: torch.nn.Module) -> None:
-        super().__init__()
-        self.rotary = rotary
-        self._tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}  # cos, sin [positions, D]
-
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self._table(x, int(position_ids.max()) + 1)
-        return cos[position_ids], sin[position_ids]
-
-    def _table(self, x: torch.Tensor, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        table = self._tables.get(x.dtype)
-        if table is not None and table[0].shape[0] >= needed:
-            return table
-        blocks = [] if table is None else [table]
-        for start in range(0 if table is None else table[0].shape[0], needed, ROTARY_BLOCK):
-            positions = torch.arange(start, start + ROTARY_BLOCK, device=x.device)[None]
-            cos, sin = self.rotary(x, positions)
-            blocks.append((cos[0], sin[0]))
-        table = (torch.cat([b[0] for b in blocks]), torch.cat([b[1] for b in blocks]))
-        self._tables[x.dtype] = table
-        return table
-
-
 def _inside(name: str, roots: list[str]) -> bool:
     return any(name == root or name.startswith(root + ".") for root in roots)
 
@@ -157,9 +125,9 @@ def install_batch_invariant(
             tiled += 1
     rotary = getattr(decoder, "rotary_emb", None)
     if isinstance(rotary, torch.nn.Module):
-        if getattr(rotary, "rope_type", "default") in _LENGTH_DEPENDENT_ROPE:
+        if not tabulable(rotary):
             logger.warning("batch-invariant mode: this model's length-dependent rotary embedding is not tabulated")
-        else:
+        elif not isinstance(rotary, TabulatedRotary):
             decoder.rotary_emb = TabulatedRotary(rotary)
     logger.info("batch-invariant mode: %d linear products run %d rows at a time", tiled, rows)
     return tiled

@@ -48,6 +48,7 @@ from python_backend.cpu.linear import PackedLinear
 from python_backend.cpu.native.attention_kernel import DecodeAttentionKernel
 from python_backend.cpu.prompt_attention import PromptAttentionKernel
 from python_backend.cpu.quant_linear import QuantLinear
+from python_backend.cpu.rotary_table import TabulatedRotary, tabulable
 from python_backend.cpu.silu import NativeSiLU, SiluKernel
 from python_backend.cpu.stack_build import build_stack
 
@@ -212,6 +213,10 @@ class FastDecoder:
         self._prompt_tiles = prompt_tiles
         self._silu = silu  # silu(gate) * up in one pass: only where the model's MLPs run the same SiLU
         self.stack = stack  # pure decode steps' layers in one native call (decode_stack.py), or None
+        # The rotary embedding's rows from a table of the module's own results (rotary_table.py),
+        # where they depend on the position alone; else the module, called every step.
+        rotary = decoder.rotary_emb
+        self._rotary = TabulatedRotary(rotary).forward if tabulable(rotary) else rotary
 
     @staticmethod
     def build(
@@ -305,7 +310,7 @@ class FastDecoder:
         else:
             input_ids, position_ids = torch.cat(ids).unsqueeze(0), torch.cat(positions).unsqueeze(0)
         hidden = self._decoder.embed_tokens(input_ids)  # [1, N, H]: every token of the step
-        cos, sin = self._decoder.rotary_emb(hidden, position_ids)
+        cos, sin = self._rotary(hidden, position_ids)
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [1, N, 1, D]: per token, every head
         stack = self.stack
         pending: torch.Tensor | None  # the last MLP's output, added in the final norm's pass

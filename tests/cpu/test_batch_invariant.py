@@ -172,25 +172,3 @@ def test_attention_refuses_what_it_does_not_compute(kernel: InvariantAttentionKe
         invariant_attention(module, q, k, v, None, kernel=kernel, softcap=30.0)
     with pytest.raises(UnsupportedAttention, match="boolean"):
         invariant_attention(module, q, k, v, torch.zeros(1, 1, 5, 5), kernel=kernel)
-
-
-def test_the_rotary_table_gives_the_modules_values_the_same_for_every_shape() -> None:
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-    from python_backend.cpu.batch_invariant import ROTARY_BLOCK, TabulatedRotary
-
-    rotary = LlamaRotaryEmbedding(LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=4096))
-    table = TabulatedRotary(rotary)
-    x = torch.zeros(1, 1, 64)
-    block = torch.arange(ROTARY_BLOCK, 2 * ROTARY_BLOCK)[None]
-    for got, expected in zip(table(x, block), rotary(x, block), strict=True):
-        assert torch.equal(got, expected)  # the very call the table makes for that block
-    position = ROTARY_BLOCK + 37
-    alone = table(x, torch.tensor([[position]]))
-    for shape in [(1, 3), (5, 1), (2, 77)]:
-        positions = torch.randint(0, 3 * ROTARY_BLOCK, shape)
-        positions[-1, -1] = position
-        for got, reference in zip(table(x, positions), alone, strict=True):
-            assert got.shape == (*shape, 16)
-            assert torch.equal(got[-1, -1], reference[0, 0])
