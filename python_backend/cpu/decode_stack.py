@@ -11,6 +11,8 @@ kernel (``int8_gemm.py``, bfloat16 or float32 models: on an AVX2-only CPU, a flo
 kernels for the model's dtype; anything else keeps the lean step. A float32 model's cache may be
 bfloat16 (``--kv-cache-dtype bfloat16``): the stack rounds the new keys and values into it as
 PyTorch's copy does, and attention reads it through the kernel's bfloat16-cache entry.
+``run_step`` runs the whole step in the same call where the input embedding is a plain lookup and
+the final norm and output head are ours too (``StackEnds``): the token ids in, the logits out.
 
 May import torch and ``python_backend.cpu`` modules below it only (not the engine: a cache is
 anything whose layers claim positions, ``CacheLayer``).
@@ -84,6 +86,19 @@ class _Layer(ctypes.Structure):
     ]
 
 
+class _Ends(ctypes.Structure):
+    _fields_ = [
+        ("ids", _PTR),
+        ("embedding", _PTR),
+        ("embedding_rows", _I64),
+        ("norm", _PTR),
+        ("eps", _F32),
+        ("head", _Product),
+        ("vocab", _I64),
+        ("logits", _PTR),
+    ]
+
+
 class _Shape(ctypes.Structure):
     _fields_ = [(name, _I64) for name in ("batch", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "length")]
 
@@ -138,6 +153,17 @@ class StackLayer:
 
 
 @dataclass(frozen=True)
+class StackEnds:
+    """What a whole step adds around the layers: the input embedding [rows, hidden] (a plain
+    lookup), and the final norm and output head, all of the rows' dtype."""
+
+    embedding: torch.Tensor
+    norm: torch.Tensor  # [hidden]
+    eps: float
+    head: StackProduct
+
+
+@dataclass(frozen=True)
 class StackShape:
     dtype: torch.dtype  # of the rows and the norms' weights, bfloat16 or float32 (the cache: _CACHE_DTYPES)
     hidden: int
@@ -168,13 +194,14 @@ class DecodeStack:
         kernels: StackKernels,
         layers: Sequence[StackLayer],
         shape: StackShape,
+        ends: StackEnds | None = None,
     ) -> None:
         self._run = library.triton_chat_decode_stack
         self._run.restype = ctypes.c_int
         self._run.argtypes = [
             _PTR, _PTR, _I64, _PTR, _I64, _I64,  # kernels, layers, count, shape, elem, cache_elem
             _PTR, _PTR, ctypes.c_int, _PTR, _PTR,  # hidden, pending, first_has_pending, cos, sin
-            _PTR, _I64, _PTR,  # keep, keep_stride, scratch
+            _PTR, _I64, _PTR, _PTR,  # keep, keep_stride, scratch, ends
         ]  # fmt: skip
         self._scratch_size = library.triton_chat_decode_stack_scratch
         self._scratch_size.restype, self._scratch_size.argtypes = _I64, [_PTR]
@@ -211,6 +238,20 @@ class DecodeStack:
                 )
         self.shape = shape
         self._shape = _Shape(0, shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate, 0)
+        self.ends = ends  # keeps the tensors ``_ends`` points at alive
+        self._ends: _Ends | None = None
+        if ends is not None:
+            head = ends.head
+            self._ends = _Ends(
+                None,
+                ends.embedding.data_ptr(),
+                ends.embedding.shape[0],
+                ends.norm.data_ptr(),
+                ends.eps,
+                _Product(head.packed, head.bias, head.compensation, head.col_scales, head.static_scale),
+                head.out_features,
+                None,
+            )
 
     @staticmethod
     def build(
@@ -218,18 +259,24 @@ class DecodeStack:
         shape: StackShape,
         kernels: StackKernels,
         cache_dir: Path | None = None,
+        ends: StackEnds | None = None,
     ) -> DecodeStack | None:
-        """The stack over these layers; None where the driver cannot be built (the lean step stays)."""
+        """The stack over these layers (and ``ends``, for whole steps: ``run_step``); None where the
+        driver cannot be built (the lean step stays)."""
         missing = "the one-call decode layers are not available: decode steps keep the lean step"
-        return load_kernel(lambda library: DecodeStack(library, kernels, layers, shape), SOURCE, cache_dir, missing)
+        return load_kernel(
+            lambda library: DecodeStack(library, kernels, layers, shape, ends), SOURCE, cache_dir, missing
+        )
 
     def takes(self, hidden: torch.Tensor, cache_layers: Sequence[object]) -> bool:
         """Whether a step of these rows [B, hidden] over this cache can run here."""
-        dtype = self.shape.dtype
+        return hidden.dtype == self.shape.dtype and self.takes_cache(cache_layers)
+
+    def takes_cache(self, cache_layers: Sequence[object]) -> bool:
+        """Whether steps over this cache can run here (``run_step``'s rows are the stack's own)."""
         caches = {getattr(layer, "storage_dtype", None) for layer in cache_layers}
         return (
-            hidden.dtype == dtype
-            and len(cache_layers) == len(self._layers)
+            len(cache_layers) == len(self._layers)
             and len(caches) == 1
             and caches <= self._kernels.keys()
             and all(hasattr(layer, "append_position") for layer in cache_layers)
@@ -247,6 +294,41 @@ class DecodeStack:
         last MLP's output is added), with ``cos``/``sin`` [B, head_dim] and ``keep`` [B, L + 1] (True
         on real positions, None without padding); appends each layer's new keys and values to its
         cache. Returns the last MLP's output [B, hidden], which the final norm adds."""
+        pending = torch.empty_like(hidden)
+        self._call(hidden, pending, cos, sin, keep, cache_layers, None)
+        return pending
+
+    def run_step(
+        self,
+        input_ids: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        keep: torch.Tensor | None,
+        cache_layers: Sequence[CacheLayer],
+    ) -> torch.Tensor:
+        """The whole step of ``input_ids`` [B] (int64): the embedding lookup, every layer as ``run``,
+        the final norm and the output head; returns the logits [B, vocab]. Needs ``ends``."""
+        if self._ends is None or self.ends is None:
+            raise RuntimeError("a whole decode step needs the stack's embedding and output head")
+        if input_ids.dtype != torch.int64 or input_ids.dim() != 1 or not input_ids.is_contiguous():
+            raise ValueError(f"input_ids: contiguous int64 [B], got {input_ids.dtype} {list(input_ids.shape)}")
+        batch, dtype = input_ids.shape[0], self.shape.dtype
+        hidden = torch.empty(batch, self.shape.hidden, dtype=dtype)
+        logits = torch.empty(batch, self.ends.head.out_features, dtype=dtype)
+        self._ends.ids, self._ends.logits = input_ids.data_ptr(), logits.data_ptr()
+        self._call(hidden, torch.empty_like(hidden), cos, sin, keep, cache_layers, self._ends)
+        return logits
+
+    def _call(
+        self,
+        hidden: torch.Tensor,
+        pending: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        keep: torch.Tensor | None,
+        cache_layers: Sequence[CacheLayer],
+        ends: _Ends | None,
+    ) -> None:
         batch, dim = hidden.shape[0], self.shape.head_dim
         length = cache_layers[0].length + 1  # the window once this step's position is appended
         if any(layer.rows != batch or layer.length + 1 != length for layer in cache_layers):
@@ -278,13 +360,13 @@ class DecodeStack:
             slot.cache_stride_b, slot.cache_stride_h = keys.stride(0), keys.stride(1)
         self._shape.batch, self._shape.length = batch, length
         scratch = torch.empty(self._scratch_size(ctypes.byref(self._shape)), dtype=dtype)
-        pending = torch.empty_like(hidden)
         status = self._run(
             ctypes.byref(kernels), self._layers, len(self._layers), ctypes.byref(self._shape), elem, cache_elem,
             hidden.data_ptr(), pending.data_ptr(), 0, cos.data_ptr(), sin.data_ptr(),
             keep.data_ptr() if keep is not None else None, keep.stride(0) if keep is not None else 0,
-            scratch.data_ptr(),
+            scratch.data_ptr(), ctypes.byref(ends) if ends is not None else None,
         )  # fmt: skip
+        if status == -101:  # before any layer ran (the caches have taken their position)
+            raise ValueError("a decode step's token is outside the input embedding")
         if status != 0:
             raise RuntimeError(f"the one-call decode layers failed with status {status} for {batch} rows")
-        return pending

@@ -17,7 +17,8 @@ projection prepacked (or quantized: ``quant_linear.py``) and merged, and no LoRA
 Where every part of every layer is a native kernel of ours (bfloat16 products on CPUs with
 AVX512-BF16, W8A8 ones on our int8 kernel with bfloat16 or float32 rows), a step without prompt
 tokens runs all the layers in one call (``decode_stack.py``): the same kernels in the same order,
-bit for bit the loop's results, without its per-layer Python.
+bit for bit the loop's results, without its per-layer Python; where the embedding, the final
+norm and the output head are ours as well, that call is the whole step, from token ids to logits.
 
 ``mixed_logits`` is the same step with prompt tokens beside the decode rows, as vLLM's chunked
 prefill mixes them: every projection, norm and MLP runs once over all the step's tokens (the
@@ -273,7 +274,7 @@ class FastDecoder:
             )
         attend_one = attend or partial(one_row_attention, kernel=kernel)
         own = attend is None  # the batch-invariant mode's attention covers prompts too
-        stack = build_stack(config, layers, kernel, rope, silu) if own else None
+        stack = build_stack(config, layers, kernel, rope, silu, decoder, head) if own else None
         return FastDecoder(
             decoder, head, layers, attend_one, own, rope, kernel if own else None, prompt if own else None, silu, stack
         )
@@ -298,6 +299,11 @@ class FastDecoder:
 
     def mixed_logits(self, decode: DecodeRows[CacheT] | None, segments: list[PromptSegment[CacheT]]) -> MixedLogits:
         """One forward pass over the decode rows' new tokens and the prompt segments' tokens."""
+        stack = self.stack
+        if stack is not None and stack.ends is not None and decode is not None and not segments:
+            whole = self._whole_step(stack, stack.ends.embedding, decode)
+            if whole is not None:
+                return MixedLogits(whole, [])
         rows = decode.input_ids.shape[0] if decode is not None else 0
         device = self._decoder.embed_tokens.weight.device
         ids = [decode.input_ids.view(-1)] if decode is not None else []
@@ -312,7 +318,6 @@ class FastDecoder:
         hidden = self._decoder.embed_tokens(input_ids)  # [1, N, H]: every token of the step
         cos, sin = self._rotary(hidden, position_ids)
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [1, N, 1, D]: per token, every head
-        stack = self.stack
         pending: torch.Tensor | None  # the last MLP's output, added in the final norm's pass
         if stack is not None and decode is not None and not segments and stack.takes(hidden[0], decode.cache.layers):
             # One native call for every layer, bit for bit the loop's results.
@@ -338,6 +343,17 @@ class FastDecoder:
             logits[:rows] if decode is not None else None,
             [logits[at : at + 1] if at is not None else None for at in ends],
         )
+
+    def _whole_step(
+        self, stack: DecodeStack, embedding: torch.Tensor, decode: DecodeRows[CacheT]
+    ) -> torch.Tensor | None:
+        """The decode rows' logits from one native call (embedding, layers, final norm and head),
+        or None where the stack does not take their cache."""
+        if not stack.takes_cache(decode.cache.layers):
+            return None
+        cos, sin = self._rotary(embedding, decode.position_ids.view(1, -1))  # of the embedding's dtype
+        caches = cast("list[CacheLayer]", decode.cache.layers)  # ``takes_cache`` checked them
+        return stack.run_step(decode.input_ids.view(-1), cos[0], sin[0], decode.keep, caches)
 
     def _layer_loop(
         self,

@@ -16,7 +16,14 @@ from typing import Any, Protocol, cast
 import torch
 
 from python_backend.cpu.bf16_gemm import PackedBf16
-from python_backend.cpu.decode_stack import DecodeStack, StackKernels, StackLayer, StackProduct, StackShape
+from python_backend.cpu.decode_stack import (
+    DecodeStack,
+    StackEnds,
+    StackKernels,
+    StackLayer,
+    StackProduct,
+    StackShape,
+)
 from python_backend.cpu.fused_norm import FusedRMSNorm
 from python_backend.cpu.fused_projections import FusedProjections
 from python_backend.cpu.fused_rope import RopeKernel
@@ -63,8 +70,12 @@ def build_stack(
     kernel: DecodeAttentionKernel | None,
     rope: RopeKernel | None,
     silu: SiluKernel | None,
+    decoder: torch.nn.Module | None = None,
+    head: torch.nn.Module | None = None,
 ) -> DecodeStack | None:
-    """The one-call layers where every part of every layer is a native kernel of ours, else None."""
+    """The one-call layers where every part of every layer is a native kernel of ours, else None.
+    With the ``decoder``'s input embedding and final norm and the output ``head`` in forms it
+    takes too (``_stack_ends``), the stack also runs whole steps."""
     if kernel is None or rope is None or silu is None or not layers:
         return None
     modules = [n for layer in layers for n in (layer.input_norm, layer.post_norm)]
@@ -109,9 +120,32 @@ def build_stack(
             )
         )
     products = [_product_of(m) for layer in layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    ends = _stack_ends(decoder, head, shape, norms[0]) if decoder is not None and head is not None else None
+    if ends is not None:
+        products.append(_product_of(head))  # type: ignore[arg-type]  # not None where ends are
     gemm = next((p.gemm for p in products if isinstance(p, PackedBf16)), None)
     int8 = next((p.int8_gemm.kernel for p in products if isinstance(p, QuantLinear) and p.int8_gemm is not None), None)
-    return DecodeStack.build(stacked, shape, StackKernels(norms[0].kernel, gemm, rope, kernel, silu, int8))
+    return DecodeStack.build(stacked, shape, StackKernels(norms[0].kernel, gemm, rope, kernel, silu, int8), ends=ends)
+
+
+def _stack_ends(
+    decoder: torch.nn.Module, head: torch.nn.Module, shape: StackShape, layer_norm: FusedRMSNorm
+) -> StackEnds | None:
+    """The input embedding, final norm and output head as the stack reads them, where the embedding
+    is a plain lookup of the rows' dtype, the norm the layers' kernel and the head one of our
+    products; else None (the lean step keeps them)."""
+    embedding, norm = getattr(decoder, "embed_tokens", None), getattr(decoder, "norm", None)
+    if type(embedding) is not torch.nn.Embedding or embedding.max_norm is not None:
+        return None
+    table = embedding.weight.detach()
+    if table.dtype != shape.dtype or table.dim() != 2 or table.shape[1] != shape.hidden or not table.is_contiguous():
+        return None
+    if type(norm) is not FusedRMSNorm or norm.kernel is not layer_norm.kernel or norm.weight.dtype != shape.dtype:
+        return None
+    product = _stack_product(_product_of(head), shape.dtype)
+    if product is None or product.in_features != shape.hidden:
+        return None
+    return StackEnds(table, norm.weight.detach(), float(norm.variance_epsilon), product)
 
 
 def _product_of(module: torch.nn.Module) -> object:

@@ -73,8 +73,33 @@ def test_the_stack_gives_the_lean_steps_logits_and_cache(
     family: str, rows: int, bf16_kernels: None, tiny_model_dir: Path, tiny_llama_dir: Path
 ) -> None:
     loaded = load_on_cpu(tiny_model_dir if family == "qwen2" else tiny_llama_dir, "bfloat16")
+    # The embedding, final norm and head (our bfloat16 kernel's) run in the same call.
+    assert _stack_of(loaded).ends is not None  # type: ignore[attr-defined]
     prompts = [list(range(3, 40)), list(range(50, 61)), list(range(7, 30, 2))][:rows]
     _assert_stack_is_the_lean_step(loaded, prompts, steps=4)
+
+
+@pytest.mark.parametrize("quantize_lm_head", [False, True])
+def test_w8a8_layers_with_either_head_run_whole_steps_as_the_lean_step(
+    quantize_lm_head: bool, bf16_kernels: None, int8_gemm: Int8Gemm, tiny_model_dir: Path
+) -> None:
+    # int8 layers with the bfloat16 head (our bfloat16 kernel's) or an int8 one: both kernels'
+    # products in one call.
+    loaded = load_on_cpu(tiny_model_dir, "bfloat16", quantization="int8", quantize_lm_head=quantize_lm_head)
+    stack = _stack_of(loaded)
+    assert stack is not None and stack.ends is not None  # type: ignore[attr-defined]
+    assert stack.ends.head.int8 is quantize_lm_head  # type: ignore[attr-defined]
+    _assert_stack_is_the_lean_step(loaded, [list(range(3, 40)), list(range(50, 61))], steps=3)
+
+
+def test_a_token_outside_the_embedding_is_refused(bf16_kernels: None, tiny_model_dir: Path) -> None:
+    loaded = load_on_cpu(tiny_model_dir, "bfloat16")
+    fast = loaded.fast_decoder
+    assert fast is not None and fast.stack is not None and fast.stack.ends is not None
+    kv = running_batch(loaded, [list(range(3, 20))], loaded.kv_dtype)
+    outside = fast.stack.ends.embedding.shape[0]
+    with torch.inference_mode(), pytest.raises(ValueError, match="outside the input embedding"):
+        fast.logits(torch.tensor([[outside]]), torch.tensor([[17]]), kv.cache, None)
 
 
 def test_a_keep_mask_of_another_length_is_refused(bf16_kernels: None, tiny_model_dir: Path) -> None:

@@ -19,7 +19,9 @@
  *   cache[slot] = (rotated k, v);  attn = attention(rotated q, cache window, keep)
  *   normed = norm(hidden += attn W_o + b)
  *   pending = silu_mul(normed W_gate_up + b) W_down + b
- * The caller adds the last ``pending`` in the final norm.
+ * The caller adds the last ``pending`` in the final norm, or, given the step's ``Ends``, the driver
+ * also looks the rows' tokens up in the embedding first and ends with the final norm and the
+ * output head's product (the logits): a one-user step's Python around the layers is then one call.
  */
 #include <stdint.h>
 #include <string.h>
@@ -86,6 +88,20 @@ typedef struct {
     float scaling;
 } Layer;
 
+/* What a whole step adds around the layers: each row's token looked up in ``embedding`` ([rows,
+ * hidden] of the rows' dtype) into ``hidden``, and after the layers ``logits`` [batch, vocab] =
+ * head(norm(hidden + pending)) with the final norm's weight and epsilon. */
+typedef struct {
+    const int64_t *ids;
+    const void *embedding;
+    int64_t embedding_rows;
+    const void *norm;
+    float eps;
+    Product head;
+    int64_t vocab;
+    void *logits;
+} Ends;
+
 typedef struct {
     int64_t batch;
     int64_t hidden;
@@ -126,12 +142,15 @@ static inline void store(char *to, const char *from, int64_t count, int64_t elem
     }
 }
 
-/* Returns 0, or the first failing kernel's status (negative), or -100 for a bad shape or element
- * size. ``elem``: the bytes of one element of the rows and norms' weights (2 or 4); ``cache_elem``:
- * of the caches (``elem``, or 2 under float32 rows: ``kn->attend`` then reads a bfloat16 cache). */
+/* Returns 0, or the first failing kernel's status (negative), -100 for a bad shape or element
+ * size, or -101 for a token outside the embedding. ``elem``: the bytes of one element of the rows and
+ * norms' weights (2 or 4); ``cache_elem``: of the caches (``elem``, or 2 under float32 rows:
+ * ``kn->attend`` then reads a bfloat16 cache). ``ends``: NULL, or the step's embedding lookup and
+ * output head (``Ends``). */
 int triton_chat_decode_stack(const Kernels *kn, const Layer *layers, int64_t count, const Shape *s, int64_t elem,
                              int64_t cache_elem, void *hidden, void *pending, int first_has_pending, const void *cos,
-                             const void *sin, const uint8_t *keep, int64_t keep_stride, void *scratch) {
+                             const void *sin, const uint8_t *keep, int64_t keep_stride, void *scratch,
+                             const Ends *ends) {
     const int64_t B = s->batch, H = s->hidden, D = s->head_dim, I = s->intermediate;
     const int64_t q_width = s->heads * D, kv_width = s->kv_heads * D, qkv_width = q_width + 2 * kv_width;
     const int64_t rotated_width = q_width + kv_width, slot = s->length - 1;
@@ -145,6 +164,13 @@ int triton_chat_decode_stack(const Kernels *kn, const Layer *layers, int64_t cou
     do {                                   \
         if ((status = (expr)) != 0) return status; \
     } while (0)
+    if (ends != NULL) {
+        for (int64_t b = 0; b < B; ++b)
+            if (ends->ids[b] < 0 || ends->ids[b] >= ends->embedding_rows) return -101;
+        for (int64_t b = 0; b < B; ++b)
+            memcpy((char *)hidden + elem * b * H, (const char *)ends->embedding + elem * ends->ids[b] * H,
+                   (size_t)(elem * H));
+    }
     for (int64_t i = 0; i < count; ++i) {
         const Layer *L = layers + i;
         const int add = i > 0 || first_has_pending;
@@ -175,6 +201,12 @@ int triton_chat_decode_stack(const Kernels *kn, const Layer *layers, int64_t cou
             CALL(kn->silu_mul(gate_up, 2 * I, act, I, B, I));
         }
         CALL(product(kn, &L->down, act, I, B, H, pending));
+    }
+    if (ends != NULL) {
+        const int add = count > 0 || first_has_pending;
+        CALL(kn->norm(hidden, H, add ? pending : NULL, H, add ? hidden : NULL, H, ends->norm, normed, H, B, H,
+                      ends->eps));
+        CALL(product(kn, &ends->head, normed, H, B, ends->vocab, ends->logits));
     }
 #undef CALL
     return 0;
