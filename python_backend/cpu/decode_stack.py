@@ -21,6 +21,7 @@ anything whose layers claim positions, ``CacheLayer``).
 from __future__ import annotations
 
 import ctypes
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,6 +239,10 @@ class DecodeStack:
                 )
         self.shape = shape
         self._shape = _Shape(0, shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate, 0)
+        # Per layer, the cache buffers (weakly: a finished batch's buffers are not kept) and window
+        # start its slot's addresses were taken from.
+        self._windows: list[tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor], int] | None]
+        self._windows = [None] * len(layers)
         self.ends = ends  # keeps the tensors ``_ends`` points at alive
         self._ends: _Ends | None = None
         if ends is not None:
@@ -273,13 +278,14 @@ class DecodeStack:
         return hidden.dtype == self.shape.dtype and self.takes_cache(cache_layers)
 
     def takes_cache(self, cache_layers: Sequence[object]) -> bool:
-        """Whether steps over this cache can run here (``run_step``'s rows are the stack's own)."""
-        caches = {getattr(layer, "storage_dtype", None) for layer in cache_layers}
+        """Whether steps over this cache can run here (``run_step``'s rows are the stack's own): a
+        layer per decoder layer, claiming positions, of a dtype the stack reads. The first layer
+        answers for all (a running batch's layers are made alike); a step checks each it claims."""
+        first = cache_layers[0] if cache_layers else None
         return (
             len(cache_layers) == len(self._layers)
-            and len(caches) == 1
-            and caches <= self._kernels.keys()
-            and all(hasattr(layer, "append_position") for layer in cache_layers)
+            and getattr(first, "storage_dtype", None) in self._kernels
+            and hasattr(first, "append_position")
         )
 
     def run(
@@ -330,9 +336,10 @@ class DecodeStack:
         ends: _Ends | None,
     ) -> None:
         batch, dim = hidden.shape[0], self.shape.head_dim
-        length = cache_layers[0].length + 1  # the window once this step's position is appended
-        if any(layer.rows != batch or layer.length + 1 != length for layer in cache_layers):
-            raise RuntimeError(f"cache layers out of step with the {batch} rows of a decode step")
+        first = cache_layers[0]
+        length = first.length + 1  # the window once this step's position is appended
+        if first.rows != batch or len(cache_layers) != len(self._layers):
+            raise RuntimeError(f"a cache of {first.rows} rows, {len(cache_layers)} layers for a decode step of {batch}")
         # Checked before any cache layer takes the new position.
         if keep is not None:
             if keep.shape != (batch, length):
@@ -341,7 +348,7 @@ class DecodeStack:
             keep = keep.to(torch.bool).contiguous()
         dtype = self.shape.dtype
         elem = dtype.itemsize  # bytes an element
-        cache_dtype = cache_layers[0].storage_dtype
+        cache_dtype = first.storage_dtype
         if cache_dtype is None or cache_dtype not in self._kernels:
             raise ValueError(f"a {cache_dtype} cache under {dtype} rows: the stack takes {list(self._kernels)}")
         kernels, cache_elem = self._kernels[cache_dtype], cache_dtype.itemsize
@@ -352,12 +359,23 @@ class DecodeStack:
                     f"{name}: contiguous {dtype} [{batch}, {width}] rows, got {rows.dtype} {list(rows.shape)}"
                 )
         like = torch.empty((batch, self.shape.kv_heads, 1, dim), dtype=cache_dtype)
-        for slot, layer in zip(self._layers, cache_layers, strict=True):
-            keys, values, start, _ = layer.append_position(like)
-            # Each position is ``dim`` elements: the window's first position of row 0.
-            slot.keys = keys.data_ptr() + cache_elem * start * dim
-            slot.values = values.data_ptr() + cache_elem * start * dim
-            slot.cache_stride_b, slot.cache_stride_h = keys.stride(0), keys.stride(1)
+        windows = self._windows
+        for index, layer in enumerate(cache_layers):
+            keys, values, start, claimed = layer.append_position(like)
+            # What the driver's reads and writes rely on, layer by layer. A layer out of step fails
+            # the step (the layers before it have claimed their position, as a failing kernel leaves them).
+            if claimed != length or keys.dtype != cache_dtype or keys.shape[0] < batch:
+                raise RuntimeError(f"cache layer {index} out of step with the other layers of a decode step")
+            # A layer's window moves only when its buffer grows or its rows change: its addresses
+            # are set again only then.
+            window = windows[index]
+            if window is None or window[0]() is not keys or window[1]() is not values or window[2] != start:
+                slot = self._layers[index]
+                # Each position is ``dim`` elements: the window's first position of row 0.
+                slot.keys = keys.data_ptr() + cache_elem * start * dim
+                slot.values = values.data_ptr() + cache_elem * start * dim
+                slot.cache_stride_b, slot.cache_stride_h = keys.stride(0), keys.stride(1)
+                windows[index] = (weakref.ref(keys), weakref.ref(values), start)
         self._shape.batch, self._shape.length = batch, length
         scratch = torch.empty(self._scratch_size(ctypes.byref(self._shape)), dtype=dtype)
         status = self._run(

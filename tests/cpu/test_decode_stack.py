@@ -15,6 +15,7 @@ from python_backend.cpu.decode_stack import CacheLayer
 from python_backend.cpu.fast_decode import FastDecoder
 from python_backend.cpu.int8_gemm import Int8Gemm
 from python_backend.cpu.silu import build_silu_kernel
+from python_backend.engine.batch_cache import GrowableLayer
 from python_backend.engine.kv_cache import KVBatch
 from python_backend.model.loader import LoadedModel
 from tests.fixtures.engine_driver import copy_batch, load_on_cpu, running_batch
@@ -100,6 +101,29 @@ def test_a_token_outside_the_embedding_is_refused(bf16_kernels: None, tiny_model
     outside = fast.stack.ends.embedding.shape[0]
     with torch.inference_mode(), pytest.raises(ValueError, match="outside the input embedding"):
         fast.logits(torch.tensor([[outside]]), torch.tensor([[17]]), kv.cache, None)
+
+
+def test_steps_past_the_caches_first_buffer_read_the_grown_one(bf16_kernels: None, tiny_model_dir: Path) -> None:
+    # The stack keeps each layer's cache addresses while its buffer stays; 80 steps of a 37-token
+    # prompt outgrow the first buffer (a new one, its window moved), and every step still equals
+    # the lean step's, cache included.
+    loaded = load_on_cpu(tiny_model_dir, "bfloat16")
+    keys = cast(GrowableLayer, running_batch(loaded, [list(range(3, 40))], loaded.kv_dtype).cache.layers[0]).keys
+    assert keys is not None
+    positions = keys.untyped_storage().nbytes() // (keys.shape[0] * keys.shape[1] * keys.shape[3] * keys.element_size())
+    assert positions < 37 + 80  # the first buffer's room
+    _assert_stack_is_the_lean_step(loaded, [list(range(3, 40))], steps=80)
+
+
+def test_a_cache_layer_out_of_step_fails_the_step(bf16_kernels: None, tiny_model_dir: Path) -> None:
+    loaded = load_on_cpu(tiny_model_dir, "bfloat16")
+    fast = loaded.fast_decoder
+    assert fast is not None and fast.stack is not None
+    kv = running_batch(loaded, [list(range(3, 20))], loaded.kv_dtype)
+    layers = cast(list[CacheLayer], kv.cache.layers)
+    layers[1].append_position(torch.empty(1, fast.stack.shape.kv_heads, 1, fast.stack.shape.head_dim))
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="cache layer 1 out of step"):
+        fast.logits(torch.tensor([[4]]), torch.tensor([[17]]), kv.cache, None)
 
 
 def test_a_keep_mask_of_another_length_is_refused(bf16_kernels: None, tiny_model_dir: Path) -> None:
