@@ -90,8 +90,12 @@ class _Layer(ctypes.Structure):
 class _Ends(ctypes.Structure):
     _fields_ = [
         ("ids", _PTR),
+        ("positions", _PTR),
         ("embedding", _PTR),
         ("embedding_rows", _I64),
+        ("cos_table", _PTR),
+        ("sin_table", _PTR),
+        ("table_rows", _I64),
         ("norm", _PTR),
         ("eps", _F32),
         ("head", _Product),
@@ -243,14 +247,21 @@ class DecodeStack:
         # start its slot's addresses were taken from.
         self._windows: list[tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor], int] | None]
         self._windows = [None] * len(layers)
+        # A whole step's buffers, kept while the batch keeps its size: (hidden, pending, scratch).
+        self._buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._like: torch.Tensor | None = None  # the shape and dtype a cache layer grows to
         self.ends = ends  # keeps the tensors ``_ends`` points at alive
         self._ends: _Ends | None = None
         if ends is not None:
             head = ends.head
             self._ends = _Ends(
                 None,
+                None,
                 ends.embedding.data_ptr(),
                 ends.embedding.shape[0],
+                None,
+                None,
+                0,
                 ends.norm.data_ptr(),
                 ends.eps,
                 _Product(head.packed, head.bias, head.compensation, head.col_scales, head.static_scale),
@@ -300,41 +311,66 @@ class DecodeStack:
         last MLP's output is added), with ``cos``/``sin`` [B, head_dim] and ``keep`` [B, L + 1] (True
         on real positions, None without padding); appends each layer's new keys and values to its
         cache. Returns the last MLP's output [B, hidden], which the final norm adds."""
+        batch, dim, dtype = hidden.shape[0], self.shape.head_dim, self.shape.dtype
+        rows_of = {"hidden": (hidden, self.shape.hidden), "cos": (cos, dim), "sin": (sin, dim)}
+        for name, (rows, width) in rows_of.items():
+            if rows.dtype != dtype or rows.shape != (batch, width) or not rows.is_contiguous():
+                raise ValueError(
+                    f"{name}: contiguous {dtype} [{batch}, {width}] rows, got {rows.dtype} {list(rows.shape)}"
+                )
         pending = torch.empty_like(hidden)
-        self._call(hidden, pending, cos, sin, keep, cache_layers, None)
+        self._shape.batch = batch
+        scratch = torch.empty(self._scratch_size(ctypes.byref(self._shape)), dtype=dtype)
+        self._call(hidden, pending, (cos, sin), keep, cache_layers, None, scratch)
         return pending
 
     def run_step(
         self,
         input_ids: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
         keep: torch.Tensor | None,
         cache_layers: Sequence[CacheLayer],
     ) -> torch.Tensor:
-        """The whole step of ``input_ids`` [B] (int64): the embedding lookup, every layer as ``run``,
-        the final norm and the output head; returns the logits [B, vocab]. Needs ``ends``."""
-        if self._ends is None or self.ends is None:
+        """The whole step of ``input_ids`` [B] at ``positions`` [B] (both contiguous int64): the
+        embedding lookup, each row's rotary row read from ``rotary``'s tables (cos, sin: [P,
+        head_dim] of the rows' dtype) at its position, every layer as ``run``, the final norm and
+        the output head; returns the logits [B, vocab]. Needs ``ends``."""
+        ends = self._ends
+        if ends is None or self.ends is None:
             raise RuntimeError("a whole decode step needs the stack's embedding and output head")
-        if input_ids.dtype != torch.int64 or input_ids.dim() != 1 or not input_ids.is_contiguous():
-            raise ValueError(f"input_ids: contiguous int64 [B], got {input_ids.dtype} {list(input_ids.shape)}")
         batch, dtype = input_ids.shape[0], self.shape.dtype
-        hidden = torch.empty(batch, self.shape.hidden, dtype=dtype)
-        logits = torch.empty(batch, self.ends.head.out_features, dtype=dtype)
-        self._ends.ids, self._ends.logits = input_ids.data_ptr(), logits.data_ptr()
-        self._call(hidden, torch.empty_like(hidden), cos, sin, keep, cache_layers, self._ends)
+        for name, ids in (("input_ids", input_ids), ("positions", positions)):
+            if ids.dtype != torch.int64 or ids.shape != (batch,) or not ids.is_contiguous():
+                raise ValueError(f"{name}: contiguous int64 [{batch}], got {ids.dtype} {list(ids.shape)}")
+        cos, sin = rotary
+        width = (cos.shape[0], self.shape.head_dim)
+        if any(t.dtype != dtype or t.shape != width or not t.is_contiguous() for t in rotary) or sin.shape != cos.shape:
+            raise ValueError(f"rotary tables: two contiguous {dtype} [positions, {self.shape.head_dim}]")
+        buffers = self._buffers
+        if buffers is None or buffers[0].shape[0] != batch:
+            self._shape.batch = batch
+            hidden = torch.empty(batch, self.shape.hidden, dtype=dtype)
+            scratch = torch.empty(self._scratch_size(ctypes.byref(self._shape)), dtype=dtype)
+            buffers = self._buffers = (hidden, torch.empty_like(hidden), scratch)
+        logits = torch.empty(batch, self.ends.head.out_features, dtype=dtype)  # the caller's to keep
+        ends.ids, ends.positions, ends.logits = input_ids.data_ptr(), positions.data_ptr(), logits.data_ptr()
+        ends.cos_table, ends.sin_table, ends.table_rows = cos.data_ptr(), sin.data_ptr(), cos.shape[0]
+        self._call(buffers[0], buffers[1], None, keep, cache_layers, ends, buffers[2])
         return logits
 
     def _call(
         self,
         hidden: torch.Tensor,
         pending: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rows: tuple[torch.Tensor, torch.Tensor] | None,
         keep: torch.Tensor | None,
         cache_layers: Sequence[CacheLayer],
         ends: _Ends | None,
+        scratch: torch.Tensor,
     ) -> None:
+        """The driver's call: ``rows`` the step's rotary rows (cos, sin), or None where ``ends``
+        reads them from its tables; ``scratch`` of ``_scratch_size`` elements for this batch."""
         batch, dim = hidden.shape[0], self.shape.head_dim
         first = cache_layers[0]
         length = first.length + 1  # the window once this step's position is appended
@@ -352,13 +388,9 @@ class DecodeStack:
         if cache_dtype is None or cache_dtype not in self._kernels:
             raise ValueError(f"a {cache_dtype} cache under {dtype} rows: the stack takes {list(self._kernels)}")
         kernels, cache_elem = self._kernels[cache_dtype], cache_dtype.itemsize
-        rows_of = {"hidden": (hidden, self.shape.hidden), "cos": (cos, dim), "sin": (sin, dim)}
-        for name, (rows, width) in rows_of.items():
-            if rows.dtype != dtype or rows.shape != (batch, width) or not rows.is_contiguous():
-                raise ValueError(
-                    f"{name}: contiguous {dtype} [{batch}, {width}] rows, got {rows.dtype} {list(rows.shape)}"
-                )
-        like = torch.empty((batch, self.shape.kv_heads, 1, dim), dtype=cache_dtype)
+        like = self._like
+        if like is None or like.shape[0] != batch or like.dtype != cache_dtype:  # shapes a grown buffer
+            like = self._like = torch.empty((batch, self.shape.kv_heads, 1, dim), dtype=cache_dtype)
         windows = self._windows
         for index, layer in enumerate(cache_layers):
             keys, values, start, claimed = layer.append_position(like)
@@ -377,14 +409,16 @@ class DecodeStack:
                 slot.cache_stride_b, slot.cache_stride_h = keys.stride(0), keys.stride(1)
                 windows[index] = (weakref.ref(keys), weakref.ref(values), start)
         self._shape.batch, self._shape.length = batch, length
-        scratch = torch.empty(self._scratch_size(ctypes.byref(self._shape)), dtype=dtype)
         status = self._run(
             ctypes.byref(kernels), self._layers, len(self._layers), ctypes.byref(self._shape), elem, cache_elem,
-            hidden.data_ptr(), pending.data_ptr(), 0, cos.data_ptr(), sin.data_ptr(),
+            hidden.data_ptr(), pending.data_ptr(), 0,
+            rows[0].data_ptr() if rows is not None else None, rows[1].data_ptr() if rows is not None else None,
             keep.data_ptr() if keep is not None else None, keep.stride(0) if keep is not None else 0,
             scratch.data_ptr(), ctypes.byref(ends) if ends is not None else None,
         )  # fmt: skip
         if status == -101:  # before any layer ran (the caches have taken their position)
             raise ValueError("a decode step's token is outside the input embedding")
+        if status == -102:
+            raise ValueError("a decode step's position is outside the rotary tables")
         if status != 0:
             raise RuntimeError(f"the one-call decode layers failed with status {status} for {batch} rows")

@@ -217,7 +217,8 @@ class FastDecoder:
         # The rotary embedding's rows from a table of the module's own results (rotary_table.py),
         # where they depend on the position alone; else the module, called every step.
         rotary = decoder.rotary_emb
-        self._rotary = TabulatedRotary(rotary).forward if tabulable(rotary) else rotary
+        self._table = TabulatedRotary(rotary) if tabulable(rotary) else None
+        self._rotary = self._table.forward if self._table is not None else rotary
 
     @staticmethod
     def build(
@@ -349,11 +350,18 @@ class FastDecoder:
     ) -> torch.Tensor | None:
         """The decode rows' logits from one native call (embedding, layers, final norm and head),
         or None where the stack does not take their cache."""
-        if not stack.takes_cache(decode.cache.layers):
+        layers = decode.cache.layers
+        if not stack.takes_cache(layers):
             return None
-        cos, sin = self._rotary(embedding, decode.position_ids.view(1, -1))  # of the embedding's dtype
-        caches = cast("list[CacheLayer]", decode.cache.layers)  # ``takes_cache`` checked them
-        return stack.run_step(decode.input_ids.view(-1), cos[0], sin[0], decode.keep, caches)
+        positions = decode.position_ids.view(-1)
+        if self._table is not None:
+            last = int(positions[0]) if positions.shape[0] == 1 else int(positions.max())
+            tables = self._table.table(embedding, last + 1)  # of the rows' dtype
+        else:  # the module's rows for this step's positions, read at 0 to B - 1
+            cos, sin = self._rotary(embedding, positions.view(1, -1))
+            tables, positions = (cos[0], sin[0]), torch.arange(positions.shape[0])
+        caches = cast("list[CacheLayer]", layers)  # ``takes_cache`` checked them
+        return stack.run_step(decode.input_ids.view(-1), positions, tables, decode.keep, caches)
 
     def _layer_loop(
         self,

@@ -40,15 +40,16 @@ class TabulatedRotary(torch.nn.Module):
         """(cos, sin) [*position_ids.shape, D] of ``x``'s dtype, as the module gives them."""
         if position_ids.numel() == 1:  # one user's step: a view of the row, no gather
             position = int(position_ids)
-            cos, sin = self._table(x, position + 1)
+            cos, sin = self.table(x, position + 1)
             shape = (*position_ids.shape, cos.shape[-1])
             return cos[position : position + 1].view(shape), sin[position : position + 1].view(shape)
-        cos, sin = self._table(x, int(position_ids.max()) + 1)
+        cos, sin = self.table(x, int(position_ids.max()) + 1)
         flat = position_ids.reshape(-1)
         shape = (*position_ids.shape, cos.shape[-1])
         return cos.index_select(0, flat).view(shape), sin.index_select(0, flat).view(shape)
 
-    def _table(self, x: torch.Tensor, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def table(self, x: torch.Tensor, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tables (cos, sin) [P, D] of ``x``'s dtype for positions 0 to at least ``needed`` - 1."""
         table = self._tables.get(x.dtype)
         if table is not None and table[0].shape[0] >= needed:
             return table

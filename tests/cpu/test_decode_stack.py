@@ -4,6 +4,8 @@ products) and float32 ones (int8 products), built only where every part is nativ
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import cast
 
@@ -14,6 +16,7 @@ from python_backend.cpu.bf16_gemm import build_bf16_gemm
 from python_backend.cpu.decode_stack import CacheLayer
 from python_backend.cpu.fast_decode import FastDecoder
 from python_backend.cpu.int8_gemm import Int8Gemm
+from python_backend.cpu.rotary_table import tabulable
 from python_backend.cpu.silu import build_silu_kernel
 from python_backend.engine.batch_cache import GrowableLayer
 from python_backend.engine.kv_cache import KVBatch
@@ -90,6 +93,21 @@ def test_w8a8_layers_with_either_head_run_whole_steps_as_the_lean_step(
     stack = _stack_of(loaded)
     assert stack is not None and stack.ends is not None  # type: ignore[attr-defined]
     assert stack.ends.head.int8 is quantize_lm_head  # type: ignore[attr-defined]
+    _assert_stack_is_the_lean_step(loaded, [list(range(3, 40)), list(range(50, 61))], steps=3)
+
+
+def test_a_length_dependent_rotary_embedding_runs_whole_steps_from_its_own_rows(
+    bf16_kernels: None, tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    # A dynamic rope is not tabulated: the step reads the module's rows for its own positions.
+    folder = tmp_path / "dynamic-rope"
+    shutil.copytree(tiny_llama_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["rope_scaling"] = {"rope_type": "dynamic", "factor": 2.0}
+    (folder / "config.json").write_text(json.dumps(config))
+    loaded = load_on_cpu(folder, "bfloat16")
+    assert not tabulable(loaded.transformers_model.get_decoder().rotary_emb)
+    assert _stack_of(loaded).ends is not None  # type: ignore[attr-defined]
     _assert_stack_is_the_lean_step(loaded, [list(range(3, 40)), list(range(50, 61))], steps=3)
 
 

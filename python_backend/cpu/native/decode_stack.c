@@ -89,12 +89,17 @@ typedef struct {
 } Layer;
 
 /* What a whole step adds around the layers: each row's token looked up in ``embedding`` ([rows,
- * hidden] of the rows' dtype) into ``hidden``, and after the layers ``logits`` [batch, vocab] =
+ * hidden] of the rows' dtype) into ``hidden``, each row's rotary ``cos``/``sin`` row read from the
+ * tables [table_rows, head_dim] at its position, and after the layers ``logits`` [batch, vocab] =
  * head(norm(hidden + pending)) with the final norm's weight and epsilon. */
 typedef struct {
     const int64_t *ids;
+    const int64_t *positions;
     const void *embedding;
     int64_t embedding_rows;
+    const void *cos_table;
+    const void *sin_table;
+    int64_t table_rows;
     const void *norm;
     float eps;
     Product head;
@@ -124,7 +129,8 @@ static inline int product(const Kernels *kn, const Product *p, const void *x, in
 /* Elements of scratch ``run_layers`` needs for a shape. */
 int64_t triton_chat_decode_stack_scratch(const Shape *s) {
     const int64_t q = s->heads * s->head_dim, kv = s->kv_heads * s->head_dim;
-    return s->batch * (s->hidden + (q + 2 * kv) + (q + kv) + q + s->hidden + 2 * s->intermediate + s->intermediate);
+    return s->batch * (s->hidden + (q + 2 * kv) + (q + kv) + q + s->hidden + 2 * s->intermediate + s->intermediate +
+                       2 * s->head_dim);
 }
 
 /* ``count`` elements of ``from`` (``elem`` bytes each) into the cache at ``to`` (``cache_elem`` bytes
@@ -143,7 +149,7 @@ static inline void store(char *to, const char *from, int64_t count, int64_t elem
 }
 
 /* Returns 0, or the first failing kernel's status (negative), -100 for a bad shape or element
- * size, or -101 for a token outside the embedding. ``elem``: the bytes of one element of the rows and
+ * size, -101 for a token outside the embedding or -102 for a position outside the rotary tables. ``elem``: the bytes of one element of the rows and
  * norms' weights (2 or 4); ``cache_elem``: of the caches (``elem``, or 2 under float32 rows:
  * ``kn->attend`` then reads a bfloat16 cache). ``ends``: NULL, or the step's embedding lookup and
  * output head (``Ends``). */
@@ -158,18 +164,26 @@ int triton_chat_decode_stack(const Kernels *kn, const Layer *layers, int64_t cou
     if ((elem != 2 && elem != 4) || (cache_elem != elem && !(elem == 4 && cache_elem == 2))) return -100;
     char *normed = scratch, *qkv = normed + elem * B * H, *rotated = qkv + elem * B * qkv_width;
     char *attn = rotated + elem * B * rotated_width, *o = attn + elem * B * q_width, *gate_up = o + elem * B * H;
-    char *act = gate_up + elem * B * 2 * I;
+    char *act = gate_up + elem * B * 2 * I, *rows_cos = act + elem * B * I, *rows_sin = rows_cos + elem * B * D;
     int status;
 #define CALL(expr)                         \
     do {                                   \
         if ((status = (expr)) != 0) return status; \
     } while (0)
     if (ends != NULL) {
-        for (int64_t b = 0; b < B; ++b)
+        for (int64_t b = 0; b < B; ++b) {
             if (ends->ids[b] < 0 || ends->ids[b] >= ends->embedding_rows) return -101;
-        for (int64_t b = 0; b < B; ++b)
+            if (ends->positions[b] < 0 || ends->positions[b] >= ends->table_rows) return -102;
+        }
+        for (int64_t b = 0; b < B; ++b) {
             memcpy((char *)hidden + elem * b * H, (const char *)ends->embedding + elem * ends->ids[b] * H,
                    (size_t)(elem * H));
+            const int64_t at = elem * ends->positions[b] * D;
+            memcpy(rows_cos + elem * b * D, (const char *)ends->cos_table + at, (size_t)(elem * D));
+            memcpy(rows_sin + elem * b * D, (const char *)ends->sin_table + at, (size_t)(elem * D));
+        }
+        cos = rows_cos;
+        sin = rows_sin;
     }
     for (int64_t i = 0; i < count; ++i) {
         const Layer *L = layers + i;
