@@ -53,6 +53,8 @@ class TabulatedRotary(torch.nn.Module):
         table = self._tables.get(x.dtype)
         if table is not None and table[0].shape[0] >= needed:
             return table
+        if table is not None:  # at least doubled: a long answer copies the table a few times, not every block
+            needed = max(needed, 2 * table[0].shape[0])
         blocks = [] if table is None else [table]
         for start in range(0 if table is None else table[0].shape[0], needed, ROTARY_BLOCK):
             positions = torch.arange(start, start + ROTARY_BLOCK, device=x.device)[None]

@@ -57,3 +57,17 @@ def test_only_rotary_embeddings_of_the_position_alone_are_tabulated(
     if rope is not None:
         config.rope_parameters = {**(config.rope_parameters or {}), **rope}
     assert tabulable(LlamaRotaryEmbedding(config)) is expected
+
+
+def test_the_table_grows_at_least_twofold_in_whole_blocks_of_the_modules_values() -> None:
+    rotary = LlamaRotaryEmbedding(LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=4096))
+    table = TabulatedRotary(rotary)
+    x = torch.zeros(1, 1, 64)
+    assert table.table(x, 5)[0].shape[0] == ROTARY_BLOCK
+    cos, sin = table.table(x, ROTARY_BLOCK + 1)  # one position past it: twice the rows
+    assert cos.shape[0] == 2 * ROTARY_BLOCK
+    cos, sin = table.table(x, 3 * ROTARY_BLOCK)
+    assert cos.shape[0] == 4 * ROTARY_BLOCK
+    expected = rotary(x, torch.arange(ROTARY_BLOCK, 2 * ROTARY_BLOCK)[None])  # the block as the table computed it
+    assert torch.equal(cos[ROTARY_BLOCK : 2 * ROTARY_BLOCK], expected[0][0])
+    assert torch.equal(sin[ROTARY_BLOCK : 2 * ROTARY_BLOCK], expected[1][0])
